@@ -1,0 +1,46 @@
+# cuvmm: the two set-up commands are `make demo` and `make test`.
+GO       ?= go
+BUNDLE   ?= build/gpu
+NVCC     ?= nvcc
+
+.PHONY: all test vet demo build gpu-bundle bench fuzz ptx clean
+
+all: test
+
+## test: go vet, then every package's tests with the race detector (the simulator runs them all;
+## real-driver subtests skip with a reason when there is no GPU).
+test: vet
+	$(GO) test -race -count=1 ./...
+
+vet:
+	$(GO) vet ./...
+
+## demo: the tour of vmmdemo subcommands, on the real GPU or else the simulator.
+demo:
+	$(GO) run ./cmd/vmmdemo tour
+
+build:
+	$(GO) build -o build/vmmdemo ./cmd/vmmdemo
+
+## gpu-bundle: test binaries, vmmdemo and run.sh in $(BUNDLE), for a GPU host without Go.
+gpu-bundle:
+	GO="$(GO)" scripts/gpu-bundle.sh "$(BUNDLE)"
+
+## bench: Go benchmarks (each reports a ratio against a baseline measured in the same run).
+bench:
+	$(GO) test -run '^$$' -bench . -benchmem ./...
+
+## fuzz: a short run of each fuzz target (the seed corpora run with `make test`).
+fuzz:
+	@for pkg in $$($(GO) list ./...); do \
+	  for f in $$($(GO) test -list '^Fuzz' $$pkg | grep '^Fuzz'); do \
+	    $(GO) test -run '^$$' -fuzz "^$$f$$" -fuzztime 20s $$pkg || exit 1; \
+	  done; \
+	done
+
+## ptx: regenerate the embedded kernels from their CUDA C source (needs nvcc).
+ptx:
+	$(NVCC) -ptx -arch=compute_75 -O3 internal/kernels/kernels.cu -o internal/kernels/kernels.ptx
+
+clean:
+	rm -rf build

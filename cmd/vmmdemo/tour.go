@@ -1,0 +1,56 @@
+package main
+
+import (
+	"fmt"
+	"sort"
+)
+
+func init() {
+	register(&command{name: "tour", summary: "run every subcommand with small sizes (make demo)", run: runTour})
+}
+
+// tourOrder puts the subcommands in the order a newcomer meets the ideas.
+var tourOrder = []string{"info", "grow", "stripe", "share", "bandwidth", "pinned", "broker"}
+
+func runTour(e *env, args []string) error {
+	var c common
+	fs := newFlags(e, "tour")
+	c.register(fs, 2)
+	if err := parse(fs, args); err != nil {
+		return err
+	}
+	rank := map[string]int{}
+	for i, n := range tourOrder {
+		rank[n] = i
+	}
+	var names []string
+	for n, cmd := range commands {
+		if cmd.tour != nil {
+			names = append(names, n)
+		}
+	}
+	sort.Slice(names, func(i, j int) bool {
+		ri, iok := rank[names[i]]
+		rj, jok := rank[names[j]]
+		if iok != jok {
+			return iok
+		}
+		if ri != rj {
+			return ri < rj
+		}
+		return names[i] < names[j]
+	})
+	for _, n := range names {
+		cmd := commands[n]
+		args := append([]string{"--backend", c.backend, "--sim-devices", fmt.Sprint(c.simDevices)}, cmd.tour...)
+		if c.json {
+			args = append(args, "--json")
+		}
+		fmt.Fprintf(e.stdout, "\n== vmmdemo %s %v\n", n, cmd.tour)
+		if err := cmd.run(e, args); err != nil {
+			return fmt.Errorf("%s: %w", n, err)
+		}
+	}
+	fmt.Fprintln(e.stdout, "\ntour complete")
+	return nil
+}

@@ -1,0 +1,177 @@
+// Package testutil runs a test once per backend (the simulator always, the real driver when it loads
+// and has devices) and ends each run with a leak check.
+//
+// Environment:
+//   - CUVMM_REQUIRE_GPU=1: a missing driver or device fails the test instead of skipping it.
+//   - CUVMM_REQUIRE_GPUS=N: a test that needs more devices than the host has fails instead of
+//     skipping (set on multi-GPU hosts).
+package testutil
+
+import (
+	"fmt"
+	"os"
+	"strconv"
+	"sync"
+	"testing"
+
+	"github.com/stretchr/testify/require"
+
+	"github.com/cuvmm/cuvmm/driver"
+	"github.com/cuvmm/cuvmm/driver/sim"
+	"github.com/cuvmm/cuvmm/vmm"
+)
+
+// Backend is one driver under test.
+type Backend struct {
+	Name string      // "sim" or "cuda"
+	Sys  *vmm.System // open for the test; do not close it
+	Sim  *sim.Sim    // the simulator, nil on the real driver
+}
+
+// IsSim reports whether the backend is the simulator.
+func (b *Backend) IsSim() bool { return b.Sim != nil }
+
+// Device opens device i or fails the test.
+func (b *Backend) Device(t testing.TB, i int) *vmm.Device {
+	t.Helper()
+	d, err := b.Sys.Device(i)
+	require.NoError(t, err)
+	return d
+}
+
+// Option tunes Run.
+type Option func(*config)
+
+type config struct {
+	devices int
+	simOpts []sim.Option
+	simOnly bool
+}
+
+// Devices makes the test need n devices: the simulator gets n, the real driver skips (or fails with
+// CUVMM_REQUIRE_GPUS) when it has fewer.
+func Devices(n int) Option { return func(c *config) { c.devices = n } }
+
+// SimOptions passes options to sim.New.
+func SimOptions(opts ...sim.Option) Option {
+	return func(c *config) { c.simOpts = append(c.simOpts, opts...) }
+}
+
+// SimOnly runs the test on the simulator alone (fault injection and other simulator features).
+func SimOnly() Option { return func(c *config) { c.simOnly = true } }
+
+// RequireGPU reports whether CUVMM_REQUIRE_GPU=1.
+func RequireGPU() bool { return os.Getenv("CUVMM_REQUIRE_GPU") == "1" }
+
+// Run runs fn as subtest "sim" and, unless SimOnly, as subtest "cuda".
+func Run(t *testing.T, fn func(t *testing.T, b *Backend), opts ...Option) {
+	t.Helper()
+	c := config{devices: 1}
+	for _, o := range opts {
+		o(&c)
+	}
+	t.Run("sim", func(t *testing.T) { runSim(t, c, fn) })
+	if !c.simOnly {
+		t.Run("cuda", func(t *testing.T) { runCUDA(t, c, fn) })
+	}
+}
+
+func runSim(t *testing.T, c config, fn func(t *testing.T, b *Backend)) {
+	fdsBefore := OpenFDs(t)
+	s := sim.New(append([]sim.Option{sim.Devices(c.devices)}, c.simOpts...)...)
+	sys, err := vmm.Open(s)
+	require.NoError(t, err)
+	t.Cleanup(func() {
+		require.NoError(t, sys.Close(), "closing the system: something the test made is still open")
+		live := s.Live()
+		require.True(t, live.Zero(), "simulator objects leaked: %s", live)
+		require.NoError(t, s.Close())
+		require.Equal(t, fdsBefore, OpenFDs(t), "file descriptors leaked")
+	})
+	fn(t, &Backend{Name: "sim", Sys: sys, Sim: s})
+}
+
+var (
+	realOnce sync.Once
+	realSys  *vmm.System
+	realErr  error
+)
+
+// realSystem opens the real driver once per test binary; its primary contexts stay retained for the
+// binary's life so that per-test leak checks compare free memory without context creation noise.
+func realSystem() (*vmm.System, error) {
+	realOnce.Do(func() {
+		api, err := driver.Open()
+		if err != nil {
+			realErr = err
+			return
+		}
+		realSys, realErr = vmm.Open(api)
+		if realErr != nil {
+			return
+		}
+		if realSys.DeviceCount() == 0 {
+			realErr = fmt.Errorf("the driver reports no devices: %w", driver.ErrNoDevice)
+			return
+		}
+		devs, err := realSys.Devices()
+		if err != nil {
+			realErr = err
+			return
+		}
+		for _, d := range devs {
+			if err := d.LoadKernels(); err != nil {
+				realErr = err
+				return
+			}
+		}
+	})
+	return realSys, realErr
+}
+
+func runCUDA(t *testing.T, c config, fn func(t *testing.T, b *Backend)) {
+	sys, err := realSystem()
+	if err != nil {
+		if RequireGPU() {
+			t.Fatalf("CUVMM_REQUIRE_GPU=1 but the real driver is not usable: %v", err)
+		}
+		t.Skipf("real driver not usable here (set CUVMM_REQUIRE_GPU=1 to fail instead): %v", err)
+	}
+	if n := sys.DeviceCount(); n < c.devices {
+		want, _ := strconv.Atoi(os.Getenv("CUVMM_REQUIRE_GPUS"))
+		if want >= c.devices {
+			t.Fatalf("test needs %d GPUs, CUVMM_REQUIRE_GPUS=%d, the host has %d", c.devices, want, n)
+		}
+		t.Skipf("test needs %d GPUs; this host has %d (set CUVMM_REQUIRE_GPUS to fail instead)", c.devices, n)
+	}
+	devs, err := sys.Devices()
+	require.NoError(t, err)
+	before := make([]uint64, len(devs))
+	for i, d := range devs {
+		require.NoError(t, d.Synchronize())
+		before[i], _, err = d.MemInfo()
+		require.NoError(t, err)
+	}
+	fdsBefore := OpenFDs(t)
+	t.Cleanup(func() {
+		const slack = 2 << 20
+		for i, d := range devs {
+			require.NoError(t, d.Synchronize())
+			free, _, err := d.MemInfo()
+			require.NoError(t, err)
+			if free+slack < before[i] {
+				t.Errorf("device %d: free memory %d bytes at the end, %d at the start: %d bytes leaked", i, free, before[i], before[i]-free)
+			}
+		}
+		require.Equal(t, fdsBefore, OpenFDs(t), "file descriptors leaked")
+	})
+	fn(t, &Backend{Name: "cuda", Sys: sys})
+}
+
+// OpenFDs counts this process's open file descriptors.
+func OpenFDs(t testing.TB) int {
+	t.Helper()
+	ents, err := os.ReadDir("/proc/self/fd")
+	require.NoError(t, err)
+	return len(ents) - 1 // the directory's own descriptor
+}

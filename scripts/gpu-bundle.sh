@@ -1,0 +1,33 @@
+#!/usr/bin/env bash
+# Builds every package's test binary, vmmdemo and run.sh into the bundle directory, for a GPU host
+# that has the driver but no Go toolchain. The bundle is run from a copy of this source tree:
+#   build/gpu/run.sh        # every test binary with CUVMM_REQUIRE_GPU=1, ends "N passed, N failed"
+set -euo pipefail
+out=${1:-build/gpu}
+GO=${GO:-go}
+root=$(cd "$(dirname "$0")/.." && pwd)
+cd "$root"
+rm -rf "$out"
+mkdir -p "$out/bin"
+module=$($GO list -m)
+pkgs=()
+for pkg in $($GO list ./...); do
+  dir=${pkg#"$module"}
+  dir=${dir#/}
+  [ -n "$dir" ] || dir=.
+  if ls "$dir"/*_test.go >/dev/null 2>&1; then
+    name=$(echo "$dir" | tr '/' '_')
+    $GO test -c -o "$out/bin/$name.test" "./$dir"
+    pkgs+=("$dir:$name")
+  fi
+done
+$GO build -o "$out/vmmdemo" ./cmd/vmmdemo
+{
+  sed -n '1,/^# PACKAGES$/p' scripts/run.sh.in
+  echo "packages=("
+  for p in "${pkgs[@]}"; do echo "  \"$p\""; done
+  echo ")"
+  sed -n '/^# PACKAGES$/,$p' scripts/run.sh.in | tail -n +2
+} >"$out/run.sh"
+chmod +x "$out/run.sh"
+echo "bundle: ${#pkgs[@]} test binaries, vmmdemo and run.sh in $out"

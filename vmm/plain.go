@@ -1,0 +1,188 @@
+package vmm
+
+import (
+	"fmt"
+	"sync"
+	"unsafe"
+
+	"github.com/cuvmm/cuvmm/driver"
+	"github.com/cuvmm/cuvmm/internal/units"
+)
+
+// PlainBuffer is device memory from the legacy allocator (cuMemAlloc): not growable, not shareable
+// by FD. The project uses it as the baseline that the VMM-based types are measured against.
+type PlainBuffer struct {
+	dev    *Device
+	ptr    driver.DevicePtr
+	size   uint64
+	mu     sync.Mutex
+	closed bool
+}
+
+// AllocPlain allocates size bytes with cuMemAlloc.
+func (d *Device) AllocPlain(size uint64) (*PlainBuffer, error) {
+	if size == 0 {
+		return nil, fmt.Errorf("vmm: device %d: cuMemAlloc: size 0: %w", d.ordinal, ErrInvalidValue)
+	}
+	var p driver.DevicePtr
+	if err := d.do(func(api driver.API) error {
+		var err error
+		p, err = api.MemAlloc(size)
+		return err
+	}); err != nil {
+		return nil, fmt.Errorf("vmm: device %d: cuMemAlloc %s: %w", d.ordinal, units.FormatSize(size), err)
+	}
+	d.children.Add(1)
+	return &PlainBuffer{dev: d, ptr: p, size: size}, nil
+}
+
+// Ptr is the buffer's device address.
+func (b *PlainBuffer) Ptr() driver.DevicePtr { return b.ptr }
+
+// Size is the buffer's size.
+func (b *PlainBuffer) Size() uint64 { return b.size }
+
+// Close frees the buffer (cuMemFree). Idempotent, nil-safe.
+func (b *PlainBuffer) Close() error {
+	if b == nil {
+		return nil
+	}
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	if b.closed {
+		return nil
+	}
+	if err := b.dev.do(func(api driver.API) error { return api.MemFree(b.ptr) }); err != nil {
+		return fmt.Errorf("vmm: device %d: cuMemFree %s: %w", b.dev.ordinal, units.FormatSize(b.size), err)
+	}
+	b.closed = true
+	b.dev.children.Add(-1)
+	return nil
+}
+
+// HostBuffer is pinned host memory from cuMemHostAlloc, visible to every device.
+type HostBuffer struct {
+	dev    *Device
+	p      unsafe.Pointer
+	size   uint64
+	mu     sync.Mutex
+	closed bool
+}
+
+// HostAlloc allocates size bytes of pinned host memory (cuMemHostAlloc with flags, for example
+// driver.HostAllocPortable|driver.HostAllocDeviceMap).
+func (d *Device) HostAlloc(size uint64, flags uint32) (*HostBuffer, error) {
+	if size == 0 {
+		return nil, fmt.Errorf("vmm: cuMemHostAlloc: size 0: %w", ErrInvalidValue)
+	}
+	var p unsafe.Pointer
+	if err := d.do(func(api driver.API) error {
+		var err error
+		p, err = api.MemHostAlloc(size, flags)
+		return err
+	}); err != nil {
+		return nil, fmt.Errorf("vmm: cuMemHostAlloc %s: %w", units.FormatSize(size), err)
+	}
+	d.children.Add(1)
+	return &HostBuffer{dev: d, p: p, size: size}, nil
+}
+
+// Bytes is the buffer as a byte slice; it must not be used after Close.
+func (b *HostBuffer) Bytes() []byte { return unsafe.Slice((*byte)(b.p), b.size) }
+
+// Pointer is the buffer's host address.
+func (b *HostBuffer) Pointer() unsafe.Pointer { return b.p }
+
+// Ptr is the buffer's unified address (equal to the host address on devices that can use host
+// pointers for registered memory).
+func (b *HostBuffer) Ptr() driver.DevicePtr { return driver.DevicePtr(uintptr(b.p)) }
+
+// Size is the buffer's size.
+func (b *HostBuffer) Size() uint64 { return b.size }
+
+// Close frees the buffer (cuMemFreeHost). Idempotent, nil-safe.
+func (b *HostBuffer) Close() error {
+	if b == nil {
+		return nil
+	}
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	if b.closed {
+		return nil
+	}
+	if err := b.dev.do(func(api driver.API) error { return api.MemFreeHost(b.p) }); err != nil {
+		return fmt.Errorf("vmm: cuMemFreeHost %s: %w", units.FormatSize(b.size), err)
+	}
+	b.closed = true
+	b.dev.children.Add(-1)
+	return nil
+}
+
+// HostRegistration is caller-owned host memory page-locked and made visible to the devices
+// (cuMemHostRegister). The memory must outlive the registration.
+type HostRegistration struct {
+	dev    *Device
+	p      unsafe.Pointer
+	size   uint64
+	dptr   driver.DevicePtr
+	mu     sync.Mutex
+	closed bool
+}
+
+// HostRegister registers mem (page-aligned start and length) with flags (driver.HostRegister*). The
+// device pointer is looked up with cuMemHostGetDevicePointer.
+func (d *Device) HostRegister(mem []byte, flags uint32) (*HostRegistration, error) {
+	if len(mem) == 0 {
+		return nil, fmt.Errorf("vmm: host register: empty range: %w", ErrInvalidValue)
+	}
+	p := unsafe.Pointer(&mem[0])
+	const page = 4096
+	if uintptr(p)%page != 0 || len(mem)%page != 0 {
+		return nil, fmt.Errorf("vmm: host register %#x+%d: start and length must be multiples of the 4 KiB page: %w", uintptr(p), len(mem), ErrInvalidValue)
+	}
+	size := uint64(len(mem))
+	var dptr driver.DevicePtr
+	err := d.do(func(api driver.API) error {
+		if err := api.MemHostRegister(p, size, flags); err != nil {
+			return fmt.Errorf("cuMemHostRegister: %w", err)
+		}
+		var err error
+		if dptr, err = api.MemHostGetDevicePointer(p, 0); err != nil {
+			err = fmt.Errorf("cuMemHostGetDevicePointer: %w", err)
+			if uerr := api.MemHostUnregister(p); uerr != nil {
+				err = fmt.Errorf("%w (undo cuMemHostUnregister: %v)", err, uerr)
+			}
+			return err
+		}
+		return nil
+	})
+	if err != nil {
+		return nil, fmt.Errorf("vmm: host register %s at %#x: %w", units.FormatSize(size), uintptr(p), err)
+	}
+	d.children.Add(1)
+	return &HostRegistration{dev: d, p: p, size: size, dptr: dptr}, nil
+}
+
+// Ptr is the registration's device address.
+func (r *HostRegistration) Ptr() driver.DevicePtr { return r.dptr }
+
+// Size is the registered length.
+func (r *HostRegistration) Size() uint64 { return r.size }
+
+// Close unregisters the memory (cuMemHostUnregister). Idempotent, nil-safe.
+func (r *HostRegistration) Close() error {
+	if r == nil {
+		return nil
+	}
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if r.closed {
+		return nil
+	}
+	if err := r.dev.do(func(api driver.API) error { return api.MemHostUnregister(r.p) }); err != nil {
+		return fmt.Errorf("vmm: cuMemHostUnregister %s at %#x: %w", units.FormatSize(r.size), uintptr(r.p), err)
+	}
+	r.closed = true
+	r.dev.children.Add(-1)
+	return nil
+}

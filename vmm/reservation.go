@@ -1,0 +1,523 @@
+package vmm
+
+import (
+	"errors"
+	"fmt"
+	"os"
+	"sort"
+	"sync"
+
+	"github.com/cuvmm/cuvmm/driver"
+	"github.com/cuvmm/cuvmm/internal/units"
+)
+
+// Access is one access right: a location (a device, or the host CPU for host-NUMA memory) and what
+// it may do.
+type Access struct {
+	Location driver.Location
+	Flags    driver.AccessFlags
+}
+
+// ReadWrite grants device d read and write access.
+func ReadWrite(d *Device) Access { return Access{d.Location(), driver.AccessReadWrite} }
+
+// ReadOnly grants device d read access only (supported for peers on the measured driver).
+func ReadOnly(d *Device) Access { return Access{d.Location(), driver.AccessRead} }
+
+// NoAccess revokes device d's access.
+func NoAccess(d *Device) Access { return Access{d.Location(), driver.AccessNone} }
+
+// HostReadWrite grants the CPU read and write access to host-NUMA memory, through the same virtual
+// address the GPUs use.
+func HostReadWrite() Access { return Access{driver.HostLocation(), driver.AccessReadWrite} }
+
+// HostReadOnly grants the CPU read access to host-NUMA memory.
+func HostReadOnly() Access { return Access{driver.HostLocation(), driver.AccessRead} }
+
+func (a Access) String() string { return fmt.Sprintf("%s %s", a.Location, a.Flags) }
+
+func accessDescs(access []Access) []driver.AccessDesc {
+	out := make([]driver.AccessDesc, len(access))
+	for i, a := range access {
+		out[i] = driver.AccessDesc{Location: a.Location, Flags: a.Flags}
+	}
+	return out
+}
+
+// ReserveOptions tunes Reserve.
+type ReserveOptions struct {
+	// Alignment of the start address; 0 means the granularity. Must be a power of two multiple of
+	// the granularity.
+	Alignment uint64
+	// Hint asks for the range to start at this address (for example the end of another
+	// reservation, to extend it in place). The driver may place it elsewhere; see RequireHint.
+	Hint driver.DevicePtr
+	// RequireHint makes Reserve fail (with an error wrapping ErrHintNotGranted, nothing kept) when
+	// the driver does not grant the range at Hint.
+	RequireHint bool
+}
+
+// ErrHintNotGranted is returned by Reserve with RequireHint when the range at the hint is taken.
+var ErrHintNotGranted = errors.New("vmm: address hint not granted")
+
+// Reservation is a range of virtual addresses (cuMemAddressReserve) into which allocations are
+// mapped. It is safe for concurrent use.
+type Reservation struct {
+	dev  *Device // the device whose context reserved it (any device works for VA calls)
+	ptr  driver.DevicePtr
+	size uint64
+	gran uint64
+
+	mu       sync.Mutex
+	mappings map[uint64]*Mapping // by offset
+	closed   bool
+}
+
+// Granularity is the granularity the system uses for reservations: the largest minimum
+// granularity of device memory among the devices, which on every known GPU is 2 MiB.
+func (s *System) Granularity() (uint64, error) {
+	devs, err := s.Devices()
+	if err != nil {
+		return 0, err
+	}
+	var g uint64
+	for _, d := range devs {
+		dg, err := d.DeviceGranularity()
+		if err != nil {
+			return 0, err
+		}
+		g = max(g, dg)
+	}
+	return g, nil
+}
+
+// Reserve reserves at least size bytes of virtual address space (cuMemAddressReserve). The size is
+// rounded up to the system's granularity (Size reports it).
+func (s *System) Reserve(size uint64, opts ReserveOptions) (*Reservation, error) {
+	d, err := s.anyDevice()
+	if err != nil {
+		return nil, err
+	}
+	g, err := s.Granularity()
+	if err != nil {
+		return nil, err
+	}
+	rounded, err := roundUp("reserve", size, g)
+	if err != nil {
+		return nil, err
+	}
+	if opts.Alignment != 0 && (opts.Alignment%g != 0 || opts.Alignment&(opts.Alignment-1) != 0) {
+		return nil, fmt.Errorf("vmm: reserve %s: alignment %#x is not a power-of-two multiple of the granularity %s: %w", units.FormatSize(rounded), opts.Alignment, units.FormatSize(g), ErrInvalidValue)
+	}
+	if uint64(opts.Hint)%g != 0 {
+		return nil, fmt.Errorf("vmm: reserve %s: hint %#x is not a multiple of the granularity %s: %w", units.FormatSize(rounded), opts.Hint, units.FormatSize(g), ErrInvalidValue)
+	}
+	var ptr driver.DevicePtr
+	err = d.do(func(api driver.API) error {
+		var err error
+		ptr, err = api.MemAddressReserve(rounded, opts.Alignment, opts.Hint, 0)
+		if err != nil || !opts.RequireHint || ptr == opts.Hint {
+			return err
+		}
+		if ferr := api.MemAddressFree(ptr, rounded); ferr != nil {
+			return fmt.Errorf("%w (and freeing the misplaced range failed: %v)", ErrHintNotGranted, ferr)
+		}
+		return fmt.Errorf("%w: got %#x", ErrHintNotGranted, ptr)
+	})
+	if err != nil {
+		return nil, fmt.Errorf("vmm: reserve %s (hint %#x): %w", units.FormatSize(rounded), opts.Hint, err)
+	}
+	d.children.Add(1)
+	return &Reservation{dev: d, ptr: ptr, size: rounded, gran: g, mappings: map[uint64]*Mapping{}}, nil
+}
+
+// Ptr is the first address of the range.
+func (r *Reservation) Ptr() driver.DevicePtr { return r.ptr }
+
+// Size is the range's size in bytes.
+func (r *Reservation) Size() uint64 { return r.size }
+
+// End is the first address past the range.
+func (r *Reservation) End() driver.DevicePtr { return r.ptr + driver.DevicePtr(r.size) }
+
+// Granularity is the granularity offsets in this reservation must be multiples of.
+func (r *Reservation) Granularity() uint64 { return r.gran }
+
+func (r *Reservation) String() string {
+	return fmt.Sprintf("reservation %#x+%s", uint64(r.ptr), units.FormatSize(r.size))
+}
+
+// checkRange validates [off, off+size) against the reservation; the caller holds r.mu.
+func (r *Reservation) checkRange(op string, off, size uint64) error {
+	if r.closed {
+		return fmt.Errorf("vmm: %s: %s: %w", op, r, ErrClosed)
+	}
+	if size == 0 {
+		return fmt.Errorf("vmm: %s at offset %#x of %s: size 0: %w", op, off, r, ErrInvalidValue)
+	}
+	if off%r.gran != 0 || size%r.gran != 0 {
+		return fmt.Errorf("vmm: %s %s at offset %#x of %s: offset and size must be multiples of the granularity %s: %w", op, units.FormatSize(size), off, r, units.FormatSize(r.gran), ErrInvalidValue)
+	}
+	if off > r.size || size > r.size-off {
+		return fmt.Errorf("vmm: %s %s at offset %#x: past the end of %s: %w", op, units.FormatSize(size), off, r, ErrInvalidValue)
+	}
+	return nil
+}
+
+// overlapping returns a mapping that overlaps [off, off+size); the caller holds r.mu.
+func (r *Reservation) overlapping(off, size uint64) *Mapping {
+	for _, m := range r.mappings {
+		if off < m.off+m.size && m.off < off+size {
+			return m
+		}
+	}
+	return nil
+}
+
+// Map maps the whole allocation a at offset off (cuMemMap). The mapping has no access until
+// SetAccess; use MapAccess to do both atomically. The allocation must not be closed before the
+// mapping.
+func (r *Reservation) Map(off uint64, a *Allocation) (*Mapping, error) {
+	return r.MapAccess(off, a)
+}
+
+// MapAccess maps the whole allocation a at offset off and grants access (cuMemMap then
+// cuMemSetAccess). Either both happen or neither: when setting access fails the range is unmapped
+// again.
+func (r *Reservation) MapAccess(off uint64, a *Allocation, access ...Access) (*Mapping, error) {
+	if r == nil {
+		return nil, fmt.Errorf("vmm: map: nil reservation: %w", ErrInvalidValue)
+	}
+	if err := a.check("map"); err != nil {
+		return nil, err
+	}
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if err := r.checkRange("map "+a.String(), off, a.size); err != nil {
+		return nil, err
+	}
+	if m := r.overlapping(off, a.size); m != nil {
+		return nil, fmt.Errorf("vmm: map %s at offset %#x of %s: overlaps the mapping at offset %#x: %w", a, off, r, m.off, ErrInvalidValue)
+	}
+	ptr := r.ptr + driver.DevicePtr(off)
+	descs := accessDescs(access)
+	err := a.dev.do(func(api driver.API) error {
+		if err := api.MemMap(ptr, a.size, 0, a.handle, 0); err != nil {
+			return fmt.Errorf("cuMemMap: %w", err)
+		}
+		if len(descs) == 0 {
+			return nil
+		}
+		if err := api.MemSetAccess(ptr, a.size, descs); err != nil {
+			err = fmt.Errorf("cuMemSetAccess %v: %w", access, err)
+			if uerr := api.MemUnmap(ptr, a.size); uerr != nil {
+				err = errors.Join(err, fmt.Errorf("undo cuMemMap: %w", uerr))
+			}
+			return err
+		}
+		return nil
+	})
+	if err != nil {
+		return nil, fmt.Errorf("vmm: map %s at offset %#x of %s: %w", a, off, r, err)
+	}
+	return r.addMapping(off, a, false), nil
+}
+
+// addMapping records a mapping; the caller holds r.mu.
+func (r *Reservation) addMapping(off uint64, a *Allocation, owns bool) *Mapping {
+	m := &Mapping{res: r, alloc: a, off: off, size: a.size, ownsAlloc: owns}
+	a.mappings.Add(1)
+	r.mappings[off] = m
+	return m
+}
+
+// MapNew creates an allocation of size bytes through device d with opts, maps it at offset off and
+// grants access: cuMemCreate, cuMemMap, cuMemSetAccess with one context binding. Either all happen or
+// none. The returned Mapping owns the allocation: closing it unmaps and releases. size must be a
+// multiple of the location's granularity (no rounding happens here, so the mapping covers exactly the
+// bytes asked for).
+func (r *Reservation) MapNew(off, size uint64, d *Device, opts AllocOptions, access ...Access) (*Mapping, error) {
+	if r == nil || d == nil {
+		return nil, fmt.Errorf("vmm: map new: nil reservation or device: %w", ErrInvalidValue)
+	}
+	p := opts.prop(d)
+	g, err := d.Granularity(p.Location, driver.GranularityMinimum)
+	if err != nil {
+		return nil, err
+	}
+	if size%g != 0 {
+		return nil, fmt.Errorf("vmm: map new %s at offset %#x: size is not a multiple of the granularity %s: %w", units.FormatSize(size), off, units.FormatSize(g), ErrInvalidValue)
+	}
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if err := r.checkRange("map new", off, size); err != nil {
+		return nil, err
+	}
+	if m := r.overlapping(off, size); m != nil {
+		return nil, fmt.Errorf("vmm: map new %s at offset %#x of %s: overlaps the mapping at offset %#x: %w", units.FormatSize(size), off, r, m.off, ErrInvalidValue)
+	}
+	ptr := r.ptr + driver.DevicePtr(off)
+	descs := accessDescs(access)
+	var h driver.MemHandle
+	err = d.do(func(api driver.API) error {
+		var err error
+		if h, err = api.MemCreate(size, &p, 0); err != nil {
+			return fmt.Errorf("cuMemCreate: %w", err)
+		}
+		if err = api.MemMap(ptr, size, 0, h, 0); err != nil {
+			err = fmt.Errorf("cuMemMap: %w", err)
+		} else if len(descs) > 0 {
+			if err = api.MemSetAccess(ptr, size, descs); err != nil {
+				err = fmt.Errorf("cuMemSetAccess %v: %w", access, err)
+				if uerr := api.MemUnmap(ptr, size); uerr != nil {
+					err = errors.Join(err, fmt.Errorf("undo cuMemMap: %w", uerr))
+				}
+			}
+		}
+		if err != nil {
+			if rerr := api.MemRelease(h); rerr != nil {
+				err = errors.Join(err, fmt.Errorf("undo cuMemCreate: %w", rerr))
+			}
+		}
+		return err
+	})
+	if err != nil {
+		return nil, fmt.Errorf("vmm: map new %s at %s, offset %#x of %s: %w", units.FormatSize(size), p.Location, off, r, err)
+	}
+	a := d.newAllocation(h, size, p, false)
+	return r.addMapping(off, a, true), nil
+}
+
+// SetAccess grants access over [off, off+size) of the reservation, which must consist of whole
+// mappings (cuMemSetAccess covers several adjacent mappings in one call).
+func (r *Reservation) SetAccess(off, size uint64, access ...Access) error {
+	if r == nil {
+		return fmt.Errorf("vmm: set access: nil reservation: %w", ErrInvalidValue)
+	}
+	if len(access) == 0 {
+		return fmt.Errorf("vmm: set access at offset %#x: no access descriptors: %w", off, ErrInvalidValue)
+	}
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if err := r.checkRange("set access", off, size); err != nil {
+		return err
+	}
+	if err := r.coveredByMappings(off, size); err != nil {
+		return err
+	}
+	ptr := r.ptr + driver.DevicePtr(off)
+	descs := accessDescs(access)
+	if err := r.dev.do(func(api driver.API) error { return api.MemSetAccess(ptr, size, descs) }); err != nil {
+		return fmt.Errorf("vmm: set access %v on %s at offset %#x of %s: %w", access, units.FormatSize(size), off, r, err)
+	}
+	return nil
+}
+
+// coveredByMappings checks that [off, off+size) is exactly a run of whole adjacent mappings; the
+// caller holds r.mu.
+func (r *Reservation) coveredByMappings(off, size uint64) error {
+	pos, end := off, off+size
+	for pos < end {
+		m, ok := r.mappings[pos]
+		if !ok || m.off+m.size > end {
+			return fmt.Errorf("vmm: range %s at offset %#x of %s is not made of whole mappings (offset %#x): %w", units.FormatSize(size), off, r, pos, ErrInvalidValue)
+		}
+		pos = m.off + m.size
+	}
+	return nil
+}
+
+// Mappings are the live mappings, ordered by offset.
+func (r *Reservation) Mappings() []*Mapping {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	out := make([]*Mapping, 0, len(r.mappings))
+	for _, m := range r.mappings {
+		out = append(out, m)
+	}
+	sort.Slice(out, func(i, j int) bool { return out[i].off < out[j].off })
+	return out
+}
+
+// ExportDMABuf returns a dma-buf file for [off, off+size) of the reservation
+// (cuMemGetHandleForAddressRange), for RDMA NICs and other importers. The range must be mapped.
+// The caller owns the file.
+func (r *Reservation) ExportDMABuf(off, size uint64) (*os.File, error) {
+	if r == nil {
+		return nil, fmt.Errorf("vmm: export dma-buf: nil reservation: %w", ErrInvalidValue)
+	}
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if err := r.checkRange("export dma-buf", off, size); err != nil {
+		return nil, err
+	}
+	if err := r.coveredByMappings(off, size); err != nil {
+		return nil, err
+	}
+	ptr := r.ptr + driver.DevicePtr(off)
+	var fd int
+	err := r.dev.do(func(api driver.API) error {
+		var err error
+		fd, err = api.MemGetHandleForAddressRange(ptr, size, driver.RangeHandleTypeDMABufFD, 0)
+		return err
+	})
+	if err != nil {
+		return nil, fmt.Errorf("vmm: export dma-buf of %s at offset %#x of %s: %w", units.FormatSize(size), off, r, err)
+	}
+	return os.NewFile(uintptr(fd), fmt.Sprintf("cuvmm-dmabuf-%s", units.FormatSize(size))), nil
+}
+
+// UnmapRange unmaps the whole mappings in [off, off+size) with one cuMemUnmap and closes them (owned
+// allocations are released). The range must be made of whole mappings.
+func (r *Reservation) UnmapRange(off, size uint64) error {
+	if r == nil {
+		return nil
+	}
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if err := r.checkRange("unmap", off, size); err != nil {
+		return err
+	}
+	if err := r.coveredByMappings(off, size); err != nil {
+		return err
+	}
+	var ms []*Mapping
+	for pos := off; pos < off+size; {
+		m := r.mappings[pos]
+		ms = append(ms, m)
+		pos = m.off + m.size
+	}
+	ptr := r.ptr + driver.DevicePtr(off)
+	if err := r.dev.do(func(api driver.API) error { return api.MemUnmap(ptr, size) }); err != nil {
+		return fmt.Errorf("vmm: unmap %s at offset %#x of %s: %w", units.FormatSize(size), off, r, err)
+	}
+	var errs []error
+	for _, m := range ms {
+		if err := r.forget(m); err != nil {
+			errs = append(errs, err)
+		}
+	}
+	return errors.Join(errs...)
+}
+
+// forget drops an unmapped mapping and releases its allocation when it owns it; the caller holds
+// r.mu.
+func (r *Reservation) forget(m *Mapping) error {
+	delete(r.mappings, m.off)
+	m.mu.Lock()
+	m.closed = true
+	m.mu.Unlock()
+	m.alloc.mappings.Add(-1)
+	if m.ownsAlloc {
+		return m.alloc.Close()
+	}
+	return nil
+}
+
+// Close frees the address range (cuMemAddressFree). It fails with ErrInUse while mappings remain.
+// Close is idempotent and safe on nil.
+func (r *Reservation) Close() error {
+	if r == nil {
+		return nil
+	}
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if r.closed {
+		return nil
+	}
+	if n := len(r.mappings); n > 0 {
+		return fmt.Errorf("vmm: close %s: %d mappings remain: %w", r, n, ErrInUse)
+	}
+	if err := r.dev.do(func(api driver.API) error { return api.MemAddressFree(r.ptr, r.size) }); err != nil {
+		return fmt.Errorf("vmm: free %s: %w", r, err)
+	}
+	r.closed = true
+	r.dev.children.Add(-1)
+	return nil
+}
+
+// Mapping is an allocation mapped into a reservation at an offset (cuMemMap).
+type Mapping struct {
+	res       *Reservation
+	alloc     *Allocation
+	off, size uint64
+	ownsAlloc bool
+
+	mu     sync.Mutex
+	closed bool
+}
+
+// Ptr is the mapping's first address.
+func (m *Mapping) Ptr() driver.DevicePtr { return m.res.ptr + driver.DevicePtr(m.off) }
+
+// Offset is the mapping's offset in its reservation.
+func (m *Mapping) Offset() uint64 { return m.off }
+
+// Size is the mapping's size (the whole allocation).
+func (m *Mapping) Size() uint64 { return m.size }
+
+// Allocation is the mapped allocation.
+func (m *Mapping) Allocation() *Allocation { return m.alloc }
+
+// Reservation is the reservation the mapping lives in.
+func (m *Mapping) Reservation() *Reservation { return m.res }
+
+func (m *Mapping) String() string {
+	return fmt.Sprintf("mapping of %s at %#x", units.FormatSize(m.size), uint64(m.Ptr()))
+}
+
+// SetAccess grants access to the whole mapping (cuMemSetAccess).
+func (m *Mapping) SetAccess(access ...Access) error {
+	if m == nil {
+		return fmt.Errorf("vmm: set access: nil mapping: %w", ErrInvalidValue)
+	}
+	m.mu.Lock()
+	closed := m.closed
+	m.mu.Unlock()
+	if closed {
+		return fmt.Errorf("vmm: set access on %s: %w", m, ErrClosed)
+	}
+	return m.res.SetAccess(m.off, m.size, access...)
+}
+
+// Access reads the access flags loc has on the mapping (cuMemGetAccess).
+func (m *Mapping) Access(loc driver.Location) (driver.AccessFlags, error) {
+	m.mu.Lock()
+	closed := m.closed
+	m.mu.Unlock()
+	if closed {
+		return 0, fmt.Errorf("vmm: get access on %s: %w", m, ErrClosed)
+	}
+	var f driver.AccessFlags
+	err := m.res.dev.do(func(api driver.API) error {
+		var err error
+		f, err = api.MemGetAccess(loc, m.Ptr())
+		return err
+	})
+	if err != nil {
+		return 0, fmt.Errorf("vmm: get access of %s on %s: %w", loc, m, err)
+	}
+	return f, nil
+}
+
+// Close unmaps the mapping (cuMemUnmap) and, when the mapping owns its allocation (MapNew),
+// releases it. Close is idempotent and safe on nil.
+func (m *Mapping) Close() error {
+	if m == nil {
+		return nil
+	}
+	r := m.res
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	m.mu.Lock()
+	closed := m.closed
+	m.mu.Unlock()
+	if closed {
+		return nil
+	}
+	ptr := m.Ptr()
+	if err := r.dev.do(func(api driver.API) error { return api.MemUnmap(ptr, m.size) }); err != nil {
+		return fmt.Errorf("vmm: unmap %s: %w", m, err)
+	}
+	return r.forget(m)
+}

@@ -1,0 +1,268 @@
+package vmm
+
+import (
+	"fmt"
+	"sync"
+	"time"
+	"unsafe"
+
+	"github.com/cuvmm/cuvmm/driver"
+	"github.com/cuvmm/cuvmm/internal/units"
+)
+
+// Stream is a CUDA stream of one device (cuStreamCreate). Work queued on it runs in order.
+type Stream struct {
+	dev    *Device
+	s      driver.Stream
+	mu     sync.Mutex
+	closed bool
+}
+
+// NewStream creates a stream; nonBlocking streams do not synchronise with the legacy default stream
+// (CU_STREAM_NON_BLOCKING), which is what copy streams want.
+func (d *Device) NewStream(nonBlocking bool) (*Stream, error) {
+	flags := driver.StreamDefault
+	if nonBlocking {
+		flags = driver.StreamNonBlocking
+	}
+	var s driver.Stream
+	if err := d.do(func(api driver.API) error {
+		var err error
+		s, err = api.StreamCreate(flags)
+		return err
+	}); err != nil {
+		return nil, fmt.Errorf("vmm: device %d: cuStreamCreate: %w", d.ordinal, err)
+	}
+	d.children.Add(1)
+	return &Stream{dev: d, s: s}, nil
+}
+
+// Handle is the raw CUstream; nil (*Stream)(nil) means the legacy default stream 0.
+func (s *Stream) Handle() driver.Stream {
+	if s == nil {
+		return 0
+	}
+	return s.s
+}
+
+// Device is the stream's device.
+func (s *Stream) Device() *Device { return s.dev }
+
+func (s *Stream) use(op string) error {
+	if s == nil {
+		return nil
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.closed {
+		return fmt.Errorf("vmm: %s on a closed stream: %w", op, ErrClosed)
+	}
+	return nil
+}
+
+// Synchronize waits until all work queued on the stream is done (cuStreamSynchronize).
+func (s *Stream) Synchronize() error {
+	if err := s.use("synchronize"); err != nil {
+		return err
+	}
+	if err := s.dev.do(func(api driver.API) error { return api.StreamSynchronize(s.s) }); err != nil {
+		return fmt.Errorf("vmm: device %d: cuStreamSynchronize: %w", s.dev.ordinal, err)
+	}
+	return nil
+}
+
+// Close destroys the stream (cuStreamDestroy); queued work still completes. Idempotent, nil-safe.
+func (s *Stream) Close() error {
+	if s == nil {
+		return nil
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.closed {
+		return nil
+	}
+	if err := s.dev.do(func(api driver.API) error { return api.StreamDestroy(s.s) }); err != nil {
+		return fmt.Errorf("vmm: device %d: cuStreamDestroy: %w", s.dev.ordinal, err)
+	}
+	s.closed = true
+	s.dev.children.Add(-1)
+	return nil
+}
+
+// Event is a CUDA event (cuEventCreate), used to order work between streams and to time it.
+type Event struct {
+	dev    *Device
+	e      driver.Event
+	mu     sync.Mutex
+	closed bool
+}
+
+// NewEvent creates an event; timing events can be used with Elapsed.
+func (d *Device) NewEvent(timing bool) (*Event, error) {
+	flags := driver.EventDefault
+	if !timing {
+		flags = driver.EventDisableTiming
+	}
+	var e driver.Event
+	if err := d.do(func(api driver.API) error {
+		var err error
+		e, err = api.EventCreate(flags)
+		return err
+	}); err != nil {
+		return nil, fmt.Errorf("vmm: device %d: cuEventCreate: %w", d.ordinal, err)
+	}
+	d.children.Add(1)
+	return &Event{dev: d, e: e}, nil
+}
+
+func (e *Event) use(op string) error {
+	if e == nil {
+		return fmt.Errorf("vmm: %s: nil event: %w", op, ErrInvalidValue)
+	}
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	if e.closed {
+		return fmt.Errorf("vmm: %s on a closed event: %w", op, ErrClosed)
+	}
+	return nil
+}
+
+// Record records the event on s (nil: the default stream) (cuEventRecord).
+func (e *Event) Record(s *Stream) error {
+	if err := e.use("record"); err != nil {
+		return err
+	}
+	if err := s.use("record event"); err != nil {
+		return err
+	}
+	if err := e.dev.do(func(api driver.API) error { return api.EventRecord(e.e, s.Handle()) }); err != nil {
+		return fmt.Errorf("vmm: device %d: cuEventRecord: %w", e.dev.ordinal, err)
+	}
+	return nil
+}
+
+// Synchronize waits for the event (cuEventSynchronize).
+func (e *Event) Synchronize() error {
+	if err := e.use("synchronize"); err != nil {
+		return err
+	}
+	if err := e.dev.do(func(api driver.API) error { return api.EventSynchronize(e.e) }); err != nil {
+		return fmt.Errorf("vmm: device %d: cuEventSynchronize: %w", e.dev.ordinal, err)
+	}
+	return nil
+}
+
+// Elapsed is the GPU time from start to e, both recorded and complete (cuEventElapsedTime).
+func (e *Event) Elapsed(start *Event) (time.Duration, error) {
+	if err := e.use("elapsed time"); err != nil {
+		return 0, err
+	}
+	if err := start.use("elapsed time"); err != nil {
+		return 0, err
+	}
+	var ms float32
+	if err := e.dev.do(func(api driver.API) error {
+		var err error
+		ms, err = api.EventElapsedTime(start.e, e.e)
+		return err
+	}); err != nil {
+		return 0, fmt.Errorf("vmm: device %d: cuEventElapsedTime: %w", e.dev.ordinal, err)
+	}
+	return time.Duration(float64(ms) * float64(time.Millisecond)), nil
+}
+
+// Close destroys the event. Idempotent, nil-safe.
+func (e *Event) Close() error {
+	if e == nil {
+		return nil
+	}
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	if e.closed {
+		return nil
+	}
+	if err := e.dev.do(func(api driver.API) error { return api.EventDestroy(e.e) }); err != nil {
+		return fmt.Errorf("vmm: device %d: cuEventDestroy: %w", e.dev.ordinal, err)
+	}
+	e.closed = true
+	e.dev.children.Add(-1)
+	return nil
+}
+
+// CopyHtoD copies src into device memory at dst and waits (cuMemcpyHtoD).
+func (d *Device) CopyHtoD(dst driver.DevicePtr, src []byte) error {
+	if len(src) == 0 {
+		return nil
+	}
+	if err := d.do(func(api driver.API) error {
+		return api.MemcpyHtoD(dst, unsafe.Pointer(&src[0]), uint64(len(src)))
+	}); err != nil {
+		return fmt.Errorf("vmm: device %d: copy %s host to device %#x: %w", d.ordinal, units.FormatSize(uint64(len(src))), uint64(dst), err)
+	}
+	return nil
+}
+
+// CopyDtoH copies device memory at src into dst and waits (cuMemcpyDtoH).
+func (d *Device) CopyDtoH(dst []byte, src driver.DevicePtr) error {
+	if len(dst) == 0 {
+		return nil
+	}
+	if err := d.do(func(api driver.API) error {
+		return api.MemcpyDtoH(unsafe.Pointer(&dst[0]), src, uint64(len(dst)))
+	}); err != nil {
+		return fmt.Errorf("vmm: device %d: copy %s device %#x to host: %w", d.ordinal, units.FormatSize(uint64(len(dst))), uint64(src), err)
+	}
+	return nil
+}
+
+// Copy copies n bytes between any two unified addresses and waits (cuMemcpy).
+func (d *Device) Copy(dst, src driver.DevicePtr, n uint64) error {
+	if err := d.do(func(api driver.API) error { return api.Memcpy(dst, src, n) }); err != nil {
+		return fmt.Errorf("vmm: device %d: copy %s from %#x to %#x: %w", d.ordinal, units.FormatSize(n), uint64(src), uint64(dst), err)
+	}
+	return nil
+}
+
+// CopyAsync queues a copy of n bytes between unified addresses on s (cuMemcpyAsync). Host memory
+// involved must be pinned and stay valid until the stream passes the copy.
+func (d *Device) CopyAsync(dst, src driver.DevicePtr, n uint64, s *Stream) error {
+	if err := s.use("copy"); err != nil {
+		return err
+	}
+	if err := d.do(func(api driver.API) error { return api.MemcpyAsync(dst, src, n, s.Handle()) }); err != nil {
+		return fmt.Errorf("vmm: device %d: async copy %s from %#x to %#x: %w", d.ordinal, units.FormatSize(n), uint64(src), uint64(dst), err)
+	}
+	return nil
+}
+
+// CopyHtoDAsync queues a host-to-device copy on s (cuMemcpyHtoDAsync); src must be pinned memory
+// (never the Go heap) that stays valid until the copy completes.
+func (d *Device) CopyHtoDAsync(dst driver.DevicePtr, src unsafe.Pointer, n uint64, s *Stream) error {
+	if err := s.use("copy"); err != nil {
+		return err
+	}
+	if err := d.do(func(api driver.API) error { return api.MemcpyHtoDAsync(dst, src, n, s.Handle()) }); err != nil {
+		return fmt.Errorf("vmm: device %d: async copy %s host to device %#x: %w", d.ordinal, units.FormatSize(n), uint64(dst), err)
+	}
+	return nil
+}
+
+// CopyDtoHAsync queues a device-to-host copy on s (cuMemcpyDtoHAsync); dst must be pinned memory
+// that stays valid until the copy completes.
+func (d *Device) CopyDtoHAsync(dst unsafe.Pointer, src driver.DevicePtr, n uint64, s *Stream) error {
+	if err := s.use("copy"); err != nil {
+		return err
+	}
+	if err := d.do(func(api driver.API) error { return api.MemcpyDtoHAsync(dst, src, n, s.Handle()) }); err != nil {
+		return fmt.Errorf("vmm: device %d: async copy %s device %#x to host: %w", d.ordinal, units.FormatSize(n), uint64(src), err)
+	}
+	return nil
+}
+
+// Memset sets n bytes at ptr to v and waits (cuMemsetD8).
+func (d *Device) Memset(ptr driver.DevicePtr, v uint8, n uint64) error {
+	if err := d.do(func(api driver.API) error { return api.MemsetD8(ptr, v, n) }); err != nil {
+		return fmt.Errorf("vmm: device %d: memset %s at %#x: %w", d.ordinal, units.FormatSize(n), uint64(ptr), err)
+	}
+	return nil
+}

@@ -1,0 +1,170 @@
+// Package vmm is the safe layer over the CUDA driver's virtual memory management: devices, physical
+// allocations, address reservations, mappings, access rights, shareable handles as *os.File, dma-buf
+// export, host registration, streams, events, copies and the project's pattern kernels.
+//
+// Every owning type (Allocation, Reservation, Mapping, Stream, Event, PlainBuffer, HostRegistration,
+// HostBuffer) has Close, which is idempotent and safe on a nil receiver. A child keeps its parent
+// alive: closing an Allocation or Reservation that still has mappings, or a System whose devices
+// still own objects, returns an error wrapping ErrInUse and frees nothing. Teardown order is unmap,
+// release, address free.
+//
+// Thread rule: the driver's current context is per OS thread and goroutines move between threads, so
+// every call that needs a context locks the goroutine to its thread, binds the device's primary
+// context with cuCtxSetCurrent for the duration of the call, and unlocks. There is no hidden
+// package-level current device.
+//
+// The same code runs on the real driver (driver.Open) and on the simulator (sim.New).
+package vmm
+
+import (
+	"errors"
+	"fmt"
+	"runtime"
+	"sync"
+
+	"github.com/cuvmm/cuvmm/driver"
+)
+
+// Sentinel errors of this package. Driver failures keep their driver sentinel (driver.ErrOutOfMemory,
+// driver.ErrNotSupported, ...), and argument checks made here wrap ErrInvalidValue, which is
+// driver.ErrInvalidValue, so one errors.Is covers both.
+var (
+	// ErrClosed: a method was called on an object after its Close.
+	ErrClosed = errors.New("vmm: use after Close")
+	// ErrInUse: Close of a parent that still has live children (mappings, buffers, registrations).
+	ErrInUse = errors.New("vmm: still in use")
+	// ErrInvalidValue is driver.ErrInvalidValue.
+	ErrInvalidValue = driver.ErrInvalidValue
+	// ErrNoDevice is driver.ErrNoDevice: an ordinal out of range.
+	ErrNoDevice = driver.ErrNoDevice
+)
+
+// System is one driver (real or simulated) with its devices. It is safe for concurrent use.
+type System struct {
+	api     driver.API
+	version int
+	count   int
+
+	mu      sync.Mutex
+	devices []*Device // opened lazily, index = ordinal
+	closed  bool
+}
+
+// Open initialises the driver (cuInit) and reads its version and device count. Devices are opened
+// (their primary contexts retained) on first use by Device.
+func Open(api driver.API) (*System, error) {
+	if api == nil {
+		return nil, fmt.Errorf("vmm: open: nil driver: %w", ErrInvalidValue)
+	}
+	if err := api.Init(0); err != nil {
+		return nil, fmt.Errorf("vmm: cuInit: %w", err)
+	}
+	v, err := api.DriverGetVersion()
+	if err != nil {
+		return nil, fmt.Errorf("vmm: cuDriverGetVersion: %w", err)
+	}
+	n, err := api.DeviceGetCount()
+	if err != nil {
+		return nil, fmt.Errorf("vmm: cuDeviceGetCount: %w", err)
+	}
+	return &System{api: api, version: v, count: n, devices: make([]*Device, n)}, nil
+}
+
+// DriverVersion is cuDriverGetVersion's answer, for example 13000 for CUDA 13.0.
+func (s *System) DriverVersion() int { return s.version }
+
+// DeviceCount is the number of devices the driver reports.
+func (s *System) DeviceCount() int { return s.count }
+
+// Device opens device ordinal (retaining its primary context) or returns the one already open.
+func (s *System) Device(ordinal int) (*Device, error) {
+	if s == nil {
+		return nil, fmt.Errorf("vmm: device %d: nil System: %w", ordinal, ErrClosed)
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.closed {
+		return nil, fmt.Errorf("vmm: device %d: %w", ordinal, ErrClosed)
+	}
+	if ordinal < 0 || ordinal >= s.count {
+		return nil, fmt.Errorf("vmm: device %d out of range (the driver reports %d devices): %w", ordinal, s.count, ErrNoDevice)
+	}
+	if d := s.devices[ordinal]; d != nil {
+		return d, nil
+	}
+	d, err := openDevice(s, ordinal)
+	if err != nil {
+		return nil, err
+	}
+	s.devices[ordinal] = d
+	return d, nil
+}
+
+// Devices opens every device, in ordinal order.
+func (s *System) Devices() ([]*Device, error) {
+	out := make([]*Device, 0, s.count)
+	for i := 0; i < s.count; i++ {
+		d, err := s.Device(i)
+		if err != nil {
+			return nil, err
+		}
+		out = append(out, d)
+	}
+	return out, nil
+}
+
+// anyDevice is the device used to bind a context for calls that act on the unified address space
+// rather than on one device (reserving addresses, importing handles): the lowest open ordinal, or
+// device 0.
+func (s *System) anyDevice() (*Device, error) {
+	s.mu.Lock()
+	for _, d := range s.devices {
+		if d != nil {
+			s.mu.Unlock()
+			return d, nil
+		}
+	}
+	s.mu.Unlock()
+	return s.Device(0)
+}
+
+// Close releases the primary contexts of the open devices. It fails with ErrInUse, releasing
+// nothing, while any device still owns allocations, reservations, streams or other objects.
+func (s *System) Close() error {
+	if s == nil {
+		return nil
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.closed {
+		return nil
+	}
+	for _, d := range s.devices {
+		if d != nil {
+			if n := d.children.Load(); n > 0 {
+				return fmt.Errorf("vmm: close system: device %d still owns %d objects: %w", d.ordinal, n, ErrInUse)
+			}
+		}
+	}
+	var errs []error
+	for _, d := range s.devices {
+		if d == nil {
+			continue
+		}
+		if err := d.release(); err != nil {
+			errs = append(errs, err)
+		}
+	}
+	s.closed = true
+	return errors.Join(errs...)
+}
+
+// bind runs fn on a locked OS thread with ctx current (the thread rule in the package doc).
+func bind(api driver.API, ctx driver.Context, fn func(api driver.API) error) error {
+	runtime.LockOSThread()
+	defer runtime.UnlockOSThread()
+	if err := api.CtxSetCurrent(ctx); err != nil {
+		return fmt.Errorf("vmm: cuCtxSetCurrent: %w", err)
+	}
+	return fn(api)
+}

@@ -1,0 +1,418 @@
+package vmm_test
+
+import (
+	"errors"
+	"os"
+	"testing"
+	"unsafe"
+
+	"github.com/stretchr/testify/require"
+	"golang.org/x/sys/unix"
+
+	"github.com/cuvmm/cuvmm/driver"
+	"github.com/cuvmm/cuvmm/internal/kernels"
+	"github.com/cuvmm/cuvmm/internal/testutil"
+	"github.com/cuvmm/cuvmm/vmm"
+)
+
+const mib = 1 << 20
+
+func TestDeviceInfo(t *testing.T) {
+	testutil.Run(t, func(t *testing.T, b *testutil.Backend) {
+		d := b.Device(t, 0)
+		require.NotEmpty(t, d.Name())
+		require.NotZero(t, d.TotalMemory())
+		g, err := d.DeviceGranularity()
+		require.NoError(t, err)
+		require.Equal(t, uint64(2*mib), g)
+		require.True(t, d.Supports(driver.AttrVirtualMemoryManagementSupported))
+		require.True(t, d.Supports(driver.AttrHandleTypePosixFDSupported))
+		free, total, err := d.MemInfo()
+		require.NoError(t, err)
+		require.NotZero(t, total)
+		require.LessOrEqual(t, free, total)
+		require.GreaterOrEqual(t, b.Sys.DriverVersion(), 10020)
+
+		_, err = b.Sys.Device(b.Sys.DeviceCount())
+		require.ErrorIs(t, err, vmm.ErrNoDevice)
+		require.ErrorContains(t, err, "out of range")
+		_, err = b.Sys.Device(-1)
+		require.ErrorIs(t, err, vmm.ErrNoDevice)
+	})
+}
+
+// mapFilled reserves size bytes, maps one new allocation read-write for d and fills it.
+func mapFilled(t *testing.T, d *vmm.Device, size, seed uint64) (*vmm.Reservation, *vmm.Mapping) {
+	t.Helper()
+	r, err := d.System().Reserve(size, vmm.ReserveOptions{})
+	require.NoError(t, err)
+	m, err := r.MapNew(0, size, d, vmm.AllocOptions{HandleTypes: driver.HandleTypePosixFD}, vmm.ReadWrite(d))
+	require.NoError(t, err)
+	require.NoError(t, d.Fill(m.Ptr(), size, 0, seed))
+	return r, m
+}
+
+func TestReserveMapAccessVerify(t *testing.T) {
+	testutil.Run(t, func(t *testing.T, b *testutil.Backend) {
+		d := b.Device(t, 0)
+		a, err := d.Allocate(3*mib, vmm.AllocOptions{})
+		require.NoError(t, err)
+		require.Equal(t, uint64(4*mib), a.Size(), "size rounds up to the 2 MiB granularity")
+		r, err := b.Sys.Reserve(5*mib, vmm.ReserveOptions{})
+		require.NoError(t, err)
+		require.Equal(t, uint64(6*mib), r.Size())
+
+		m, err := r.MapAccess(2*mib, a, vmm.ReadWrite(d))
+		require.NoError(t, err)
+		require.Equal(t, r.Ptr()+2*mib, m.Ptr())
+		flags, err := m.Access(d.Location())
+		require.NoError(t, err)
+		require.Equal(t, driver.AccessReadWrite, flags)
+
+		require.NoError(t, d.Fill(m.Ptr(), m.Size(), 0, 7))
+		bad, err := d.Verify(m.Ptr(), m.Size(), 0, 7)
+		require.NoError(t, err)
+		require.Zero(t, bad)
+		bad, err = d.Verify(m.Ptr(), m.Size(), 0, 8)
+		require.NoError(t, err)
+		require.Equal(t, m.Size()/8, bad, "a wrong seed must show every word as a mismatch")
+
+		// Host copies see the same pattern.
+		buf := make([]byte, 64)
+		require.NoError(t, d.CopyDtoH(buf, m.Ptr()+1024))
+		for i := 0; i < 8; i++ {
+			w := *(*uint64)(unsafe.Pointer(&buf[i*8]))
+			require.Equal(t, kernels.Pattern(uint64(1024/8+i), 7), w)
+		}
+
+		// Parents refuse to close under live children.
+		require.ErrorIs(t, a.Close(), vmm.ErrInUse)
+		require.ErrorIs(t, r.Close(), vmm.ErrInUse)
+		require.ErrorIs(t, b.Sys.Close(), vmm.ErrInUse)
+
+		require.NoError(t, m.Close())
+		require.NoError(t, m.Close(), "double Close is fine")
+		require.NoError(t, a.Close())
+		require.NoError(t, a.Close())
+		require.NoError(t, r.Close())
+		require.NoError(t, r.Close())
+		var nilAlloc *vmm.Allocation
+		require.NoError(t, nilAlloc.Close())
+	})
+}
+
+func TestBadInput(t *testing.T) {
+	testutil.Run(t, func(t *testing.T, b *testutil.Backend) {
+		d := b.Device(t, 0)
+		_, err := d.Allocate(0, vmm.AllocOptions{})
+		require.ErrorIs(t, err, vmm.ErrInvalidValue)
+		require.ErrorContains(t, err, "size 0")
+		_, err = b.Sys.Reserve(0, vmm.ReserveOptions{})
+		require.ErrorIs(t, err, vmm.ErrInvalidValue)
+		_, err = d.Allocate(^uint64(0), vmm.AllocOptions{})
+		require.ErrorIs(t, err, vmm.ErrInvalidValue)
+		require.ErrorContains(t, err, "overflows")
+		_, err = b.Sys.Reserve(4*mib, vmm.ReserveOptions{Alignment: 3 * mib})
+		require.ErrorIs(t, err, vmm.ErrInvalidValue)
+
+		r, err := b.Sys.Reserve(4*mib, vmm.ReserveOptions{})
+		require.NoError(t, err)
+		defer func() { require.NoError(t, r.Close()) }()
+		a, err := d.Allocate(2*mib, vmm.AllocOptions{})
+		require.NoError(t, err)
+		defer func() { require.NoError(t, a.Close()) }()
+
+		_, err = r.Map(4096, a)
+		require.ErrorIs(t, err, vmm.ErrInvalidValue, "offset not a multiple of the granularity")
+		require.ErrorContains(t, err, "granularity")
+		_, err = r.Map(4*mib, a)
+		require.ErrorIs(t, err, vmm.ErrInvalidValue, "past the end")
+		require.ErrorContains(t, err, "past the end")
+		big, err := d.Allocate(6*mib, vmm.AllocOptions{})
+		require.NoError(t, err)
+		_, err = r.Map(0, big)
+		require.ErrorIs(t, err, vmm.ErrInvalidValue, "larger than the reservation")
+		require.NoError(t, big.Close())
+
+		m, err := r.Map(0, a)
+		require.NoError(t, err)
+		_, err = r.Map(0, a)
+		require.ErrorIs(t, err, vmm.ErrInvalidValue, "mapping over a mapping")
+		require.ErrorContains(t, err, "overlaps")
+		require.ErrorIs(t, r.SetAccess(0, 4*mib, vmm.ReadWrite(d)), vmm.ErrInvalidValue, "access over an unmapped part")
+		require.ErrorIs(t, r.SetAccess(0, 2*mib), vmm.ErrInvalidValue, "no descriptors")
+		require.NoError(t, m.SetAccess(vmm.ReadWrite(d)))
+
+		// Export of an allocation made without that handle type.
+		_, err = a.Export(driver.HandleTypePosixFD)
+		require.ErrorIs(t, err, vmm.ErrInvalidValue)
+		require.ErrorContains(t, err, "handle types")
+
+		require.NoError(t, m.Close())
+		require.ErrorIs(t, m.SetAccess(vmm.ReadWrite(d)), vmm.ErrClosed)
+
+		// Use after Close.
+		c, err := d.Allocate(2*mib, vmm.AllocOptions{})
+		require.NoError(t, err)
+		require.NoError(t, c.Close())
+		_, err = r.Map(2*mib, c)
+		require.ErrorIs(t, err, vmm.ErrClosed)
+		_, err = c.Export(driver.HandleTypePosixFD)
+		require.ErrorIs(t, err, vmm.ErrClosed)
+		r2, err := b.Sys.Reserve(2*mib, vmm.ReserveOptions{})
+		require.NoError(t, err)
+		require.NoError(t, r2.Close())
+		_, err = r2.Map(0, a)
+		require.ErrorIs(t, err, vmm.ErrClosed)
+		s, err := d.NewStream(true)
+		require.NoError(t, err)
+		require.NoError(t, s.Close())
+		require.ErrorIs(t, s.Synchronize(), vmm.ErrClosed)
+		require.NoError(t, s.Close())
+	})
+}
+
+func TestImportNotACUDAHandle(t *testing.T) {
+	testutil.Run(t, func(t *testing.T, b *testutil.Backend) {
+		d := b.Device(t, 0)
+		pr, pw, err := os.Pipe()
+		require.NoError(t, err)
+		defer pr.Close()
+		defer pw.Close()
+		_, err = d.Import(pr, 2*mib, driver.HandleTypePosixFD)
+		require.Error(t, err)
+		require.ErrorContains(t, err, "import")
+		_, err = d.Import(nil, 2*mib, driver.HandleTypePosixFD)
+		require.ErrorIs(t, err, vmm.ErrInvalidValue)
+	})
+}
+
+func TestExportImportSameBytes(t *testing.T) {
+	testutil.Run(t, func(t *testing.T, b *testutil.Backend) {
+		d := b.Device(t, 0)
+		r, m := mapFilled(t, d, 4*mib, 42)
+		f, err := m.Allocation().Export(driver.HandleTypePosixFD)
+		require.NoError(t, err)
+		imp, err := d.Import(f, m.Size(), driver.HandleTypePosixFD)
+		require.NoError(t, err)
+		require.NoError(t, f.Close(), "the import stays valid after the file is closed")
+		require.True(t, imp.Imported())
+		require.Equal(t, d.Location(), imp.Location())
+
+		r2, err := b.Sys.Reserve(imp.Size(), vmm.ReserveOptions{})
+		require.NoError(t, err)
+		m2, err := r2.MapAccess(0, imp, vmm.ReadWrite(d))
+		require.NoError(t, err)
+		bad, err := d.Verify(m2.Ptr(), m2.Size(), 0, 42)
+		require.NoError(t, err)
+		require.Zero(t, bad, "the second mapping sees the same physical memory")
+
+		// Release while mapped: closing the original mapping (which releases its allocation) keeps
+		// the memory alive for the imported mapping.
+		require.NoError(t, m.Close())
+		bad, err = d.Verify(m2.Ptr(), m2.Size(), 0, 42)
+		require.NoError(t, err)
+		require.Zero(t, bad)
+
+		require.NoError(t, m2.Close())
+		require.NoError(t, imp.Close())
+		require.NoError(t, r2.Close())
+		require.NoError(t, r.Close())
+	})
+}
+
+func TestDMABufExport(t *testing.T) {
+	testutil.Run(t, func(t *testing.T, b *testutil.Backend) {
+		d := b.Device(t, 0)
+		if !d.Supports(driver.AttrDMABufSupported) {
+			t.Skip("device reports no dma-buf support")
+		}
+		r, m := mapFilled(t, d, 4*mib, 1)
+		defer func() { require.NoError(t, r.Close()) }()
+		defer func() { require.NoError(t, m.Close()) }()
+		f, err := r.ExportDMABuf(0, 4*mib)
+		require.NoError(t, err)
+		end, err := unix.Seek(int(f.Fd()), 0, unix.SEEK_END)
+		require.NoError(t, err)
+		require.Equal(t, int64(4*mib), end, "the dma-buf's size is the range's size")
+		require.NoError(t, f.Close())
+		_, err = r.ExportDMABuf(0, 6*mib)
+		require.ErrorIs(t, err, vmm.ErrInvalidValue)
+	})
+}
+
+func TestUnmapRangeSpansMappings(t *testing.T) {
+	testutil.Run(t, func(t *testing.T, b *testutil.Backend) {
+		d := b.Device(t, 0)
+		r, err := b.Sys.Reserve(8*mib, vmm.ReserveOptions{})
+		require.NoError(t, err)
+		for off := uint64(0); off < 8*mib; off += 2 * mib {
+			_, err := r.MapNew(off, 2*mib, d, vmm.AllocOptions{}, vmm.ReadWrite(d))
+			require.NoError(t, err)
+		}
+		// One set-access and one fill over several chunks.
+		require.NoError(t, r.SetAccess(0, 8*mib, vmm.ReadWrite(d)))
+		require.NoError(t, d.Fill(r.Ptr(), 8*mib, 0, 3))
+		require.ErrorIs(t, r.UnmapRange(mib*2, mib*3), vmm.ErrInvalidValue, "half a mapping")
+		require.NoError(t, r.UnmapRange(4*mib, 4*mib))
+		bad, err := d.Verify(r.Ptr(), 4*mib, 0, 3)
+		require.NoError(t, err)
+		require.Zero(t, bad)
+		require.Len(t, r.Mappings(), 2)
+		require.NoError(t, r.UnmapRange(0, 4*mib))
+		require.NoError(t, r.Close())
+	})
+}
+
+func TestReserveHintExtendsInPlace(t *testing.T) {
+	testutil.Run(t, func(t *testing.T, b *testutil.Backend) {
+		r, err := b.Sys.Reserve(64*mib, vmm.ReserveOptions{})
+		require.NoError(t, err)
+		next, err := b.Sys.Reserve(64*mib, vmm.ReserveOptions{Hint: r.End(), RequireHint: true})
+		require.NoError(t, err)
+		require.Equal(t, r.End(), next.Ptr())
+		// The same hint again is taken: RequireHint fails and leaves nothing behind.
+		_, err = b.Sys.Reserve(64*mib, vmm.ReserveOptions{Hint: r.End(), RequireHint: true})
+		require.ErrorIs(t, err, vmm.ErrHintNotGranted)
+		require.NoError(t, next.Close())
+		require.NoError(t, r.Close())
+	})
+}
+
+func TestHostNUMACPUAccess(t *testing.T) {
+	testutil.Run(t, func(t *testing.T, b *testutil.Backend) {
+		d := b.Device(t, 0)
+		node := d.HostNUMAID()
+		if node < 0 || !d.Supports(driver.AttrHostNUMAVirtualMemoryManagementSupported) {
+			t.Skip("device reports no host-NUMA VMM support")
+		}
+		r, err := b.Sys.Reserve(2*mib, vmm.ReserveOptions{})
+		require.NoError(t, err)
+		m, err := r.MapNew(0, 2*mib, d, vmm.AllocOptions{Location: driver.HostNUMALocation(node), HandleTypes: driver.HandleTypePosixFD},
+			vmm.ReadWrite(d), vmm.HostReadWrite())
+		require.NoError(t, err)
+		require.NoError(t, d.Fill(m.Ptr(), m.Size(), 0, 5))
+		// The CPU reads the GPU's writes through the same virtual address.
+		words := unsafe.Slice((*uint64)(unsafe.Pointer(uintptr(m.Ptr()))), m.Size()/8)
+		for _, i := range []int{0, 1, len(words) - 1} {
+			require.Equal(t, kernels.Pattern(uint64(i), 5), words[i])
+		}
+		words[3] = 0
+		bad, err := d.Verify(m.Ptr(), m.Size(), 0, 5)
+		require.NoError(t, err)
+		require.Equal(t, uint64(1), bad, "the GPU sees the CPU's write")
+		require.NoError(t, m.Close())
+		require.NoError(t, r.Close())
+	})
+}
+
+func TestReadOnlyPeer(t *testing.T) {
+	testutil.Run(t, func(t *testing.T, b *testutil.Backend) {
+		d0, d1 := b.Device(t, 0), b.Device(t, 1)
+		ok, err := d1.CanAccessPeer(d0)
+		require.NoError(t, err)
+		if !ok {
+			t.Skip("devices 0 and 1 cannot access each other")
+		}
+		r, err := b.Sys.Reserve(2*mib, vmm.ReserveOptions{})
+		require.NoError(t, err)
+		m, err := r.MapNew(0, 2*mib, d0, vmm.AllocOptions{}, vmm.ReadWrite(d0), vmm.ReadOnly(d1))
+		require.NoError(t, err)
+		f, err := m.Access(d1.Location())
+		require.NoError(t, err)
+		require.Equal(t, driver.AccessRead, f)
+		require.NoError(t, d0.Fill(m.Ptr(), m.Size(), 0, 9))
+		bad, err := d1.Verify(m.Ptr(), m.Size(), 0, 9)
+		require.NoError(t, err)
+		require.Zero(t, bad, "the read-only peer reads")
+		require.Error(t, d1.Memset(m.Ptr(), 0, 4096), "the read-only peer cannot write")
+		require.NoError(t, m.Close())
+		require.NoError(t, r.Close())
+	}, testutil.Devices(2))
+}
+
+func TestStreamsEventsCopies(t *testing.T) {
+	testutil.Run(t, func(t *testing.T, b *testutil.Backend) {
+		d := b.Device(t, 0)
+		r, m := mapFilled(t, d, 2*mib, 11)
+		defer func() { require.NoError(t, r.Close()) }()
+		defer func() { require.NoError(t, m.Close()) }()
+		host, err := d.HostAlloc(2*mib, driver.HostAllocPortable)
+		require.NoError(t, err)
+		defer func() { require.NoError(t, host.Close()) }()
+		s, err := d.NewStream(true)
+		require.NoError(t, err)
+		defer func() { require.NoError(t, s.Close()) }()
+		e0, err := d.NewEvent(true)
+		require.NoError(t, err)
+		defer func() { require.NoError(t, e0.Close()) }()
+		e1, err := d.NewEvent(true)
+		require.NoError(t, err)
+		defer func() { require.NoError(t, e1.Close()) }()
+
+		require.NoError(t, e0.Record(s))
+		require.NoError(t, d.CopyDtoHAsync(host.Pointer(), m.Ptr(), 2*mib, s))
+		require.NoError(t, d.LaunchRead(m.Ptr(), 2*mib, s))
+		require.NoError(t, e1.Record(s))
+		require.NoError(t, e1.Synchronize())
+		el, err := e1.Elapsed(e0)
+		require.NoError(t, err)
+		require.GreaterOrEqual(t, el, 0*el)
+		words := unsafe.Slice((*uint64)(host.Pointer()), 2*mib/8)
+		require.Equal(t, kernels.Pattern(100, 11), words[100])
+
+		// Round trip through a host registration.
+		mem, err := unix.Mmap(-1, 0, 2*mib, unix.PROT_READ|unix.PROT_WRITE, unix.MAP_PRIVATE|unix.MAP_ANONYMOUS)
+		require.NoError(t, err)
+		defer unix.Munmap(mem)
+		reg, err := d.HostRegister(mem, 0)
+		require.NoError(t, err)
+		require.NoError(t, d.Copy(reg.Ptr(), m.Ptr(), 2*mib))
+		require.Equal(t, host.Bytes()[:4096], mem[:4096])
+		require.NoError(t, reg.Close())
+		require.NoError(t, reg.Close())
+
+		_, err = d.HostRegister(mem[1:4097], 0)
+		require.ErrorIs(t, err, vmm.ErrInvalidValue, "unaligned registration")
+		_, err = d.HostRegister(nil, 0)
+		require.ErrorIs(t, err, vmm.ErrInvalidValue)
+	})
+}
+
+// The simulator's fault hook checks that multi-step operations undo what they did.
+func TestMapNewRollsBack(t *testing.T) {
+	testutil.Run(t, func(t *testing.T, b *testutil.Backend) {
+		d := b.Device(t, 0)
+		r, err := b.Sys.Reserve(4*mib, vmm.ReserveOptions{})
+		require.NoError(t, err)
+		for _, fn := range []string{"cuMemCreate", "cuMemMap", "cuMemSetAccess"} {
+			b.Sim.FailNth(fn, 1, driver.ErrorOutOfMemory)
+			_, err := r.MapNew(0, 2*mib, d, vmm.AllocOptions{}, vmm.ReadWrite(d))
+			require.ErrorIs(t, err, driver.ErrOutOfMemory, fn)
+			require.ErrorContains(t, err, fn)
+			require.Empty(t, r.Mappings(), fn)
+			live := b.Sim.Live()
+			require.Zero(t, live.Allocations, "after a failed %s: %s", fn, live)
+			require.Zero(t, live.Mappings, "after a failed %s: %s", fn, live)
+		}
+		a, err := d.Allocate(2*mib, vmm.AllocOptions{})
+		require.NoError(t, err)
+		b.Sim.FailNth("cuMemSetAccess", 1, driver.ErrorInvalidValue)
+		_, err = r.MapAccess(0, a, vmm.ReadWrite(d))
+		require.ErrorIs(t, err, vmm.ErrInvalidValue)
+		require.Zero(t, b.Sim.Live().Mappings)
+		require.NoError(t, a.Close(), "the allocation is not left mapped")
+		require.NoError(t, r.Close())
+	}, testutil.SimOnly())
+}
+
+func TestCloseOrderErrors(t *testing.T) {
+	testutil.Run(t, func(t *testing.T, b *testutil.Backend) {
+		d := b.Device(t, 0)
+		s, err := d.NewStream(false)
+		require.NoError(t, err)
+		err = b.Sys.Close()
+		require.True(t, errors.Is(err, vmm.ErrInUse), "system close with a live stream: %v", err)
+		require.NoError(t, s.Close())
+	})
+}
