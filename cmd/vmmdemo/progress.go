@@ -1,0 +1,47 @@
+package main
+
+import (
+	"fmt"
+	"strings"
+	"time"
+
+	"github.com/cuvmm/cuvmm/internal/units"
+)
+
+// progress draws a one-line bar on stderr while long work runs. It draws nothing unless stderr is a
+// terminal and the output is not JSON, so logs and pipes stay clean.
+type progress struct {
+	e       *env
+	label   string
+	total   uint64
+	enabled bool
+	last    time.Time
+	drawn   bool
+}
+
+func newProgress(e *env, label string, total uint64, jsonOut bool) *progress {
+	return &progress{e: e, label: label, total: total, enabled: e.interactive && !jsonOut && total > 0}
+}
+
+// Update redraws the bar for done of total bytes, at most ten times a second.
+func (p *progress) Update(done uint64) {
+	if !p.enabled || (time.Since(p.last) < 100*time.Millisecond && done < p.total) {
+		return
+	}
+	p.last = time.Now()
+	const width = 30
+	frac := float64(done) / float64(p.total)
+	frac = min(max(frac, 0), 1)
+	n := int(frac * width)
+	fmt.Fprintf(p.e.stderr, "\r%s [%s%s] %3.0f%% %s / %s ", p.label, strings.Repeat("#", n), strings.Repeat(".", width-n),
+		frac*100, units.FormatSize(done), units.FormatSize(p.total))
+	p.drawn = true
+}
+
+// Done clears the bar.
+func (p *progress) Done() {
+	if p.drawn {
+		fmt.Fprintf(p.e.stderr, "\r%s\r", strings.Repeat(" ", len(p.label)+80))
+		p.drawn = false
+	}
+}
