@@ -54,8 +54,8 @@ var (
 	ErrOutOfMemory = errors.New("out of memory")
 	// ErrNoDevice: no CUDA device, or an ordinal out of range.
 	ErrNoDevice = errors.New("no such device")
-	// ErrInvalidHandle: a handle the driver does not know (a released allocation, an FD that is not
-	// a CUDA shareable handle).
+	// ErrInvalidHandle: a stream, event or other handle the driver does not know. (The driver
+	// reports a released allocation handle or a non-CUDA FD as CUDA_ERROR_INVALID_VALUE.)
 	ErrInvalidHandle = errors.New("invalid handle")
 	// ErrNotPermitted: the operation is refused by policy (for example FABRIC handles without an IMEX
 	// channel).

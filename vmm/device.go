@@ -72,7 +72,8 @@ func (d *Device) release() error {
 	d.kernMu.Lock()
 	if d.kernels != nil {
 		ks := d.kernels
-		if err := d.do(func(api driver.API) error {
+		// d.do refuses once released is set, so bind directly.
+		if err := bind(d.sys.api, d.ctx, func(api driver.API) error {
 			return errors.Join(api.MemFree(ks.counter), api.ModuleUnload(ks.module))
 		}); err != nil {
 			errs = append(errs, fmt.Errorf("vmm: device %d: cuModuleUnload: %w", d.ordinal, err))

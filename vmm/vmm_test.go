@@ -293,7 +293,8 @@ func TestHostNUMACPUAccess(t *testing.T) {
 		require.NoError(t, err)
 		require.NoError(t, d.Fill(m.Ptr(), m.Size(), 0, 5))
 		// The CPU reads the GPU's writes through the same virtual address.
-		words := unsafe.Slice((*uint64)(unsafe.Pointer(uintptr(m.Ptr()))), m.Size()/8)
+		view := vmm.HostView(m.Ptr(), m.Size())
+		words := unsafe.Slice((*uint64)(unsafe.Pointer(&view[0])), len(view)/8)
 		for _, i := range []int{0, 1, len(words) - 1} {
 			require.Equal(t, kernels.Pattern(uint64(i), 5), words[i])
 		}

@@ -19,6 +19,18 @@ func runTour(e *env, args []string) error {
 	if err := parse(fs, args); err != nil {
 		return err
 	}
+	// Resolve auto once, so the fallback notice is printed once and every subcommand uses the same
+	// backend.
+	if c.backend == "auto" {
+		b, err := c.open(e)
+		if err != nil {
+			return err
+		}
+		c.backend = b.name
+		if err := b.Close(); err != nil {
+			return err
+		}
+	}
 	rank := map[string]int{}
 	for i, n := range tourOrder {
 		rank[n] = i

@@ -1,0 +1,145 @@
+package sim
+
+import (
+	"time"
+
+	"github.com/cuvmm/cuvmm/driver"
+)
+
+// stream is a CUstream. Work queued on it completes before the queuing call returns, so a stream has
+// no queue: FIFO order holds trivially.
+type stream struct {
+	dev   *device
+	flags uint32
+}
+
+// event is a CUevent: the time of its last record.
+type event struct {
+	dev      *device
+	flags    uint32
+	recorded bool
+	at       time.Time
+}
+
+// StreamCreate calls cuStreamCreate (flags DEFAULT or NON_BLOCKING).
+func (s *Sim) StreamCreate(flags uint32) (driver.Stream, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	d, err := s.begin("cuStreamCreate", ctxBound)
+	if err != nil {
+		return 0, err
+	}
+	if flags&^driver.StreamNonBlocking != 0 {
+		return 0, driver.ErrorInvalidValue
+	}
+	h := driver.Stream(newHandle())
+	s.streams[h] = &stream{dev: d, flags: flags}
+	return h, nil
+}
+
+// StreamDestroy calls cuStreamDestroy_v2; an unknown stream is CUDA_ERROR_INVALID_HANDLE.
+func (s *Sim) StreamDestroy(st driver.Stream) error {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if _, err := s.begin("cuStreamDestroy", ctxBound); err != nil {
+		return err
+	}
+	if _, ok := s.streams[st]; !ok {
+		return driver.ErrorInvalidHandle
+	}
+	delete(s.streams, st)
+	return nil
+}
+
+// StreamSynchronize calls cuStreamSynchronize; an unknown stream is CUDA_ERROR_INVALID_HANDLE.
+func (s *Sim) StreamSynchronize(st driver.Stream) error {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if _, err := s.begin("cuStreamSynchronize", ctxBound); err != nil {
+		return err
+	}
+	if !s.validStream(st) {
+		return driver.ErrorInvalidHandle
+	}
+	return nil
+}
+
+// EventCreate calls cuEventCreate (flags BLOCKING_SYNC, DISABLE_TIMING, INTERPROCESS).
+func (s *Sim) EventCreate(flags uint32) (driver.Event, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	d, err := s.begin("cuEventCreate", ctxBound)
+	if err != nil {
+		return 0, err
+	}
+	const interprocess = 4 // must come with DISABLE_TIMING, as in the driver
+	if flags&^(driver.EventBlockingSync|driver.EventDisableTiming|interprocess) != 0 ||
+		(flags&interprocess != 0 && flags&driver.EventDisableTiming == 0) {
+		return 0, driver.ErrorInvalidValue
+	}
+	h := driver.Event(newHandle())
+	s.events[h] = &event{dev: d, flags: flags}
+	return h, nil
+}
+
+// EventRecord calls cuEventRecord: the event takes the current time (the stream's earlier work is
+// already done). Unknown events or streams are CUDA_ERROR_INVALID_HANDLE.
+func (s *Sim) EventRecord(e driver.Event, st driver.Stream) error {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if _, err := s.begin("cuEventRecord", ctxBound); err != nil {
+		return err
+	}
+	ev, ok := s.events[e]
+	if !ok || !s.validStream(st) {
+		return driver.ErrorInvalidHandle
+	}
+	ev.recorded = true
+	ev.at = time.Now()
+	return nil
+}
+
+// EventSynchronize calls cuEventSynchronize; an unknown event is CUDA_ERROR_INVALID_HANDLE.
+func (s *Sim) EventSynchronize(e driver.Event) error {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if _, err := s.begin("cuEventSynchronize", ctxBound); err != nil {
+		return err
+	}
+	if _, ok := s.events[e]; !ok {
+		return driver.ErrorInvalidHandle
+	}
+	return nil
+}
+
+// EventElapsedTime calls cuEventElapsedTime: milliseconds between the two records (monotonic clock).
+// Unknown or never-recorded events, and events made with DISABLE_TIMING, are
+// CUDA_ERROR_INVALID_HANDLE, as in the driver.
+func (s *Sim) EventElapsedTime(start, end driver.Event) (float32, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if _, err := s.begin("cuEventElapsedTime", ctxBound); err != nil {
+		return 0, err
+	}
+	a, ok1 := s.events[start]
+	b, ok2 := s.events[end]
+	if !ok1 || !ok2 || !a.recorded || !b.recorded ||
+		a.flags&driver.EventDisableTiming != 0 || b.flags&driver.EventDisableTiming != 0 {
+		return 0, driver.ErrorInvalidHandle
+	}
+	return float32(b.at.Sub(a.at).Seconds() * 1000), nil
+}
+
+// EventDestroy calls cuEventDestroy_v2; an unknown event is CUDA_ERROR_INVALID_HANDLE.
+func (s *Sim) EventDestroy(e driver.Event) error {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if _, err := s.begin("cuEventDestroy", ctxBound); err != nil {
+		return err
+	}
+	if _, ok := s.events[e]; !ok {
+		return driver.ErrorInvalidHandle
+	}
+	delete(s.events, e)
+	return nil
+}
