@@ -69,20 +69,18 @@ func ParseSize(s string) (uint64, error) {
 	return uint64(v), nil
 }
 
-// FormatSize writes n with the largest binary unit that divides it evenly ("2 MiB", "1536 KiB"), or
-// with two decimals when none does and n is at least 1 KiB ("1.50 GiB").
+// FormatSize writes n in the largest binary unit it reaches: whole when exact ("2 MiB", "16 GiB"),
+// else with two decimals ("1.50 MiB", "139.80 GiB").
 func FormatSize(n uint64) string {
 	units := []struct {
 		s string
 		m uint64
 	}{{"TiB", TiB}, {"GiB", GiB}, {"MiB", MiB}, {"KiB", KiB}}
 	for _, u := range units {
-		if n >= u.m && n%u.m == 0 {
-			return fmt.Sprintf("%d %s", n/u.m, u.s)
-		}
-	}
-	for _, u := range units {
 		if n >= u.m {
+			if n%u.m == 0 {
+				return fmt.Sprintf("%d %s", n/u.m, u.s)
+			}
 			return fmt.Sprintf("%.2f %s", float64(n)/float64(u.m), u.s)
 		}
 	}

@@ -25,7 +25,7 @@ func TestParseSize(t *testing.T) {
 
 func TestFormatSize(t *testing.T) {
 	require.Equal(t, "2 MiB", FormatSize(2*MiB))
-	require.Equal(t, "1536 KiB", FormatSize(1536*KiB))
+	require.Equal(t, "1.50 MiB", FormatSize(1536*KiB))
 	require.Equal(t, "16 GiB", FormatSize(16*GiB))
 	require.Equal(t, "12 B", FormatSize(12))
 	require.Equal(t, "1.00 KiB", FormatSize(1025))
