@@ -73,14 +73,27 @@ type Reservation struct {
 	closed   bool
 }
 
-// Granularity is the granularity the system uses for reservations: the largest minimum
-// granularity of device memory among the devices, which on every known GPU is 2 MiB.
+// Granularity is the granularity the system uses for reservations: the largest minimum granularity
+// of device memory among the devices opened so far (device 0 is opened when none is). On every known
+// GPU it is 2 MiB. Opening only the devices in use matters: each opened device retains its primary
+// context, which costs GPU memory.
 func (s *System) Granularity() (uint64, error) {
-	devs, err := s.Devices()
+	first, err := s.anyDevice()
 	if err != nil {
 		return 0, err
 	}
-	var g uint64
+	s.mu.Lock()
+	devs := make([]*Device, 0, len(s.devices))
+	for _, d := range s.devices {
+		if d != nil {
+			devs = append(devs, d)
+		}
+	}
+	s.mu.Unlock()
+	g, err := first.DeviceGranularity()
+	if err != nil {
+		return 0, err
+	}
 	for _, d := range devs {
 		dg, err := d.DeviceGranularity()
 		if err != nil {
