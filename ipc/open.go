@@ -1,0 +1,180 @@
+package ipc
+
+import (
+	"errors"
+	"fmt"
+	"sync"
+
+	"github.com/cuvmm/cuvmm/driver"
+	"github.com/cuvmm/cuvmm/internal/units"
+	"github.com/cuvmm/cuvmm/vmm"
+)
+
+// Buffer is a received buffer mapped in this process: one reservation with every chunk imported and
+// mapped at its offset, so it has the exporter's layout. It implements vmm.Chunked. (Exporting it
+// again works on the simulator; the H200's driver reports no handle types for imported memory, so
+// vmm refuses to export it there: share the original instead.) The memory stays valid until Close,
+// whatever the exporter does meanwhile.
+type Buffer struct {
+	dev    *vmm.Device
+	desc   Descriptor
+	res    *vmm.Reservation
+	allocs []*vmm.Allocation // imported, by chunk
+	maps   []*vmm.Mapping    // by chunk
+
+	mu     sync.Mutex
+	closed bool
+}
+
+var _ vmm.Chunked = (*Buffer)(nil)
+
+// Open imports every chunk of r through dev (cuMemImportFromShareableHandle), reserves one range of
+// r.Desc.Size bytes (cuMemAddressReserve), maps each chunk at its offset (cuMemMap) and grants access
+// (cuMemSetAccess, one call per run of adjacent chunks). access is the receiver's choice: devices
+// read-write or read-only (vmm.ReadWrite, vmm.ReadOnly), the CPU for host-NUMA memory
+// (vmm.HostReadWrite, vmm.HostReadOnly); none means vmm.ReadWrite(dev). Open is atomic: when a step
+// fails for any chunk, what was done is undone and the error names the chunk and the step. r keeps its
+// files; close r once Open returns.
+func Open(dev *vmm.Device, r *Received, access ...vmm.Access) (*Buffer, error) {
+	if dev == nil || r == nil {
+		return nil, fmt.Errorf("ipc: open: nil device or received buffer: %w", vmm.ErrInvalidValue)
+	}
+	desc := r.Desc
+	if err := desc.Validate(); err != nil {
+		return nil, fmt.Errorf("ipc: open: %w", err)
+	}
+	if len(r.Files) != len(desc.Chunks) {
+		return nil, fmt.Errorf("ipc: open %s: %d files for %d chunks: %w", &desc, len(r.Files), len(desc.Chunks), ErrProtocol)
+	}
+	if len(access) == 0 {
+		access = []vmm.Access{vmm.ReadWrite(dev)}
+	}
+	res, err := dev.System().Reserve(desc.Size, vmm.ReserveOptions{})
+	if err != nil {
+		return nil, fmt.Errorf("ipc: open %s: reserve (cuMemAddressReserve): %w", &desc, err)
+	}
+	b := &Buffer{dev: dev, desc: desc, res: res,
+		allocs: make([]*vmm.Allocation, 0, len(desc.Chunks)), maps: make([]*vmm.Mapping, 0, len(desc.Chunks))}
+	fail := func(i int, step string, err error) (*Buffer, error) {
+		c := desc.Chunks[i]
+		err = fmt.Errorf("ipc: open %s: chunk %d of %d (%s at offset %#x, %s): %s: %w", &desc, i, len(desc.Chunks), units.FormatSize(c.Size), c.Offset, c.Location, step, err)
+		if uerr := b.teardown(); uerr != nil {
+			err = errors.Join(err, fmt.Errorf("undo: %w", uerr))
+		}
+		return nil, err
+	}
+	for i, c := range desc.Chunks {
+		a, err := dev.Import(r.Files[i], c.Size, c.HandleType)
+		if err != nil {
+			return fail(i, "import (cuMemImportFromShareableHandle)", err)
+		}
+		b.allocs = append(b.allocs, a)
+		m, err := res.Map(c.Offset, a)
+		if err != nil {
+			return fail(i, "map (cuMemMap)", err)
+		}
+		b.maps = append(b.maps, m)
+	}
+	if i, err := b.setAccess(access); err != nil {
+		return fail(i, "set access (cuMemSetAccess)", err)
+	}
+	return b, nil
+}
+
+// setAccess grants access over each run of adjacent chunks; on error it reports the first chunk of
+// the run that failed.
+func (b *Buffer) setAccess(access []vmm.Access) (int, error) {
+	cs := b.desc.Chunks
+	for i := 0; i < len(cs); {
+		j := i + 1
+		for j < len(cs) && cs[j].Offset == cs[j-1].Offset+cs[j-1].Size {
+			j++
+		}
+		end := cs[j-1].Offset + cs[j-1].Size
+		if err := b.res.SetAccess(cs[i].Offset, end-cs[i].Offset, access...); err != nil {
+			return i, err
+		}
+		i = j
+	}
+	return 0, nil
+}
+
+// teardown unmaps, releases and frees in that order, keeping going after errors.
+func (b *Buffer) teardown() error {
+	var errs []error
+	for _, m := range b.maps {
+		if err := m.Close(); err != nil {
+			errs = append(errs, err)
+		}
+	}
+	for _, a := range b.allocs {
+		if err := a.Close(); err != nil {
+			errs = append(errs, err)
+		}
+	}
+	if err := b.res.Close(); err != nil {
+		errs = append(errs, err)
+	}
+	return errors.Join(errs...)
+}
+
+// Ptr is the buffer's first address in this process (not the exporter's address).
+func (b *Buffer) Ptr() driver.DevicePtr { return b.res.Ptr() }
+
+// Len is the buffer's length, the descriptor's size.
+func (b *Buffer) Len() uint64 { return b.desc.Size }
+
+// Chunks are the imported allocations at their offsets. They belong to the buffer.
+func (b *Buffer) Chunks() []vmm.Chunk {
+	out := make([]vmm.Chunk, len(b.allocs))
+	for i, a := range b.allocs {
+		out[i] = vmm.Chunk{Offset: b.desc.Chunks[i].Offset, Allocation: a}
+	}
+	return out
+}
+
+// Descriptor is the descriptor the buffer was opened from.
+func (b *Buffer) Descriptor() Descriptor { return b.desc }
+
+// Device is the device the chunks were imported through.
+func (b *Buffer) Device() *vmm.Device { return b.dev }
+
+// Reservation is the buffer's address range. It belongs to the buffer.
+func (b *Buffer) Reservation() *vmm.Reservation { return b.res }
+
+// SetAccess changes the access rights over the whole buffer (cuMemSetAccess per run of adjacent
+// chunks), for example to grant a second device or the CPU.
+func (b *Buffer) SetAccess(access ...vmm.Access) error {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	if b.closed {
+		return fmt.Errorf("ipc: set access on %s: %w", &b.desc, vmm.ErrClosed)
+	}
+	if _, err := b.setAccess(access); err != nil {
+		return fmt.Errorf("ipc: set access on %s: %w", &b.desc, err)
+	}
+	return nil
+}
+
+func (b *Buffer) String() string {
+	return fmt.Sprintf("%s mapped at %#x", &b.desc, uint64(b.res.Ptr()))
+}
+
+// Close unmaps every chunk (cuMemUnmap), releases the imports (cuMemRelease) and frees the range
+// (cuMemAddressFree). The physical memory stays for the exporter and other importers. Close is
+// idempotent and safe on nil.
+func (b *Buffer) Close() error {
+	if b == nil {
+		return nil
+	}
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	if b.closed {
+		return nil
+	}
+	if err := b.teardown(); err != nil {
+		return fmt.Errorf("ipc: close %s: %w", &b.desc, err)
+	}
+	b.closed = true
+	return nil
+}
