@@ -1,0 +1,185 @@
+package pinned
+
+import (
+	"encoding/binary"
+	"errors"
+	"fmt"
+	"net"
+	"os"
+
+	"golang.org/x/sys/unix"
+
+	"github.com/cuvmm/cuvmm/driver"
+	"github.com/cuvmm/cuvmm/internal/units"
+	"github.com/cuvmm/cuvmm/ipc"
+	"github.com/cuvmm/cuvmm/vmm"
+)
+
+// Message kinds pinned sends over the ipc transport (ipc.KindUser + 0x20 onwards).
+const (
+	// KindRegion announces a shared region: its kind and size. For a SharedMemory region it carries
+	// the memfd; a HostNUMA region's chunks follow as an ipc buffer (ipc.Send).
+	KindRegion = ipc.KindUser + 0x20
+)
+
+// regionHeader is KindRegion's payload (little-endian): kind u32, reserved u32 (zero), size u64.
+const regionHeaderSize = 16
+
+// Share sends the region to the peer on conn, which opens it with Receive. A HostNUMA region goes as
+// its chunks' file descriptors (ipc.Export, ipc.Send); a SharedMemory region as its memfd. Memory the
+// caller registered (Registered) has no file to send: ErrNotSupported. The region stays the
+// sender's; the peer's view stays valid after the sender closes it (the memory lives until the last
+// process lets go). Writes on conn must not run concurrently.
+func (r *Region) Share(conn *net.UnixConn) error {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if r.closed {
+		return fmt.Errorf("pinned: share %s: %w", r, ErrClosed)
+	}
+	hdr := make([]byte, regionHeaderSize)
+	binary.LittleEndian.PutUint32(hdr[0:], uint32(r.kind))
+	binary.LittleEndian.PutUint64(hdr[8:], r.size)
+	switch r.kind {
+	case HostNUMA:
+		e, err := ipc.Export(r)
+		if err != nil {
+			return fmt.Errorf("pinned: share %s: %w", r, err)
+		}
+		defer e.Close()
+		if err := ipc.WriteMessage(conn, KindRegion, hdr, nil); err != nil {
+			return fmt.Errorf("pinned: share %s: %w", r, err)
+		}
+		if err := ipc.Send(conn, e); err != nil {
+			return fmt.Errorf("pinned: share %s: %w", r, err)
+		}
+		return nil
+	case SharedMemory:
+		if err := ipc.WriteMessage(conn, KindRegion, hdr, []*os.File{r.memfd}); err != nil {
+			return fmt.Errorf("pinned: share %s: %w", r, err)
+		}
+		return nil
+	}
+	return fmt.Errorf("pinned: share %s: memory the caller registered has no file descriptor to pass (use New): %w", r, ErrNotSupported)
+}
+
+// OpenOptions is the opener's choice of access for Receive.
+type OpenOptions struct {
+	// Grant lists the devices that may reach the region. Empty: the CPU alone, which costs no GPU
+	// memory. A HostNUMA region is granted to exactly these devices; a SharedMemory region is
+	// registered (cuMemHostRegister), which makes it visible to every device.
+	Grant []*vmm.Device
+	// ReadOnly lets the granted devices only read.
+	ReadOnly bool
+}
+
+// Receive opens a region another process sent with Share. dev is the device through which a
+// HostNUMA region's chunks are imported (its context makes the driver calls); it may be nil for a
+// SharedMemory region opened for the CPU alone, which then needs no CUDA context at all, or when
+// opts.Grant names a device (the first is used). The CPU can always read and write the region
+// (Bytes). On error every received descriptor is closed and nothing is mapped.
+func Receive(conn *net.UnixConn, dev *vmm.Device, opts OpenOptions) (*Region, error) {
+	kind, payload, files, err := ipc.ReadMessage(conn)
+	if err != nil {
+		return nil, fmt.Errorf("pinned: receive region: %w", err)
+	}
+	owned := files
+	defer func() {
+		for _, f := range owned {
+			f.Close()
+		}
+	}()
+	if kind != KindRegion {
+		return nil, fmt.Errorf("pinned: receive region: message kind %#x, want %#x (a region): %w", kind, KindRegion, ipc.ErrProtocol)
+	}
+	if len(payload) != regionHeaderSize || binary.LittleEndian.Uint32(payload[4:]) != 0 {
+		return nil, fmt.Errorf("pinned: receive region: malformed header of %d bytes: %w", len(payload), ipc.ErrProtocol)
+	}
+	rk := Kind(binary.LittleEndian.Uint32(payload[0:]))
+	size := binary.LittleEndian.Uint64(payload[8:])
+	if size == 0 {
+		return nil, fmt.Errorf("pinned: receive region: size 0: %w", ipc.ErrProtocol)
+	}
+	if dev == nil && len(opts.Grant) > 0 {
+		dev = opts.Grant[0]
+	}
+	var sys *vmm.System
+	if dev != nil {
+		sys = dev.System()
+	}
+	var grants []*vmm.Device
+	if len(opts.Grant) > 0 {
+		if grants, err = uniqueDevices(sys, opts.Grant); err != nil {
+			return nil, fmt.Errorf("pinned: receive region: %w", err)
+		}
+	}
+	switch rk {
+	case HostNUMA:
+		if len(files) != 0 {
+			return nil, fmt.Errorf("pinned: receive host-NUMA region: %d descriptors with the header: %w", len(files), ipc.ErrProtocol)
+		}
+		if dev == nil {
+			// The chunks are still on the socket: read and close them so the stream stays in step.
+			if rcv, err := ipc.Receive(conn); err == nil {
+				rcv.Close()
+			}
+			return nil, fmt.Errorf("pinned: receive host-NUMA region: a device to import through is needed: %w", ErrInvalidValue)
+		}
+		return receiveHostNUMA(conn, dev, size, grants, opts.ReadOnly)
+	case SharedMemory:
+		if len(files) != 1 {
+			return nil, fmt.Errorf("pinned: receive shared-memory region: %d descriptors, want the memfd: %w", len(files), ipc.ErrProtocol)
+		}
+		owned = nil
+		return openSharedMemory(files[0], dev, sys, size, grants, opts.ReadOnly)
+	}
+	return nil, fmt.Errorf("pinned: receive region: kind %d cannot be shared: %w", int(rk), ipc.ErrProtocol)
+}
+
+func receiveHostNUMA(conn *net.UnixConn, dev *vmm.Device, size uint64, grants []*vmm.Device, readOnly bool) (*Region, error) {
+	rcv, err := ipc.Receive(conn)
+	if err != nil {
+		return nil, fmt.Errorf("pinned: receive host-NUMA region: %w", err)
+	}
+	defer rcv.Close()
+	if rcv.Desc.Size != size {
+		return nil, fmt.Errorf("pinned: receive host-NUMA region: the header says %s, the descriptor %s: %w", units.FormatSize(size), units.FormatSize(rcv.Desc.Size), ipc.ErrProtocol)
+	}
+	access := hostNUMAAccess(grants, readOnly)
+	buf, err := ipc.Open(dev, rcv, access...)
+	if err != nil {
+		return nil, fmt.Errorf("pinned: open host-NUMA region of %s: %w", units.FormatSize(size), err)
+	}
+	r := &Region{kind: HostNUMA, dev: dev, sys: dev.System(), size: size, ptr: buf.Ptr(), remote: buf,
+		readOnly: readOnly, imported: true, granted: map[int]driver.AccessFlags{}}
+	for _, a := range access[1:] {
+		r.granted[int(a.Location.ID)] = a.Flags
+	}
+	r.mem = vmm.HostView(buf.Ptr(), size)
+	return r, nil
+}
+
+// openSharedMemory maps a received memfd (taking f over) and registers it when devices are granted.
+func openSharedMemory(f *os.File, dev *vmm.Device, sys *vmm.System, size uint64, grants []*vmm.Device, readOnly bool) (*Region, error) {
+	var st unix.Stat_t
+	if err := unix.Fstat(int(f.Fd()), &st); err != nil {
+		f.Close()
+		return nil, fmt.Errorf("pinned: open shared-memory region: fstat: %w", err)
+	}
+	if uint64(st.Size) < size || size%pageSize != 0 {
+		f.Close()
+		return nil, fmt.Errorf("pinned: open shared-memory region: the file holds %d bytes, the header says %s: %w", st.Size, units.FormatSize(size), ipc.ErrProtocol)
+	}
+	mem, err := mapMemfd(f, size)
+	if err != nil {
+		f.Close()
+		return nil, err
+	}
+	r := &Region{kind: SharedMemory, dev: dev, sys: sys, size: size, mem: mem, memfd: f, ownMem: true,
+		readOnly: readOnly, imported: true, ptr: devicePtrOf(mem)}
+	if len(grants) > 0 {
+		if err := r.register(readOnly, nil); err != nil {
+			return nil, errors.Join(err, r.release())
+		}
+	}
+	return r, nil
+}

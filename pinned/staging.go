@@ -1,0 +1,294 @@
+package pinned
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"sync"
+
+	"github.com/cuvmm/cuvmm/driver"
+	"github.com/cuvmm/cuvmm/internal/units"
+	"github.com/cuvmm/cuvmm/vmm"
+)
+
+// Stager moves data between device memory and an io.Writer or io.Reader through pinned buffers on
+// its own non-blocking copy stream: the double-buffer pattern. While the CPU writes one chunk out
+// (or reads the next one in), the copy engine moves the next (or the previous) chunk, ordered by one
+// event per buffer, so copying and I/O overlap. One transfer runs at a time; a Stager is safe for
+// concurrent use (transfers queue).
+type Stager struct {
+	dev      *vmm.Device
+	stream   *vmm.Stream
+	events   []*vmm.Event
+	pool     *Pool
+	ownsPool bool
+	nbuf     int
+
+	mu     sync.Mutex
+	closed bool
+}
+
+// StagerOptions tunes NewStager.
+type StagerOptions struct {
+	// Buffers is the number of pinned buffers a transfer uses in turn (default 2, at least 2).
+	Buffers int
+	// BufferSize is the size of each buffer, the chunk of one copy (default 32 MiB). Ignored with
+	// Pool.
+	BufferSize uint64
+	// Pool, when set, is where each transfer takes its buffers (waiting for them; stagers sharing a
+	// pool take their buffers one stager at a time, so they never deadlock) and gives them back at
+	// its end; its region must be visible to the device and, for transfers
+	// from the device, writable by it. Without Pool the stager makes its own region (with Region's
+	// options) and pool.
+	Pool *Pool
+	// Region are the options of the stager's own region (default: Auto kind, granted to the device).
+	Region Options
+}
+
+const defaultStageBuffer = 32 << 20
+
+// NewStager makes a stager for dev: a non-blocking stream, one event per buffer and, unless
+// opts.Pool is given, a pool of its own.
+func NewStager(dev *vmm.Device, opts StagerOptions) (s *Stager, err error) {
+	if dev == nil {
+		return nil, fmt.Errorf("pinned: new stager: nil device: %w", ErrInvalidValue)
+	}
+	nbuf := opts.Buffers
+	if nbuf == 0 {
+		nbuf = 2
+	}
+	if nbuf < 2 {
+		return nil, fmt.Errorf("pinned: new stager: %d buffers (double buffering needs at least 2): %w", nbuf, ErrInvalidValue)
+	}
+	s = &Stager{dev: dev, nbuf: nbuf, pool: opts.Pool}
+	defer func() {
+		if err != nil {
+			err = errors.Join(err, s.free())
+			s = nil
+		}
+	}()
+	if s.pool != nil {
+		if s.pool.Len() < nbuf {
+			return s, fmt.Errorf("pinned: new stager: %s has fewer than %d buffers: %w", s.pool, nbuf, ErrInvalidValue)
+		}
+		if !s.pool.region.VisibleTo(dev) {
+			return s, fmt.Errorf("pinned: new stager: %s of %s is not visible to %s (grant it): %w", s.pool, s.pool.region, dev, ErrInvalidValue)
+		}
+	} else {
+		size := opts.BufferSize
+		if size == 0 {
+			size = defaultStageBuffer
+		}
+		ro := opts.Region
+		if ro.Grant == nil && !ro.CPUOnly {
+			ro.Grant = []*vmm.Device{dev}
+		}
+		if ro.CPUOnly {
+			return s, fmt.Errorf("pinned: new stager: a CPU-only region cannot stage: %w", ErrInvalidValue)
+		}
+		if s.pool, err = CreatePool(dev, size, nbuf, ro); err != nil {
+			return s, fmt.Errorf("pinned: new stager: %w", err)
+		}
+		s.ownsPool = true
+		if !s.pool.region.VisibleTo(dev) {
+			return s, fmt.Errorf("pinned: new stager: its region is not visible to %s (Region.Grant must include it): %w", dev, ErrInvalidValue)
+		}
+	}
+	if s.stream, err = dev.NewStream(true); err != nil {
+		return s, fmt.Errorf("pinned: new stager: %w", err)
+	}
+	for i := 0; i < nbuf; i++ {
+		e, err := dev.NewEvent(false)
+		if err != nil {
+			return s, fmt.Errorf("pinned: new stager: %w", err)
+		}
+		s.events = append(s.events, e)
+	}
+	return s, nil
+}
+
+// Pool is the pool the stager takes its buffers from.
+func (s *Stager) Pool() *Pool { return s.pool }
+
+// ChunkSize is the size of one copy: the pool's buffer size.
+func (s *Stager) ChunkSize() uint64 { return s.pool.BufferSize() }
+
+// Stream is the stager's copy stream.
+func (s *Stager) Stream() *vmm.Stream { return s.stream }
+
+// begin locks the stager for a transfer and takes its buffers.
+func (s *Stager) begin(ctx context.Context, op string) ([]*Buffer, error) {
+	s.mu.Lock()
+	if s.closed {
+		s.mu.Unlock()
+		return nil, fmt.Errorf("pinned: %s: stager: %w", op, ErrClosed)
+	}
+	bufs, err := s.pool.getN(ctx, s.nbuf)
+	if err != nil {
+		s.mu.Unlock()
+		return nil, fmt.Errorf("pinned: %s: %w", op, err)
+	}
+	return bufs, nil
+}
+
+// end drains the stream (nothing may still be copying into or out of a buffer), gives the buffers
+// back and unlocks the stager.
+func (s *Stager) end(bufs []*Buffer, err error) error {
+	if serr := s.stream.Synchronize(); serr != nil {
+		err = errors.Join(err, fmt.Errorf("pinned: drain the copy stream: %w", serr))
+	}
+	for _, b := range bufs {
+		if perr := s.pool.Put(b); perr != nil {
+			err = errors.Join(err, perr)
+		}
+	}
+	s.mu.Unlock()
+	return err
+}
+
+// DeviceToWriter copies n bytes of device memory at src (reachable by the stager's device) into w,
+// chunk by chunk: the copy of chunk i+1 runs while chunk i is written. It returns the bytes written.
+// When w fails (or writes short, io.ErrShortWrite) or ctx is done, no further copy is queued, the
+// stream drains, the buffers go back to the pool, and the error is returned with the bytes written.
+func (s *Stager) DeviceToWriter(ctx context.Context, w io.Writer, src driver.DevicePtr, n uint64) (written int64, err error) {
+	const op = "stage device to writer"
+	if w == nil {
+		return 0, fmt.Errorf("pinned: %s: nil writer: %w", op, ErrInvalidValue)
+	}
+	if n == 0 {
+		return 0, nil
+	}
+	if s.pool.region.ReadOnly() {
+		return 0, fmt.Errorf("pinned: %s: the devices may only read %s: %w", op, s.pool.region, ErrInvalidValue)
+	}
+	bufs, err := s.begin(ctx, op)
+	if err != nil {
+		return 0, err
+	}
+	defer func() { err = s.end(bufs, err) }()
+
+	chunk := s.pool.BufferSize()
+	k := uint64(len(bufs))
+	chunks := (n + chunk - 1) / chunk
+	size := func(i uint64) uint64 { return min(chunk, n-i*chunk) }
+	queue := func(i uint64) error {
+		b := bufs[i%k]
+		if err := s.dev.CopyDtoHAsync(b.pointer(), src+driver.DevicePtr(i*chunk), size(i), s.stream); err != nil {
+			return fmt.Errorf("pinned: %s: chunk %d of %d: %w", op, i, chunks, err)
+		}
+		return s.events[i%k].Record(s.stream)
+	}
+	next := uint64(0)
+	for ; next < min(k, chunks); next++ {
+		if err := queue(next); err != nil {
+			return 0, err
+		}
+	}
+	for i := uint64(0); i < chunks; i++ {
+		if err := s.events[i%k].Synchronize(); err != nil {
+			return written, fmt.Errorf("pinned: %s: chunk %d of %d: %w", op, i, chunks, err)
+		}
+		m := size(i)
+		nw, werr := w.Write(bufs[i%k].Bytes()[:m])
+		written += int64(nw)
+		if werr == nil && uint64(nw) < m {
+			werr = io.ErrShortWrite
+		}
+		if werr != nil {
+			return written, fmt.Errorf("pinned: %s: writing chunk %d of %d (%s written of %s): %w", op, i, chunks, units.FormatSize(uint64(written)), units.FormatSize(n), werr)
+		}
+		if err := ctx.Err(); err != nil {
+			return written, fmt.Errorf("pinned: %s: after %s of %s: %w", op, units.FormatSize(uint64(written)), units.FormatSize(n), err)
+		}
+		if next < chunks {
+			if err := queue(next); err != nil {
+				return written, err
+			}
+			next++
+		}
+	}
+	return written, nil
+}
+
+// ReaderToDevice reads n bytes from r into device memory at dst (reachable by the stager's device),
+// chunk by chunk: chunk i+1 is read while chunk i is copied. It returns the bytes read. A reader that
+// ends early gives an error wrapping io.ErrUnexpectedEOF, after the bytes it gave are copied; a reader
+// error or ctx ends the transfer the same way. The stream drains before ReaderToDevice returns.
+func (s *Stager) ReaderToDevice(ctx context.Context, dst driver.DevicePtr, r io.Reader, n uint64) (read int64, err error) {
+	const op = "stage reader to device"
+	if r == nil {
+		return 0, fmt.Errorf("pinned: %s: nil reader: %w", op, ErrInvalidValue)
+	}
+	if n == 0 {
+		return 0, nil
+	}
+	bufs, err := s.begin(ctx, op)
+	if err != nil {
+		return 0, err
+	}
+	defer func() { err = s.end(bufs, err) }()
+
+	chunk := s.pool.BufferSize()
+	k := uint64(len(bufs))
+	chunks := (n + chunk - 1) / chunk
+	for i := uint64(0); i < chunks; i++ {
+		if err := ctx.Err(); err != nil {
+			return read, fmt.Errorf("pinned: %s: after %s of %s: %w", op, units.FormatSize(uint64(read)), units.FormatSize(n), err)
+		}
+		b := bufs[i%k]
+		if i >= k {
+			// The copy out of this buffer (chunk i-k) must be done before it is refilled.
+			if err := s.events[i%k].Synchronize(); err != nil {
+				return read, fmt.Errorf("pinned: %s: chunk %d of %d: %w", op, i-k, chunks, err)
+			}
+		}
+		m := min(chunk, n-i*chunk)
+		nr, rerr := io.ReadFull(r, b.Bytes()[:m])
+		read += int64(nr)
+		if nr > 0 {
+			if err := s.dev.CopyHtoDAsync(dst+driver.DevicePtr(i*chunk), b.pointer(), uint64(nr), s.stream); err != nil {
+				return read, fmt.Errorf("pinned: %s: chunk %d of %d: %w", op, i, chunks, err)
+			}
+			if err := s.events[i%k].Record(s.stream); err != nil {
+				return read, fmt.Errorf("pinned: %s: chunk %d of %d: %w", op, i, chunks, err)
+			}
+		}
+		if rerr != nil {
+			if errors.Is(rerr, io.EOF) || errors.Is(rerr, io.ErrUnexpectedEOF) {
+				return read, fmt.Errorf("pinned: %s: the reader ended after %d of %d bytes: %w", op, read, n, io.ErrUnexpectedEOF)
+			}
+			return read, fmt.Errorf("pinned: %s: reading chunk %d of %d: %w", op, i, chunks, rerr)
+		}
+	}
+	return read, nil
+}
+
+func (s *Stager) free() error {
+	var errs []error
+	for _, e := range s.events {
+		errs = append(errs, e.Close())
+	}
+	s.events = nil
+	errs = append(errs, s.stream.Close())
+	s.stream = nil
+	if s.ownsPool {
+		errs = append(errs, s.pool.Close())
+	}
+	return errors.Join(errs...)
+}
+
+// Close waits for a running transfer, then destroys the stream and events and closes the stager's
+// own pool (a pool given in the options stays open). Idempotent, nil-safe.
+func (s *Stager) Close() error {
+	if s == nil {
+		return nil
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.closed {
+		return nil
+	}
+	s.closed = true
+	return s.free()
+}
