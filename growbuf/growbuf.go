@@ -20,9 +20,8 @@
 // [0, Cap). Reserved is the size of the virtual range, at least Cap. Only [0, Len) is the caller's data;
 // [Len, Cap) is mapped and accessible, so writing there is harmless, but a later Shrink may release it.
 //
-// Buffer implements vmm.Chunked, whose Len is documented as the bytes the chunks cover, and
-// ipc.Export checks that every chunk lies inside [0, Len). Before exporting a Buffer whose Len is
-// not at a chunk boundary, grow it to its capacity (buf.Grow(buf.Cap()), which maps nothing new).
+// Buffer implements vmm.Chunked: ipc.Export shares every chunk, so a receiver sees the whole
+// capacity, of which the first Len bytes are the caller's data.
 //
 // # Chunk policy
 //

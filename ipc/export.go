@@ -32,7 +32,8 @@ func (e *Exported) Close() error {
 }
 
 // Export exports every chunk of buf as a POSIX file descriptor (cuMemExportToShareableHandle) and
-// describes the layout. Every chunk's allocation must have been created with driver.HandleTypePosixFD
+// describes the layout. The descriptor's Size is the larger of buf.Len() and the end of the last
+// chunk, so a growable buffer is shared with its whole capacity. Every chunk's allocation must have been created with driver.HandleTypePosixFD
 // among its handle types (see Allocate and HandleTypes). The buffer must not change (grow, shrink,
 // close) while Export runs; the result stays valid after it does. On error nothing is left open.
 func Export(buf vmm.Chunked) (*Exported, error) {
@@ -43,12 +44,15 @@ func Export(buf vmm.Chunked) (*Exported, error) {
 	if len(chunks) == 0 {
 		return nil, fmt.Errorf("ipc: export: the buffer has no chunks: %w", vmm.ErrInvalidValue)
 	}
+	// The descriptor covers every chunk: a growable buffer's chunks may extend past its Len (its
+	// capacity), and the receiver maps them all.
 	desc := Descriptor{Size: buf.Len(), Chunks: make([]ChunkDesc, len(chunks))}
 	for i, c := range chunks {
 		if c.Allocation == nil {
 			return nil, fmt.Errorf("ipc: export: chunk %d at offset %#x has no allocation: %w", i, c.Offset, vmm.ErrInvalidValue)
 		}
 		desc.Chunks[i] = ChunkDesc{Offset: c.Offset, Size: c.Allocation.Size(), Location: c.Allocation.Location(), HandleType: driver.HandleTypePosixFD}
+		desc.Size = max(desc.Size, c.Offset+c.Allocation.Size())
 	}
 	if err := desc.Validate(); err != nil {
 		return nil, fmt.Errorf("ipc: export %s: %w", units.FormatSize(desc.Size), err)

@@ -15,7 +15,8 @@ type Chunk struct {
 type Chunked interface {
 	// Ptr is the buffer's first address.
 	Ptr() driver.DevicePtr
-	// Len is the number of bytes the chunks cover.
+	// Len is the number of bytes in use. The chunks cover at least Len bytes and may extend past it
+	// (a growable buffer's capacity); exporters share every chunk.
 	Len() uint64
 	// Chunks lists the allocations in offset order. The allocations belong to the buffer: callers
 	// may export them but must not close them, and must not use them after the buffer changes

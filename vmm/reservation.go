@@ -4,6 +4,7 @@ import (
 	"errors"
 	"fmt"
 	"os"
+	"slices"
 	"sort"
 	"sync"
 
@@ -70,6 +71,7 @@ type Reservation struct {
 
 	mu       sync.Mutex
 	mappings map[uint64]*Mapping // by offset
+	offsets  []uint64            // the keys of mappings, sorted, for overlap checks in O(log n)
 	closed   bool
 }
 
@@ -179,10 +181,13 @@ func (r *Reservation) checkRange(op string, off, size uint64) error {
 
 // overlapping returns a mapping that overlaps [off, off+size); the caller holds r.mu.
 func (r *Reservation) overlapping(off, size uint64) *Mapping {
-	for _, m := range r.mappings {
-		if off < m.off+m.size && m.off < off+size {
-			return m
-		}
+	// Mappings do not overlap each other, so only the last one starting before off+size can.
+	i := sort.Search(len(r.offsets), func(i int) bool { return r.offsets[i] >= off+size })
+	if i == 0 {
+		return nil
+	}
+	if m := r.mappings[r.offsets[i-1]]; m.off+m.size > off {
+		return m
 	}
 	return nil
 }
@@ -241,6 +246,8 @@ func (r *Reservation) addMapping(off uint64, a *Allocation, owns bool) *Mapping 
 	m := &Mapping{res: r, alloc: a, off: off, size: a.size, ownsAlloc: owns}
 	a.mappings.Add(1)
 	r.mappings[off] = m
+	i, _ := slices.BinarySearch(r.offsets, off)
+	r.offsets = slices.Insert(r.offsets, i, off)
 	return m
 }
 
@@ -344,11 +351,10 @@ func (r *Reservation) coveredByMappings(off, size uint64) error {
 func (r *Reservation) Mappings() []*Mapping {
 	r.mu.Lock()
 	defer r.mu.Unlock()
-	out := make([]*Mapping, 0, len(r.mappings))
-	for _, m := range r.mappings {
-		out = append(out, m)
+	out := make([]*Mapping, 0, len(r.offsets))
+	for _, off := range r.offsets {
+		out = append(out, r.mappings[off])
 	}
-	sort.Slice(out, func(i, j int) bool { return out[i].off < out[j].off })
 	return out
 }
 
@@ -417,6 +423,9 @@ func (r *Reservation) UnmapRange(off, size uint64) error {
 // r.mu.
 func (r *Reservation) forget(m *Mapping) error {
 	delete(r.mappings, m.off)
+	if i, ok := slices.BinarySearch(r.offsets, m.off); ok {
+		r.offsets = slices.Delete(r.offsets, i, i+1)
+	}
 	m.mu.Lock()
 	m.closed = true
 	m.mu.Unlock()
