@@ -12,10 +12,12 @@ import (
 	"strconv"
 	"strings"
 	"time"
+	"unsafe"
 
 	"golang.org/x/sys/unix"
 
 	"github.com/cuvmm/cuvmm/driver"
+	"github.com/cuvmm/cuvmm/internal/kernels"
 	"github.com/cuvmm/cuvmm/internal/units"
 	"github.com/cuvmm/cuvmm/ipc"
 	"github.com/cuvmm/cuvmm/vmm"
@@ -71,6 +73,9 @@ type shareResult struct {
 	Verified         bool    `json:"verified"`
 	// ChildPID is the second process's pid.
 	ChildPID int `json:"child_pid"`
+	// ChildAccess is what the child mapped the buffer for: "device" (read-write for its GPU) or
+	// "cpu" (host memory granted to the CPU only).
+	ChildAccess string `json:"child_access"`
 }
 
 type shareTimes struct{ export, send, importMap, roundTrip time.Duration }
@@ -87,8 +92,15 @@ func runShare(e *env, args []string) error {
 	location := fs.String("location", "device", "memory: device or host (host NUMA memory next to the device)")
 	ordinal := fs.Int("device", 0, "device ordinal")
 	rounds := fs.Int("rounds", 3, "how many times to share the buffer (times are of the median round)")
+	childAccess := fs.String("child-access", "device", "what the child maps the buffer for: device (its GPU) or cpu (host memory only: the CPU reads and writes it, no GPU page tables)")
 	if err := parse(fs, args); err != nil {
 		return err
+	}
+	if *childAccess != "device" && *childAccess != "cpu" {
+		return fmt.Errorf("--child-access %q: want device or cpu: %w", *childAccess, errUsage)
+	}
+	if *childAccess == "cpu" && *location != "host" {
+		return fmt.Errorf("--child-access cpu needs --location host (the CPU cannot map device memory): %w", errUsage)
 	}
 	if *chunks < 1 || *chunks > ipc.MaxChunks {
 		return fmt.Errorf("--chunks %d: want 1 to %d: %w", *chunks, ipc.MaxChunks, errUsage)
@@ -172,7 +184,7 @@ func runShare(e *env, args []string) error {
 	}
 	defer ln.Close()
 
-	childArgs := []string{"share-child", "--socket", sock, "--backend", b.name, "--sim-devices", strconv.Itoa(b.sys.DeviceCount()), "--device", strconv.Itoa(*ordinal)}
+	childArgs := []string{"share-child", "--socket", sock, "--backend", b.name, "--sim-devices", strconv.Itoa(b.sys.DeviceCount()), "--device", strconv.Itoa(*ordinal), "--access", *childAccess}
 	child, err := startShareChild(e, childArgs)
 	if err != nil {
 		return err
@@ -189,7 +201,7 @@ func runShare(e *env, args []string) error {
 	}
 
 	result := &shareResult{Backend: b.name, Location: loc.String(), SizeBytes: total, Chunks: *chunks, HandleType: types.String(),
-		FabricSupported: dev.Supports(driver.AttrHandleTypeFabricSupported), Rounds: *rounds, ChildPID: child.pid(), Verified: true}
+		FabricSupported: dev.Supports(driver.AttrHandleTypeFabricSupported), Rounds: *rounds, ChildPID: child.pid(), ChildAccess: *childAccess, Verified: true}
 	var times []shareTimes
 	for round := 0; round < *rounds; round++ {
 		seeds := shareRound{ParentSeed: 0x5eed0000 + uint64(round), ChildSeed: 0xc41d0000 + uint64(round)}
@@ -383,6 +395,7 @@ func runShareChild(e *env, args []string) error {
 	c.register(fs, 1)
 	socket := fs.String("socket", "", "the parent's socket")
 	ordinal := fs.Int("device", 0, "device ordinal")
+	access := fs.String("access", "device", "device or cpu")
 	if err := parse(fs, args); err != nil {
 		return err
 	}
@@ -394,14 +407,14 @@ func runShareChild(e *env, args []string) error {
 		return err
 	}
 	defer conn.Close()
-	if err := shareChildRounds(e, &c, conn, *ordinal); err != nil {
+	if err := shareChildRounds(e, &c, conn, *ordinal, *access == "cpu"); err != nil {
 		_ = ipc.WriteMessage(conn, kindFailed, []byte(err.Error()), nil)
 		return err
 	}
 	return nil
 }
 
-func shareChildRounds(e *env, c *common, conn *net.UnixConn, ordinal int) error {
+func shareChildRounds(e *env, c *common, conn *net.UnixConn, ordinal int, cpu bool) error {
 	b, err := c.open(e)
 	if err != nil {
 		return err
@@ -432,20 +445,24 @@ func shareChildRounds(e *env, c *common, conn *net.UnixConn, ordinal int) error 
 		if kind != kindRound || json.Unmarshal(payload, &seeds) != nil {
 			return fmt.Errorf("unexpected message kind %d from the parent: %w", kind, ipc.ErrProtocol)
 		}
-		if err := shareChildRound(dev, conn, seeds); err != nil {
+		if err := shareChildRound(dev, conn, seeds, cpu); err != nil {
 			return err
 		}
 	}
 }
 
-func shareChildRound(dev *vmm.Device, conn *net.UnixConn, seeds shareRound) error {
+func shareChildRound(dev *vmm.Device, conn *net.UnixConn, seeds shareRound, cpu bool) error {
 	r, err := ipc.Receive(conn)
 	if err != nil {
 		return err
 	}
 	defer r.Close()
+	access := vmm.ReadWrite(dev)
+	if cpu {
+		access = vmm.HostReadWrite()
+	}
 	t0 := time.Now()
-	buf, err := ipc.Open(dev, r, vmm.ReadWrite(dev))
+	buf, err := ipc.Open(dev, r, access)
 	el := time.Since(t0)
 	if err != nil {
 		return err
@@ -466,16 +483,34 @@ func shareChildRound(dev *vmm.Device, conn *net.UnixConn, seeds shareRound) erro
 		}
 		return fmt.Errorf("waiting for the parent's go-ahead (kind %d): %v: %w", kind, err, ipc.ErrProtocol)
 	}
-	bad, err := dev.Verify(buf.Ptr(), buf.Len(), 0, seeds.ParentSeed)
-	if err != nil {
-		return err
-	}
-	if err := dev.Fill(buf.Ptr(), buf.Len(), 0, seeds.ChildSeed); err != nil {
-		return err
+	var bad uint64
+	if cpu {
+		// The CPU checks and writes the pattern through the same virtual address.
+		bad = hostVerifyFill(vmm.HostView(buf.Ptr(), buf.Len()), seeds.ParentSeed, seeds.ChildSeed)
+	} else {
+		if bad, err = dev.Verify(buf.Ptr(), buf.Len(), 0, seeds.ParentSeed); err != nil {
+			return err
+		}
+		if err := dev.Fill(buf.Ptr(), buf.Len(), 0, seeds.ChildSeed); err != nil {
+			return err
+		}
 	}
 	if err := buf.Close(); err != nil {
 		return err
 	}
 	payload, _ = json.Marshal(shareDone{Mismatches: bad})
 	return ipc.WriteMessage(conn, kindDone, payload, nil)
+}
+
+// hostVerifyFill counts the words of mem that differ from the pattern under verifySeed, then writes
+// the pattern under fillSeed, with the CPU.
+func hostVerifyFill(mem []byte, verifySeed, fillSeed uint64) (bad uint64) {
+	words := unsafe.Slice((*uint64)(unsafe.Pointer(unsafe.SliceData(mem))), len(mem)/8)
+	for i, w := range words {
+		if w != kernels.Pattern(uint64(i), verifySeed) {
+			bad++
+		}
+		words[i] = kernels.Pattern(uint64(i), fillSeed)
+	}
+	return bad
 }
