@@ -2,8 +2,13 @@
 // simulated driver. Each subcommand verifies what it does (patterns written and checked) and
 // measures against the obvious baseline in the same run; --json gives machine-readable output.
 //
-//	vmmdemo info  [--json] [--backend auto|cuda|sim] [--sim-devices N]
-//	vmmdemo tour  [--backend ...]   every subcommand with small sizes
+//	vmmdemo info      [--json] [--backend auto|cuda|sim] [--sim-devices N]
+//	vmmdemo grow      --to SIZE --step SIZE [--device N] [--chunk SIZE] [--json]
+//	vmmdemo stripe    --devices 0,1 --size SIZE --stripe SIZE [--layout blocked|interleaved] [--json]
+//	vmmdemo share     --size SIZE --chunks N [--location device|host] [--json]
+//	vmmdemo bandwidth [--device N] [--json]
+//	vmmdemo pinned    --size SIZE --procs N [--devices LIST] [--json]
+//	vmmdemo tour      [--backend ...]   every subcommand with small sizes
 //
 // Run "vmmdemo help" for the list of subcommands.
 package main
