@@ -17,11 +17,11 @@ for pkg in $($GO list ./...); do
   [ -n "$dir" ] || dir=.
   if ls "$dir"/*_test.go >/dev/null 2>&1; then
     name=$(echo "$dir" | tr '/' '_')
-    $GO test -c -o "$out/bin/$name.test" "./$dir"
+    $GO test -c -trimpath -ldflags="-s -w" -o "$out/bin/$name.test" "./$dir"
     pkgs+=("$dir:$name")
   fi
 done
-$GO build -o "$out/vmmdemo" ./cmd/vmmdemo
+$GO build -trimpath -ldflags="-s -w" -o "$out/vmmdemo" ./cmd/vmmdemo
 {
   sed -n '1,/^# PACKAGES$/p' scripts/run.sh.in
   echo "packages=("
