@@ -299,16 +299,14 @@ func newSharedMemory(dev *vmm.Device, size uint64, opts Options) (*Region, error
 	return r, nil
 }
 
-// register pins r.mem with cuMemHostRegister. With a progress callback the pages are populated
-// first, in steps, so that long pinning shows progress (registration then finds them present).
+// register pins r.mem with cuMemHostRegister. The pages are populated first, in parallel (see
+// populate), so that registration finds them present; that is most of the time pinning takes.
 func (r *Region) register(readOnly bool, progress func(done, total uint64)) error {
 	flags, err := registerFlags(r.dev, readOnly)
 	if err != nil {
 		return err
 	}
-	if progress != nil {
-		populate(r.mem, readOnly, progress)
-	}
+	populate(r.mem, readOnly, progress)
 	reg, err := r.dev.HostRegister(r.mem, flags)
 	if err != nil {
 		return fmt.Errorf("pinned: register %s region of %s: %w", r.kind, units.FormatSize(r.size), classify(err))
@@ -319,28 +317,52 @@ func (r *Region) register(readOnly bool, progress func(done, total uint64)) erro
 	return nil
 }
 
-// populate faults mem in, in 256 MiB steps, reporting progress: MADV_POPULATE_WRITE (or _READ for
-// read-only registrations, whose memory may be mapped read-only), Linux 5.14+. Older kernels get a
-// read of each page instead, which is enough for progress; registration faults in the rest. The
-// bytes never change.
+// populate faults mem in before registration, from several threads at once: the kernel zeroes a
+// fresh page in the faulting thread, so one thread (cuMemHostRegister faulting the pages itself)
+// zeroes about 6 GB/s while the machine's cores together go many times faster. Each worker takes
+// 64 MiB steps with MADV_POPULATE_WRITE (or _READ for read-only registrations, whose memory may be
+// mapped read-only), Linux 5.14+; older kernels get a read of each page instead. The bytes never
+// change. progress, when set, is called as steps complete.
 func populate(mem []byte, readOnly bool, progress func(done, total uint64)) {
 	total := uint64(len(mem))
 	advice := unix.MADV_POPULATE_WRITE
 	if readOnly {
 		advice = unix.MADV_POPULATE_READ
 	}
-	const step = 256 << 20
-	for off := uint64(0); off < total; off += step {
-		n := min(step, total-off)
-		if err := unix.Madvise(mem[off:off+n], advice); err != nil {
-			var sum byte
-			for p := off; p < off+n; p += pageSize {
-				sum += mem[p]
+	const step = 64 << 20
+	steps := (total + step - 1) / step
+	workers := min(uint64(runtime.GOMAXPROCS(0)), 16, steps)
+	var next, done atomic.Uint64
+	var mu sync.Mutex
+	var wg sync.WaitGroup
+	for w := uint64(0); w < workers; w++ {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for {
+				i := next.Add(1) - 1
+				if i >= steps {
+					return
+				}
+				off := i * step
+				n := min(step, total-off)
+				if err := unix.Madvise(mem[off:off+n], advice); err != nil {
+					var sum byte
+					for p := off; p < off+n; p += pageSize {
+						sum += mem[p]
+					}
+					populateSink.Add(uint32(sum))
+				}
+				d := done.Add(n)
+				if progress != nil {
+					mu.Lock()
+					progress(d, total)
+					mu.Unlock()
+				}
 			}
-			populateSink.Add(uint32(sum))
-		}
-		progress(off+n, total)
+		}()
 	}
+	wg.Wait()
 }
 
 // populateSink keeps the page reads of populate from being optimised away.
