@@ -107,6 +107,9 @@ type pinResult struct {
 	Procs         int    `json:"procs"`
 	Devices       []int  `json:"devices"`
 	WorkerDevices []int  `json:"worker_devices"`
+	// WorkerContexts is "all" when every worker holds a context on every device, "own" when only on
+	// its own device.
+	WorkerContexts string `json:"worker_contexts"`
 	// Ready: the time to make SIZE bytes usable by a GPU in one process, each way.
 	Ready []pinReady `json:"ready"`
 	// ReadyVsHostAlloc is the default region's ready time over cuMemHostAlloc's.
@@ -163,9 +166,14 @@ func runPinned(e *env, args []string) error {
 	fs.Var(&devList, "devices", "devices the workers use, round robin (comma-separated ordinals, or all)")
 	modes := fs.String("modes", strings.Join(pinModes, ","), "modes to run: naive, shared, cpu-only")
 	noBaseline := fs.Bool("no-baseline", false, "skip timing cuMemHostAlloc of the same size")
+	workerContexts := fs.String("worker-contexts", "all", "devices each worker holds a context on: all (a worker that uses every GPU, as multi-GPU services do) or own (its device only, as with one visible GPU per worker); a registration costs page tables on every device where its process has a context")
 	if err := parse(fs, args); err != nil {
 		return err
 	}
+	if *workerContexts != "all" && *workerContexts != "own" {
+		return fmt.Errorf("--worker-contexts %q: want all or own: %w", *workerContexts, errUsage)
+	}
+	allContexts := *workerContexts == "all"
 	if size.v == 0 || *procs < 1 {
 		return fmt.Errorf("--size must be above 0 and --procs at least 1: %w", errUsage)
 	}
@@ -198,7 +206,7 @@ func runPinned(e *env, args []string) error {
 			devs = append(devs, d)
 		}
 	}
-	res := &pinResult{Backend: b.name, SizeBytes: size.v, Procs: *procs}
+	res := &pinResult{Backend: b.name, SizeBytes: size.v, Procs: *procs, WorkerContexts: *workerContexts}
 	for _, d := range devs {
 		res.Devices = append(res.Devices, d.Ordinal())
 	}
@@ -213,7 +221,7 @@ func runPinned(e *env, args []string) error {
 		return err
 	}
 	for _, m := range runModes {
-		mr, err := pinRunMode(e, b, &c, m, size.v, res.WorkerDevices, all)
+		mr, err := pinRunMode(e, b, &c, m, size.v, res.WorkerDevices, all, allContexts)
 		if err != nil {
 			return fmt.Errorf("mode %s: %w", m, err)
 		}
@@ -308,7 +316,7 @@ func pinWindows(size uint64) []pinWindow {
 	return ws
 }
 
-func pinRunMode(e *env, b *backend, c *common, mode string, size uint64, workerDevs []int, all []*vmm.Device) (res *pinModeResult, err error) {
+func pinRunMode(e *env, b *backend, c *common, mode string, size uint64, workerDevs []int, all []*vmm.Device, allContexts bool) (res *pinModeResult, err error) {
 	res = &pinModeResult{Mode: mode}
 	exe, err := os.Executable()
 	if err != nil {
@@ -349,7 +357,8 @@ func pinRunMode(e *env, b *backend, c *common, mode string, size uint64, workerD
 			theirs.Close()
 			return nil, err
 		}
-		cmd := exec.Command(exe, "pinned-worker", "--backend", b.name, "--sim-devices", strconv.Itoa(c.simDevices), "--device", strconv.Itoa(dev))
+		cmd := exec.Command(exe, "pinned-worker", "--backend", b.name, "--sim-devices", strconv.Itoa(c.simDevices), "--device", strconv.Itoa(dev),
+			"--all-devices="+strconv.FormatBool(allContexts))
 		if f, ok := e.stderr.(*os.File); ok {
 			cmd.Stdout, cmd.Stderr = f, f
 		} else {
@@ -433,8 +442,8 @@ func pinRunMode(e *env, b *backend, c *common, mode string, size uint64, workerD
 		}
 		for _, w := range workers {
 			switch {
-			case mode == pinNaive:
-				pd.ExpectedBytes += cost // a registration is visible to every device
+			case mode == pinNaive && (allContexts || w.device == o):
+				pd.ExpectedBytes += cost // a registration is visible in every context of its process
 			case mode == pinShared && w.device == o:
 				pd.ExpectedBytes += cost
 			}
@@ -501,6 +510,20 @@ func pinFree(devs []*vmm.Device) ([]uint64, error) {
 		if out[i], _, err = d.MemInfo(); err != nil {
 			return nil, err
 		}
+	}
+	return out, nil
+}
+
+// pinFreeHeld is pinFree for the devices held, by ordinal; devices not held read 0 (a process
+// without a context on a device adds nothing to it).
+func pinFreeHeld(count int, held []*vmm.Device) ([]uint64, error) {
+	free, err := pinFree(held)
+	if err != nil {
+		return nil, err
+	}
+	out := make([]uint64, count)
+	for i, d := range held {
+		out[d.Ordinal()] = free[i]
 	}
 	return out, nil
 }
@@ -609,6 +632,7 @@ func runPinnedWorker(e *env, args []string) error {
 	fs := newFlags(e, "pinned-worker")
 	c.register(fs, 1)
 	device := fs.Int("device", 0, "the worker's device")
+	allDevices := fs.Bool("all-devices", false, "hold a context on every device, not only the worker's")
 	fd := fs.Int("fd", 3, "the socket to the parent")
 	if err := parse(fs, args); err != nil {
 		return err
@@ -641,11 +665,14 @@ func runPinnedWorker(e *env, args []string) error {
 	if err == nil {
 		err = d.LoadKernels() // now, so that the module's memory is in the baseline
 	}
-	var all []*vmm.Device
+	// The devices this worker holds a context on: its own, or every one (which retains every
+	// device's primary context).
+	held := []*vmm.Device{d}
+	if err == nil && *allDevices {
+		held, err = b.sys.Devices()
+	}
 	if err == nil && b.sim != nil {
-		if all, err = b.sys.Devices(); err == nil {
-			rep.Free, err = pinFree(all)
-		}
+		rep.Free, err = pinFreeHeld(b.sys.DeviceCount(), held)
 	}
 	if err := send(pinMsgReady, err); err != nil {
 		return err
@@ -692,7 +719,7 @@ func runPinnedWorker(e *env, args []string) error {
 		}
 	}
 	if b.sim != nil {
-		if rep.Free, err = pinFree(all); err != nil {
+		if rep.Free, err = pinFreeHeld(b.sys.DeviceCount(), held); err != nil {
 			return send(pinMsgOpened, err)
 		}
 	}

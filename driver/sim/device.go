@@ -308,7 +308,8 @@ func (s *Sim) CtxSynchronize() error {
 // is total less the device memory this process allocated there (cuMemCreate, cuMemAlloc; imported
 // allocations are paid by their exporter), ContextMemory for each retained context of the device, and
 // the page tables for host memory visible to the device: 2 MiB per GiB of host-NUMA mappings it was
-// granted plus every registered or cuMemHostAlloc'ed range (those are visible to every device).
+// granted plus, while this process holds a context on the device, every registered or
+// cuMemHostAlloc'ed range (those are visible in every context of the process).
 func (s *Sim) MemGetInfo() (free, total uint64, err error) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
@@ -321,9 +322,12 @@ func (s *Sim) MemGetInfo() (free, total uint64, err error) {
 
 // free is the device's free memory as cuMemGetInfo reports it.
 func (s *Sim) free(d *device) uint64 {
-	used := d.used + (d.hostVisible+s.hostPinned)/pageTableDivisor
+	used := d.used + d.hostVisible/pageTableDivisor
 	if d.ctxRefs > 0 {
-		used += s.cfg.ctxMemory
+		// Registered and cuMemHostAlloc'ed memory is mapped into every context of the process: a
+		// device pays for it while this process holds a context on it (measured: a process whose only
+		// context is on device 0 adds nothing to device 1).
+		used += s.hostPinned/pageTableDivisor + s.cfg.ctxMemory
 	}
 	if used >= s.cfg.memory {
 		return 0
