@@ -2,7 +2,6 @@ package vmm
 
 import (
 	"fmt"
-	"sync"
 	"unsafe"
 
 	"github.com/cuvmm/cuvmm/driver"
@@ -12,11 +11,9 @@ import (
 // PlainBuffer is device memory from the legacy allocator (cuMemAlloc): not growable, not shareable
 // by FD. The project uses it as the baseline that the VMM-based types are measured against.
 type PlainBuffer struct {
-	dev    *Device
-	ptr    driver.DevicePtr
-	size   uint64
-	mu     sync.Mutex
-	closed bool
+	owner
+	ptr  driver.DevicePtr
+	size uint64
 }
 
 // AllocPlain allocates size bytes with cuMemAlloc.
@@ -33,7 +30,7 @@ func (d *Device) AllocPlain(size uint64) (*PlainBuffer, error) {
 		return nil, fmt.Errorf("vmm: device %d: cuMemAlloc %s: %w", d.ordinal, units.FormatSize(size), err)
 	}
 	d.children.Add(1)
-	return &PlainBuffer{dev: d, ptr: p, size: size}, nil
+	return &PlainBuffer{owner: owner{dev: d}, ptr: p, size: size}, nil
 }
 
 // Ptr is the buffer's device address.
@@ -47,26 +44,14 @@ func (b *PlainBuffer) Close() error {
 	if b == nil {
 		return nil
 	}
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	if b.closed {
-		return nil
-	}
-	if err := b.dev.do(func(api driver.API) error { return api.MemFree(b.ptr) }); err != nil {
-		return fmt.Errorf("vmm: device %d: cuMemFree %s: %w", b.dev.ordinal, units.FormatSize(b.size), err)
-	}
-	b.closed = true
-	b.dev.children.Add(-1)
-	return nil
+	return b.close("cuMemAlloc buffer of "+units.FormatSize(b.size)+" (cuMemFree)", func(api driver.API) error { return api.MemFree(b.ptr) })
 }
 
 // HostBuffer is pinned host memory from cuMemHostAlloc, visible to every device.
 type HostBuffer struct {
-	dev    *Device
-	p      unsafe.Pointer
-	size   uint64
-	mu     sync.Mutex
-	closed bool
+	owner
+	p    unsafe.Pointer
+	size uint64
 }
 
 // HostAlloc allocates size bytes of pinned host memory (cuMemHostAlloc with flags, for example
@@ -84,7 +69,7 @@ func (d *Device) HostAlloc(size uint64, flags uint32) (*HostBuffer, error) {
 		return nil, fmt.Errorf("vmm: cuMemHostAlloc %s: %w", units.FormatSize(size), err)
 	}
 	d.children.Add(1)
-	return &HostBuffer{dev: d, p: p, size: size}, nil
+	return &HostBuffer{owner: owner{dev: d}, p: p, size: size}, nil
 }
 
 // Bytes is the buffer as a byte slice; it must not be used after Close.
@@ -105,28 +90,16 @@ func (b *HostBuffer) Close() error {
 	if b == nil {
 		return nil
 	}
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	if b.closed {
-		return nil
-	}
-	if err := b.dev.do(func(api driver.API) error { return api.MemFreeHost(b.p) }); err != nil {
-		return fmt.Errorf("vmm: cuMemFreeHost %s: %w", units.FormatSize(b.size), err)
-	}
-	b.closed = true
-	b.dev.children.Add(-1)
-	return nil
+	return b.close("cuMemHostAlloc buffer of "+units.FormatSize(b.size)+" (cuMemFreeHost)", func(api driver.API) error { return api.MemFreeHost(b.p) })
 }
 
 // HostRegistration is caller-owned host memory page-locked and made visible to the devices
 // (cuMemHostRegister). The memory must outlive the registration.
 type HostRegistration struct {
-	dev    *Device
-	p      unsafe.Pointer
-	size   uint64
-	dptr   driver.DevicePtr
-	mu     sync.Mutex
-	closed bool
+	owner
+	p    unsafe.Pointer
+	size uint64
+	dptr driver.DevicePtr
 }
 
 // HostRegister registers mem (page-aligned start and length) with flags (driver.HostRegister*). The
@@ -160,7 +133,7 @@ func (d *Device) HostRegister(mem []byte, flags uint32) (*HostRegistration, erro
 		return nil, fmt.Errorf("vmm: host register %s at %#x: %w", units.FormatSize(size), uintptr(p), err)
 	}
 	d.children.Add(1)
-	return &HostRegistration{dev: d, p: p, size: size, dptr: dptr}, nil
+	return &HostRegistration{owner: owner{dev: d}, p: p, size: size, dptr: dptr}, nil
 }
 
 // Ptr is the registration's device address.
@@ -174,15 +147,6 @@ func (r *HostRegistration) Close() error {
 	if r == nil {
 		return nil
 	}
-	r.mu.Lock()
-	defer r.mu.Unlock()
-	if r.closed {
-		return nil
-	}
-	if err := r.dev.do(func(api driver.API) error { return api.MemHostUnregister(r.p) }); err != nil {
-		return fmt.Errorf("vmm: cuMemHostUnregister %s at %#x: %w", units.FormatSize(r.size), uintptr(r.p), err)
-	}
-	r.closed = true
-	r.dev.children.Add(-1)
-	return nil
+	return r.close(fmt.Sprintf("host registration of %s at %#x (cuMemHostUnregister)", units.FormatSize(r.size), uintptr(r.p)),
+		func(api driver.API) error { return api.MemHostUnregister(r.p) })
 }

@@ -2,7 +2,6 @@ package vmm
 
 import (
 	"fmt"
-	"sync"
 	"time"
 	"unsafe"
 
@@ -12,10 +11,8 @@ import (
 
 // Stream is a CUDA stream of one device (cuStreamCreate). Work queued on it runs in order.
 type Stream struct {
-	dev    *Device
-	s      driver.Stream
-	mu     sync.Mutex
-	closed bool
+	owner
+	s driver.Stream
 }
 
 // NewStream creates a stream; nonBlocking streams do not synchronise with the legacy default stream
@@ -34,7 +31,7 @@ func (d *Device) NewStream(nonBlocking bool) (*Stream, error) {
 		return nil, fmt.Errorf("vmm: device %d: cuStreamCreate: %w", d.ordinal, err)
 	}
 	d.children.Add(1)
-	return &Stream{dev: d, s: s}, nil
+	return &Stream{owner: owner{dev: d}, s: s}, nil
 }
 
 // Handle is the raw CUstream; nil (*Stream)(nil) means the legacy default stream 0.
@@ -50,14 +47,9 @@ func (s *Stream) Device() *Device { return s.dev }
 
 func (s *Stream) use(op string) error {
 	if s == nil {
-		return nil
+		return nil // the legacy default stream
 	}
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	if s.closed {
-		return fmt.Errorf("vmm: %s on a closed stream: %w", op, ErrClosed)
-	}
-	return nil
+	return s.owner.use(op + " on a closed stream")
 }
 
 // Synchronize waits until all work queued on the stream is done (cuStreamSynchronize).
@@ -76,25 +68,13 @@ func (s *Stream) Close() error {
 	if s == nil {
 		return nil
 	}
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	if s.closed {
-		return nil
-	}
-	if err := s.dev.do(func(api driver.API) error { return api.StreamDestroy(s.s) }); err != nil {
-		return fmt.Errorf("vmm: device %d: cuStreamDestroy: %w", s.dev.ordinal, err)
-	}
-	s.closed = true
-	s.dev.children.Add(-1)
-	return nil
+	return s.close("stream (cuStreamDestroy)", func(api driver.API) error { return api.StreamDestroy(s.s) })
 }
 
 // Event is a CUDA event (cuEventCreate), used to order work between streams and to time it.
 type Event struct {
-	dev    *Device
-	e      driver.Event
-	mu     sync.Mutex
-	closed bool
+	owner
+	e driver.Event
 }
 
 // NewEvent creates an event; timing events can be used with Elapsed.
@@ -112,19 +92,14 @@ func (d *Device) NewEvent(timing bool) (*Event, error) {
 		return nil, fmt.Errorf("vmm: device %d: cuEventCreate: %w", d.ordinal, err)
 	}
 	d.children.Add(1)
-	return &Event{dev: d, e: e}, nil
+	return &Event{owner: owner{dev: d}, e: e}, nil
 }
 
 func (e *Event) use(op string) error {
 	if e == nil {
 		return fmt.Errorf("vmm: %s: nil event: %w", op, ErrInvalidValue)
 	}
-	e.mu.Lock()
-	defer e.mu.Unlock()
-	if e.closed {
-		return fmt.Errorf("vmm: %s on a closed event: %w", op, ErrClosed)
-	}
-	return nil
+	return e.owner.use(op + " on a closed event")
 }
 
 // Record records the event on s (nil: the default stream) (cuEventRecord).
@@ -176,17 +151,7 @@ func (e *Event) Close() error {
 	if e == nil {
 		return nil
 	}
-	e.mu.Lock()
-	defer e.mu.Unlock()
-	if e.closed {
-		return nil
-	}
-	if err := e.dev.do(func(api driver.API) error { return api.EventDestroy(e.e) }); err != nil {
-		return fmt.Errorf("vmm: device %d: cuEventDestroy: %w", e.dev.ordinal, err)
-	}
-	e.closed = true
-	e.dev.children.Add(-1)
-	return nil
+	return e.close("event (cuEventDestroy)", func(api driver.API) error { return api.EventDestroy(e.e) })
 }
 
 // CopyHtoD copies src into device memory at dst and waits (cuMemcpyHtoD).
