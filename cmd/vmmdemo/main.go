@@ -8,6 +8,7 @@
 //	vmmdemo share     --size SIZE --chunks N [--location device|host] [--json]
 //	vmmdemo bandwidth [--device N] [--json]
 //	vmmdemo pinned    --size SIZE --procs N [--devices LIST] [--json]
+//	vmmdemo broker    --size SIZE --workers N [--json]
 //	vmmdemo tour      [--backend ...]   every subcommand with small sizes
 //
 // Run "vmmdemo help" for the list of subcommands.

@@ -1,0 +1,500 @@
+package broker
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"net"
+	"os"
+	"sync"
+	"sync/atomic"
+	"syscall"
+	"time"
+
+	"golang.org/x/sys/unix"
+
+	"github.com/cuvmm/cuvmm/driver"
+	"github.com/cuvmm/cuvmm/internal/units"
+	"github.com/cuvmm/cuvmm/ipc"
+	"github.com/cuvmm/cuvmm/pinned"
+	"github.com/cuvmm/cuvmm/vmm"
+)
+
+// DialOptions tunes DialContext.
+type DialOptions struct {
+	// AllowUIDs are the uids the broker may run as (SO_PEERCRED). Empty: this process's uid or root.
+	AllowUIDs []int
+	// Retry keeps dialing while the socket does not exist or nobody listens on it (a broker that is
+	// starting or restarting), until the context ends.
+	Retry bool
+}
+
+// Info is what the broker told the client at connect time.
+type Info struct {
+	// Server is the broker's pid, uid and gid as the kernel reported them.
+	Server unix.Ucred
+	// RegionLen is the size of the broker's region in bytes; RegionKind how it is pinned.
+	RegionLen  uint64
+	RegionKind pinned.Kind
+	// Grant is this worker's window of the region (host offsets of copies must lie in it) and
+	// whether the worker may map the region (Client.Region).
+	Grant Grant
+	// Devices are the ordinals of the devices the broker copies on (below 64).
+	Devices []int
+}
+
+// Client is a worker's connection to a broker. Its methods are safe for concurrent use: requests
+// are pipelined on the one connection and complete in any order.
+type Client struct {
+	conn *net.UnixConn
+	info Info
+
+	fr   *frameReader // used by the reader goroutine only
+	wmu  sync.Mutex   // serializes writes; guards wbuf
+	wbuf [requestFrame]byte
+
+	mu      sync.Mutex
+	pending map[uint64]*Completion
+	broken  error // set once: the connection is unusable
+
+	nextID atomic.Uint64
+	closed atomic.Bool
+	done   chan struct{} // closed when the reader ends
+}
+
+// Completion is a request in flight; Wait for it. A Completion is done once, with the broker's
+// answer or with the error that ended the connection.
+type Completion struct {
+	op   uint16
+	done chan struct{}
+	err  error
+	resp response
+	// OpRegion: how to open the region, and the result.
+	regionDev  *vmm.Device
+	regionOpts pinned.OpenOptions
+	region     *pinned.Region
+}
+
+// Done is closed when the request is complete.
+func (c *Completion) Done() <-chan struct{} { return c.done }
+
+// Wait waits until the request is complete (the copy is in the memory, for a copy) or ctx ends, and
+// returns the request's error. A context that ends first stops the wait, not the request: the broker
+// may still perform the copy, so the host range and the buffer must stay as they are until the
+// Completion is done.
+func (c *Completion) Wait(ctx context.Context) error {
+	select {
+	case <-c.done:
+		return c.err
+	default:
+	}
+	select {
+	case <-c.done:
+		return c.err
+	case <-ctx.Done():
+		return fmt.Errorf("broker: waiting for %s: %w", opName(c.op), ctx.Err())
+	}
+}
+
+// BrokerTime is, for a completed copy, the broker's time from queuing the copy on its stream to the
+// stream's completion: the copy itself, without the round trip.
+func (c *Completion) BrokerTime() time.Duration {
+	select {
+	case <-c.done:
+		if c.err == nil && c.op == OpCopy {
+			return time.Duration(c.resp.values[0])
+		}
+	default:
+	}
+	return 0
+}
+
+func (c *Completion) finish(err error) {
+	c.err = err
+	close(c.done)
+}
+
+// Dial connects to the broker at path, checks that it runs as this process's uid or root, and says
+// hello.
+func Dial(path string) (*Client, error) {
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	return DialContext(ctx, path, DialOptions{})
+}
+
+// DialContext is Dial with a context (bounding the connect and the hello) and options. A broker that
+// refuses this process (its uid, the Authorize hook, no grant) gives an error wrapping ErrPermission.
+func DialContext(ctx context.Context, path string, opts DialOptions) (*Client, error) {
+	var d net.Dialer
+	var conn *net.UnixConn
+	for {
+		c, err := d.DialContext(ctx, "unix", path)
+		if err == nil {
+			conn = c.(*net.UnixConn)
+			break
+		}
+		if !opts.Retry || ctx.Err() != nil || !(errors.Is(err, syscall.ENOENT) || errors.Is(err, syscall.ECONNREFUSED)) {
+			return nil, fmt.Errorf("broker: dial %s: %w", path, err)
+		}
+		select {
+		case <-ctx.Done():
+			return nil, fmt.Errorf("broker: dial %s: %w (last: %v)", path, ctx.Err(), err)
+		case <-time.After(10 * time.Millisecond):
+		}
+	}
+	cl, err := hello(ctx, conn, path, opts)
+	if err != nil {
+		conn.Close()
+		return nil, err
+	}
+	return cl, nil
+}
+
+func hello(ctx context.Context, conn *net.UnixConn, path string, opts DialOptions) (*Client, error) {
+	cred, err := ipc.PeerCredentials(conn)
+	if err != nil {
+		return nil, fmt.Errorf("broker: dial %s: %w", path, err)
+	}
+	if !ipc.UIDAllowed(opts.AllowUIDs, cred.Uid) && !(len(opts.AllowUIDs) == 0 && cred.Uid == 0) {
+		return nil, fmt.Errorf("broker: dial %s: the broker (pid %d) runs as uid %d, which this worker (uid %d) does not allow: %w", path, cred.Pid, cred.Uid, os.Getuid(), ErrPermission)
+	}
+	deadline, ok := ctx.Deadline()
+	if !ok {
+		deadline = time.Now().Add(30 * time.Second)
+	}
+	_ = conn.SetDeadline(deadline)
+	stop := context.AfterFunc(ctx, func() { _ = conn.SetDeadline(time.Unix(1, 0)) })
+	defer stop()
+	var b [requestFrame]byte
+	putFrameHeader(b[:], KindRequest, RequestSize)
+	(&request{op: OpHello, id: 1}).encode((*[RequestSize]byte)(b[ipc.HeaderSize:]))
+	werr := writeFrame(conn, b[:])
+	// Read even when the write failed: a broker that refused us has sent why and hung up.
+	fr := newFrameReader()
+	resp, err := fr.response(conn)
+	if err == nil && resp.status != StatusOK {
+		err = &RemoteError{Op: resp.op, Status: resp.status, Message: resp.text}
+	} else if err == nil && (resp.op != OpHello || resp.id != 1) {
+		err = fmt.Errorf("broker: the answer to hello is %s for request %d: %w", opName(resp.op), resp.id, ErrProtocol)
+	}
+	if err != nil {
+		var re *RemoteError
+		if werr != nil && !errors.As(err, &re) {
+			err = werr
+		}
+		if ctx.Err() != nil {
+			err = fmt.Errorf("%w (%v)", ctx.Err(), err)
+		}
+		return nil, fmt.Errorf("broker: hello to %s: %w", path, err)
+	}
+	if !stop() {
+		return nil, fmt.Errorf("broker: hello to %s: %w", path, ctx.Err())
+	}
+	_ = conn.SetDeadline(time.Time{})
+	info := Info{Server: cred, RegionLen: resp.values[0], RegionKind: pinned.Kind(resp.buffer >> 8 & 0xff),
+		Grant: Grant{Offset: resp.values[1], Length: resp.values[2], ShareRegion: resp.buffer&1 != 0}}
+	for o := 0; o < 64; o++ {
+		if resp.values[3]&(1<<o) != 0 {
+			info.Devices = append(info.Devices, o)
+		}
+	}
+	c := &Client{conn: conn, fr: fr, info: info, pending: map[uint64]*Completion{}, done: make(chan struct{})}
+	c.nextID.Store(1) // 1 was the hello
+	go c.read()
+	return c, nil
+}
+
+// Info is what the broker said at connect time.
+func (c *Client) Info() Info { return c.info }
+
+// read dispatches responses to their Completions until the connection ends.
+func (c *Client) read() {
+	defer close(c.done)
+	for {
+		resp, err := c.fr.response(c.conn)
+		if err != nil {
+			c.fail(err)
+			return
+		}
+		if resp.id == 0 {
+			c.fail(&RemoteError{Op: resp.op, Status: resp.status, Message: resp.text})
+			return
+		}
+		c.mu.Lock()
+		call := c.pending[resp.id]
+		delete(c.pending, resp.id)
+		c.mu.Unlock()
+		if call == nil || call.op != resp.op {
+			c.fail(fmt.Errorf("broker: a %s response to request %d, which is not a pending %s: %w", opName(resp.op), resp.id, opName(resp.op), ErrProtocol))
+			if call != nil {
+				call.finish(c.brokenErr())
+			}
+			return
+		}
+		call.resp = resp
+		if resp.status != StatusOK {
+			call.finish(&RemoteError{Op: resp.op, Status: resp.status, Message: resp.text})
+			continue
+		}
+		if resp.op == OpRegion {
+			r, err := pinned.Receive(c.conn, call.regionDev, call.regionOpts)
+			var res driver.Result
+			if err != nil && !errors.As(err, &res) {
+				// The messages of the region did not arrive whole: the stream is out of step.
+				c.fail(err)
+				call.finish(c.brokenErr())
+				return
+			}
+			call.region = r
+			call.finish(err)
+			continue
+		}
+		call.finish(nil)
+	}
+}
+
+// fail marks the connection broken with cause, closes it and completes every pending request with
+// an error wrapping ErrBrokerGone.
+func (c *Client) fail(cause error) {
+	c.mu.Lock()
+	if c.broken == nil {
+		if c.closed.Load() {
+			c.broken = fmt.Errorf("broker: %w", ErrClosed)
+		} else {
+			c.broken = fmt.Errorf("%w: %w", ErrBrokerGone, cause)
+		}
+	}
+	pending := c.pending
+	c.pending = map[uint64]*Completion{}
+	err := c.broken
+	c.mu.Unlock()
+	c.conn.Close()
+	for _, call := range pending {
+		call.finish(err)
+	}
+}
+
+func (c *Client) brokenErr() error {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.broken
+}
+
+// send registers call as pending and writes the request (and, for a register, the buffer) under the
+// write lock.
+func (c *Client) send(call *Completion, req request, exp *ipc.Exported) error {
+	call.op = req.op
+	call.done = make(chan struct{})
+	req.id = c.nextID.Add(1)
+	c.mu.Lock()
+	if c.broken != nil {
+		err := c.broken
+		c.mu.Unlock()
+		return err
+	}
+	c.pending[req.id] = call
+	c.mu.Unlock()
+	c.wmu.Lock()
+	putFrameHeader(c.wbuf[:], KindRequest, RequestSize)
+	req.encode((*[RequestSize]byte)(c.wbuf[ipc.HeaderSize:]))
+	err := writeFrame(c.conn, c.wbuf[:])
+	if err == nil && exp != nil {
+		err = ipc.Send(c.conn, exp)
+	}
+	c.wmu.Unlock()
+	if err != nil {
+		c.mu.Lock()
+		delete(c.pending, req.id)
+		c.mu.Unlock()
+		c.fail(err)
+		return c.brokenErr()
+	}
+	return nil
+}
+
+func (c *Client) do(ctx context.Context, call *Completion, req request, exp *ipc.Exported) error {
+	if err := c.send(call, req, exp); err != nil {
+		return err
+	}
+	return call.Wait(ctx)
+}
+
+// Request is one copy between the broker's region and a registered buffer.
+type Request struct {
+	// Buffer is the registered buffer (Buffer.ID).
+	Buffer BufferID
+	// Dir is ToDevice (region → buffer) or ToHost (buffer → region).
+	Dir Direction
+	// HostOffset is the offset in the broker's region (not in the grant); the range must lie in this
+	// worker's grant.
+	HostOffset uint64
+	// BufferOffset is the offset in the buffer; the range must lie in its chunks.
+	BufferOffset uint64
+	// Length is the number of bytes, above zero.
+	Length uint64
+}
+
+func (r Request) String() string {
+	return fmt.Sprintf("copy %s %s (buffer %d offset %#x, region offset %#x)", units.FormatSize(r.Length), r.Dir, r.Buffer, r.BufferOffset, r.HostOffset)
+}
+
+// CopyAsync sends a copy request and returns at once; the Completion is done when the copy is
+// complete in memory (or failed). The broker bounds-checks it: a host range outside the grant or a
+// buffer range outside the buffer fails with ErrOutOfRange, an unknown buffer with ErrUnknownBuffer.
+// Requests run concurrently on the broker's streams and complete in any order. They are not ordered
+// with this process's own GPU work either: synchronize the kernels and memsets that touch the range
+// (cuMemsetD8 is asynchronous for device memory) before the request, and touch the range again only
+// once the Completion is done.
+func (c *Client) CopyAsync(req Request) (*Completion, error) {
+	if c.closed.Load() {
+		return nil, fmt.Errorf("broker: %s: %w", req, ErrClosed)
+	}
+	if req.Length == 0 || (req.Dir != ToDevice && req.Dir != ToHost) || req.Buffer == 0 {
+		return nil, fmt.Errorf("broker: %s: a length above 0, a direction (ToDevice, ToHost) and a buffer are needed: %w", req, ErrInvalidValue)
+	}
+	if req.HostOffset+req.Length < req.HostOffset || req.BufferOffset+req.Length < req.BufferOffset {
+		return nil, fmt.Errorf("broker: %s: offset + length overflows: %w", req, ErrOutOfRange)
+	}
+	call := &Completion{}
+	err := c.send(call, request{op: OpCopy, buffer: uint32(req.Buffer), dir: req.Dir, hostOff: req.HostOffset,
+		bufOff: req.BufferOffset, length: req.Length}, nil)
+	if err != nil {
+		return nil, fmt.Errorf("broker: %s: %w", req, err)
+	}
+	return call, nil
+}
+
+// Copy sends a copy request and waits until the copy is complete in memory (see CopyAsync). A
+// context that ends first stops the wait, not the copy.
+func (c *Client) Copy(ctx context.Context, req Request) error {
+	call, err := c.CopyAsync(req)
+	if err != nil {
+		return err
+	}
+	if err := call.Wait(ctx); err != nil {
+		return fmt.Errorf("broker: %s: %w", req, err)
+	}
+	return nil
+}
+
+// Ping makes a round trip with no copy: the protocol's own cost.
+func (c *Client) Ping(ctx context.Context) error {
+	if c.closed.Load() {
+		return fmt.Errorf("broker: ping: %w", ErrClosed)
+	}
+	if err := c.do(ctx, &Completion{}, request{op: OpPing}, nil); err != nil {
+		return fmt.Errorf("broker: ping: %w", err)
+	}
+	return nil
+}
+
+// BufferID names a registered buffer in requests.
+type BufferID uint32
+
+// Buffer is a device buffer registered with the broker.
+type Buffer struct {
+	c      *Client
+	id     BufferID
+	length uint64
+	device int
+	once   sync.Once
+	err    error
+}
+
+// ID is the buffer's id, for Request.Buffer.
+func (b *Buffer) ID() BufferID { return b.id }
+
+// Len is the buffer's length.
+func (b *Buffer) Len() uint64 { return b.length }
+
+// Device is the ordinal of the device the buffer's memory is on.
+func (b *Buffer) Device() int { return b.device }
+
+// Close unregisters the buffer (Client.Unregister); idempotent and safe on nil.
+func (b *Buffer) Close() error {
+	if b == nil {
+		return nil
+	}
+	b.once.Do(func() { b.err = b.c.Unregister(context.Background(), b) })
+	return b.err
+}
+
+// Register shares buf with the broker: every chunk is exported as a file descriptor (ipc.Export, so
+// every allocation must have been created with driver.HandleTypePosixFD) and sent; the broker imports
+// and maps it for the chunks' device, which must be one of the devices it serves. The buffer must not
+// change (grow, shrink, close) while registered. A worker has at most Options.MaxBuffers buffers
+// (ErrLimit).
+func (c *Client) Register(ctx context.Context, buf vmm.Chunked) (*Buffer, error) {
+	if c.closed.Load() {
+		return nil, fmt.Errorf("broker: register: %w", ErrClosed)
+	}
+	exp, err := ipc.Export(buf)
+	if err != nil {
+		return nil, fmt.Errorf("broker: register: %w", err)
+	}
+	defer exp.Close()
+	call := &Completion{}
+	if err := c.do(ctx, call, request{op: OpRegister}, exp); err != nil {
+		return nil, fmt.Errorf("broker: register %s: %w", &exp.Desc, err)
+	}
+	return &Buffer{c: c, id: BufferID(call.resp.buffer), length: call.resp.values[0], device: int(call.resp.values[1])}, nil
+}
+
+// Unregister asks the broker to drop the buffer: it waits for the copies in flight on it, then
+// unmaps and releases its import. Copies requested afterwards fail with ErrUnknownBuffer.
+func (c *Client) Unregister(ctx context.Context, b *Buffer) error {
+	if b == nil {
+		return fmt.Errorf("broker: unregister: nil buffer: %w", ErrInvalidValue)
+	}
+	if c.closed.Load() {
+		return fmt.Errorf("broker: unregister buffer %d: %w", b.id, ErrClosed)
+	}
+	if err := c.do(ctx, &Completion{}, request{op: OpUnregister, buffer: uint32(b.id)}, nil); err != nil {
+		return fmt.Errorf("broker: unregister buffer %d: %w", b.id, err)
+	}
+	return nil
+}
+
+// Region maps the broker's region in this process so the worker can read and write its bytes
+// (pinned.Receive). The default, empty opts, maps it for the CPU alone, which costs no GPU memory;
+// dev is the device whose context imports a host-NUMA region (it may be nil for a shared-memory
+// region opened for the CPU). The broker refuses (ErrPermission) when this worker's grant does not
+// include sharing the region. The region stays valid after the broker exits; close it when done.
+func (c *Client) Region(ctx context.Context, dev *vmm.Device, opts pinned.OpenOptions) (*pinned.Region, error) {
+	if c.closed.Load() {
+		return nil, fmt.Errorf("broker: region: %w", ErrClosed)
+	}
+	if dev == nil && len(opts.Grant) == 0 && c.info.RegionKind == pinned.HostNUMA {
+		return nil, fmt.Errorf("broker: region: a host-NUMA region is imported through a device's context: pass the device: %w", ErrInvalidValue)
+	}
+	call := &Completion{regionDev: dev, regionOpts: opts}
+	if err := c.send(call, request{op: OpRegion}, nil); err != nil {
+		return nil, fmt.Errorf("broker: region: %w", err)
+	}
+	if err := call.Wait(ctx); err != nil {
+		// A region that arrives after the wait gave up is closed by nobody: wait for it to be
+		// done and close it, without blocking the caller.
+		go func() {
+			<-call.done
+			if call.region != nil {
+				_ = call.region.Close()
+			}
+		}()
+		return nil, fmt.Errorf("broker: region: %w", err)
+	}
+	return call.region, nil
+}
+
+// Close closes the connection. The broker drains this worker's copies in flight and releases its
+// buffers; requests still pending fail with ErrClosed. Close is idempotent and safe on nil.
+func (c *Client) Close() error {
+	if c == nil || c.closed.Swap(true) {
+		return nil
+	}
+	err := c.conn.Close()
+	<-c.done
+	if errors.Is(err, net.ErrClosed) {
+		err = nil
+	}
+	return err
+}

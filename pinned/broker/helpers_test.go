@@ -1,0 +1,147 @@
+package broker
+
+import (
+	"context"
+	"path/filepath"
+	"testing"
+	"time"
+	"unsafe"
+
+	"github.com/stretchr/testify/require"
+
+	"github.com/cuvmm/cuvmm/driver"
+	"github.com/cuvmm/cuvmm/internal/kernels"
+	"github.com/cuvmm/cuvmm/ipc"
+	"github.com/cuvmm/cuvmm/pinned"
+	"github.com/cuvmm/cuvmm/vmm"
+)
+
+const mib = 1 << 20
+
+func testCtx(t testing.TB) context.Context {
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	t.Cleanup(cancel)
+	return ctx
+}
+
+// newRegion makes a pinned region closed at the end of the test (after the server, which is made
+// later and so closed first).
+func newRegion(t testing.TB, dev *vmm.Device, size uint64, opts pinned.Options) *pinned.Region {
+	t.Helper()
+	r, err := pinned.New(dev, size, opts)
+	require.NoError(t, err)
+	t.Cleanup(func() { require.NoError(t, r.Close()) })
+	return r
+}
+
+// startServer runs a broker on a socket in a private temporary directory; it is closed at the end
+// of the test and Serve must then return nil.
+func startServer(t testing.TB, region *pinned.Region, opts Options) (*Server, string) {
+	t.Helper()
+	return startServerWith(t, region, opts, nil)
+}
+
+// startServerWith is startServer with a hook that adjusts the server before it serves.
+func startServerWith(t testing.TB, region *pinned.Region, opts Options, hook func(*Server)) (*Server, string) {
+	t.Helper()
+	path := filepath.Join(t.TempDir(), "broker.sock")
+	if opts.Logf == nil {
+		opts.Logf = t.Logf
+	}
+	srv, err := NewServer(region, path, opts)
+	require.NoError(t, err)
+	if hook != nil {
+		hook(srv)
+	}
+	served := make(chan error, 1)
+	go func() { served <- srv.Serve() }()
+	t.Cleanup(func() {
+		require.NoError(t, srv.Close())
+		require.NoError(t, <-served)
+		require.Zero(t, srv.Stats().Buffers, "buffers left registered after Close")
+	})
+	return srv, path
+}
+
+// dial connects a client closed at the end of the test.
+func dial(t testing.TB, path string) *Client {
+	t.Helper()
+	c, err := DialContext(testCtx(t), path, DialOptions{})
+	require.NoError(t, err)
+	t.Cleanup(func() { require.NoError(t, c.Close()) })
+	return c
+}
+
+// devBuffer is device memory made with vmm directly: one reservation, one exportable allocation per
+// chunk, with a hole of one chunk after each chunk listed in gaps.
+type devBuffer struct {
+	res *vmm.Reservation
+	vmm.Chunked
+}
+
+func newDevBuffer(t testing.TB, dev *vmm.Device, chunks int, chunkSize uint64, gaps ...int) *devBuffer {
+	t.Helper()
+	gapAfter := map[int]bool{}
+	for _, g := range gaps {
+		gapAfter[g] = true
+	}
+	res, err := dev.System().Reserve(uint64(chunks+len(gaps))*chunkSize, vmm.ReserveOptions{})
+	require.NoError(t, err)
+	off := uint64(0)
+	for i := 0; i < chunks; i++ {
+		_, err := res.MapNew(off, chunkSize, dev, vmm.AllocOptions{HandleTypes: driver.HandleTypePosixFD}, vmm.ReadWrite(dev))
+		require.NoError(t, err)
+		off += chunkSize
+		if gapAfter[i] {
+			off += chunkSize
+		}
+	}
+	b := &devBuffer{res: res, Chunked: ipc.FromReservation(res)}
+	t.Cleanup(func() {
+		for _, m := range res.Mappings() {
+			require.NoError(t, m.Close())
+		}
+		require.NoError(t, res.Close())
+	})
+	return b
+}
+
+func words(b []byte) []uint64 { return unsafe.Slice((*uint64)(unsafe.Pointer(&b[0])), len(b)/8) }
+
+// fillHost writes the pattern of seed over b, whose first byte is at patternOff in the pattern.
+func fillHost(b []byte, patternOff, seed uint64) {
+	w := words(b)
+	for i := range w {
+		w[i] = kernels.Pattern(patternOff/8+uint64(i), seed)
+	}
+}
+
+// badHost counts the words of b that differ from the pattern.
+func badHost(b []byte, patternOff, seed uint64) int {
+	n := 0
+	for i, v := range words(b) {
+		if v != kernels.Pattern(patternOff/8+uint64(i), seed) {
+			n++
+		}
+	}
+	return n
+}
+
+func requireDevicePattern(t testing.TB, dev *vmm.Device, ptr driver.DevicePtr, n, patternOff, seed uint64) {
+	t.Helper()
+	bad, err := dev.Verify(ptr, n, patternOff, seed)
+	require.NoError(t, err)
+	require.Zero(t, bad, "%d words differ from seed %d's pattern on the device", bad, seed)
+}
+
+// eventually polls cond for up to 20 s.
+func eventually(t testing.TB, what string, cond func() bool) {
+	t.Helper()
+	deadline := time.Now().Add(20 * time.Second)
+	for !cond() {
+		if time.Now().After(deadline) {
+			t.Fatalf("timed out waiting for %s", what)
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+}

@@ -1,0 +1,694 @@
+package broker
+
+import (
+	"errors"
+	"fmt"
+	"io"
+	"net"
+	"os"
+	"sort"
+	"sync"
+	"sync/atomic"
+	"syscall"
+	"time"
+
+	"golang.org/x/sys/unix"
+
+	"github.com/cuvmm/cuvmm/driver"
+	"github.com/cuvmm/cuvmm/internal/units"
+	"github.com/cuvmm/cuvmm/ipc"
+	"github.com/cuvmm/cuvmm/pinned"
+	"github.com/cuvmm/cuvmm/vmm"
+)
+
+// Grant is the part of the region one worker may copy to and from: [Offset, Offset+Length) in region
+// offsets. ShareRegion lets the worker also map the whole region for its CPU (Client.Region): that
+// hands it every byte of the region, not only its window, so a partial window should share only
+// when the workers trust each other.
+type Grant struct {
+	Offset, Length uint64
+	ShareRegion    bool
+}
+
+// Options tunes NewServer. The zero value serves workers of this process's uid, each granted the
+// whole region (shareable), on the region's devices with four streams each.
+type Options struct {
+	// Devices are the devices the broker copies on: a buffer must live on one of them. Each must be
+	// able to reach the region. Default: the devices a host-NUMA region is granted to, or for other
+	// kinds the region's own device (a registration is visible to every device, but serving a device
+	// retains its context, about 524 MiB: name the devices to serve more).
+	Devices []*vmm.Device
+	// StreamsPerDevice is the number of non-blocking copy streams per device (default 4): copies of
+	// all workers on one device share them, so up to that many run or wait on the GPU at once.
+	StreamsPerDevice int
+	// AllowUIDs are the uids whose processes may connect (SO_PEERCRED). Empty: this process's uid.
+	AllowUIDs []int
+	// Authorize, when set, runs after the uid check with the peer's credentials; an error refuses the
+	// peer (the text is sent to it).
+	Authorize func(peer unix.Ucred) error
+	// Grant, when set, gives each worker its window of the region; an error refuses the worker.
+	// Default: the whole region, shareable.
+	Grant func(peer unix.Ucred) (Grant, error)
+	// MaxBuffers is the most buffers one worker may have registered at once (default 1024).
+	MaxBuffers int
+	// MaxInFlight is the most copies of one worker the broker runs or queues at once (default 64);
+	// beyond it the broker stops reading that worker's requests until one completes.
+	MaxInFlight int
+	// InlineMax: a copy of at most this many bytes (default 64 KiB) runs on the connection's own
+	// goroutine when a stream is free, which saves a goroutine hand-off on small requests. Negative:
+	// never.
+	InlineMax int64
+	// HelloTimeout bounds the wait for a new connection's first request (default 10 s).
+	HelloTimeout time.Duration
+	// Logf, when set, receives the broker's events: refused peers, protocol faults, disconnects with
+	// the work drained, failures of cleanup.
+	Logf func(format string, args ...any)
+}
+
+// Stats are a server's counters.
+type Stats struct {
+	Workers     int    // connected now (past the hello)
+	Buffers     int    // registered now, over all workers
+	InFlight    int64  // copies accepted and not yet answered
+	Connections uint64 // connections accepted since the start
+	Refused     uint64 // connections refused (uid, Authorize, Grant, protocol before the hello)
+	Copies      uint64 // copies completed
+	Bytes       uint64 // bytes copied
+	Failed      uint64 // requests answered with an error
+	Drained     uint64 // disconnects cleaned up (in-flight work drained, buffers released)
+}
+
+// Server is a copy broker: it owns the use of a pinned region and copies between it and the device
+// buffers its workers register. Make one with NewServer, run Serve (usually in its own goroutine),
+// and Close it before closing the region.
+type Server struct {
+	region  *pinned.Region
+	path    string
+	ln      *net.UnixListener
+	opts    Options
+	lanes   map[int]*lane // by device ordinal
+	devMask uint64
+	// peerCred reads a connection's credentials; tests replace it.
+	peerCred func(*net.UnixConn) (unix.Ucred, error)
+
+	mu      sync.Mutex
+	workers map[*worker]struct{}
+	closed  bool
+	wg      sync.WaitGroup
+
+	inFlight                                              atomic.Int64
+	conns, refused, copies, bytes, failed, drained, nbufs atomic.Uint64
+}
+
+// lane is one device's copy streams; free holds the streams not in use.
+type lane struct {
+	dev     *vmm.Device
+	streams []*vmm.Stream
+	free    chan *vmm.Stream
+}
+
+// NewServer creates the socket at path (mode 0600, in a directory others cannot write to: see
+// ipc.Listen) and the copy streams, and returns a server that is not serving yet. The region stays
+// the caller's: it must stay open until the server is closed.
+func NewServer(region *pinned.Region, path string, opts Options) (*Server, error) {
+	if region == nil {
+		return nil, fmt.Errorf("broker: new server: nil region: %w", ErrInvalidValue)
+	}
+	if region.Len() == 0 || region.Device() == nil {
+		return nil, fmt.Errorf("broker: new server on %s: the region has no device (open it through one): %w", region, ErrInvalidValue)
+	}
+	if opts.StreamsPerDevice == 0 {
+		opts.StreamsPerDevice = 4
+	}
+	if opts.MaxBuffers == 0 {
+		opts.MaxBuffers = 1024
+	}
+	if opts.MaxInFlight == 0 {
+		opts.MaxInFlight = 64
+	}
+	if opts.InlineMax == 0 {
+		opts.InlineMax = 64 << 10
+	}
+	if opts.HelloTimeout <= 0 {
+		opts.HelloTimeout = 10 * time.Second
+	}
+	if opts.StreamsPerDevice < 0 || opts.MaxBuffers < 0 || opts.MaxInFlight < 0 {
+		return nil, fmt.Errorf("broker: new server: negative StreamsPerDevice, MaxBuffers or MaxInFlight: %w", ErrInvalidValue)
+	}
+	devs := opts.Devices
+	if len(devs) == 0 {
+		if region.Kind() == pinned.HostNUMA {
+			for _, o := range region.Devices() {
+				d, err := region.Device().System().Device(o)
+				if err != nil {
+					return nil, fmt.Errorf("broker: new server: %w", err)
+				}
+				devs = append(devs, d)
+			}
+		} else {
+			devs = []*vmm.Device{region.Device()}
+		}
+	}
+	if len(devs) == 0 {
+		return nil, fmt.Errorf("broker: new server on %s: the region is visible to no device (grant it one): %w", region, ErrInvalidValue)
+	}
+	s := &Server{region: region, path: path, opts: opts, lanes: map[int]*lane{}, peerCred: ipc.PeerCredentials,
+		workers: map[*worker]struct{}{}}
+	for _, d := range devs {
+		if d == nil || d.System() != region.Device().System() {
+			s.closeLanes()
+			return nil, fmt.Errorf("broker: new server: a nil device or one of another System: %w", ErrInvalidValue)
+		}
+		if !region.VisibleTo(d) {
+			s.closeLanes()
+			return nil, fmt.Errorf("broker: new server: %s cannot reach %s (grant it access): %w", d, region, ErrDeviceNotServed)
+		}
+		if s.lanes[d.Ordinal()] != nil {
+			continue
+		}
+		l := &lane{dev: d, free: make(chan *vmm.Stream, opts.StreamsPerDevice)}
+		s.lanes[d.Ordinal()] = l
+		for i := 0; i < opts.StreamsPerDevice; i++ {
+			st, err := d.NewStream(true)
+			if err != nil {
+				s.closeLanes()
+				return nil, fmt.Errorf("broker: new server: %w", err)
+			}
+			l.streams = append(l.streams, st)
+			l.free <- st
+		}
+		if d.Ordinal() < 64 {
+			s.devMask |= 1 << d.Ordinal()
+		}
+	}
+	ln, err := ipc.ListenUnix(path)
+	if err != nil {
+		s.closeLanes()
+		return nil, fmt.Errorf("broker: %w", err)
+	}
+	s.ln = ln
+	return s, nil
+}
+
+func (s *Server) closeLanes() error {
+	var errs []error
+	for _, l := range s.lanes {
+		for _, st := range l.streams {
+			if err := st.Close(); err != nil {
+				errs = append(errs, err)
+			}
+		}
+		l.streams = nil
+	}
+	return errors.Join(errs...)
+}
+
+// Path is the socket's path.
+func (s *Server) Path() string { return s.path }
+
+// Region is the region the server copies to and from.
+func (s *Server) Region() *pinned.Region { return s.region }
+
+// Devices are the ordinals of the devices the server copies on.
+func (s *Server) Devices() []int {
+	out := make([]int, 0, len(s.lanes))
+	for o := range s.lanes {
+		out = append(out, o)
+	}
+	sort.Ints(out)
+	return out
+}
+
+// Stats reads the server's counters.
+func (s *Server) Stats() Stats {
+	st := Stats{InFlight: s.inFlight.Load(), Connections: s.conns.Load(), Refused: s.refused.Load(),
+		Copies: s.copies.Load(), Bytes: s.bytes.Load(), Failed: s.failed.Load(), Drained: s.drained.Load(),
+		Buffers: int(s.nbufs.Load())}
+	s.mu.Lock()
+	for w := range s.workers {
+		if w.helloDone.Load() {
+			st.Workers++
+		}
+	}
+	s.mu.Unlock()
+	return st
+}
+
+func (s *Server) logf(format string, args ...any) {
+	if s.opts.Logf != nil {
+		s.opts.Logf(format, args...)
+	}
+}
+
+// Serve accepts connections until Close, serving each in its own goroutine. It returns nil after
+// Close, or the listener's error.
+func (s *Server) Serve() error {
+	for {
+		conn, err := s.ln.AcceptUnix()
+		if err != nil {
+			s.mu.Lock()
+			closed := s.closed
+			s.mu.Unlock()
+			if closed {
+				return nil
+			}
+			if errors.Is(err, syscall.EMFILE) || errors.Is(err, syscall.ENFILE) || errors.Is(err, syscall.ECONNABORTED) {
+				s.logf("broker: accept on %s: %v (retrying)", s.path, err)
+				time.Sleep(10 * time.Millisecond)
+				continue
+			}
+			return fmt.Errorf("broker: accept on %s: %w", s.path, err)
+		}
+		w := &worker{s: s, conn: conn, bufs: map[uint32]*regBuffer{}, sem: make(chan struct{}, s.opts.MaxInFlight),
+			fr: newFrameReader(), wbuf: make([]byte, ipc.HeaderSize+ResponseSize+MaxText)}
+		s.mu.Lock()
+		if s.closed {
+			s.mu.Unlock()
+			conn.Close()
+			return nil
+		}
+		s.workers[w] = struct{}{}
+		s.wg.Add(1)
+		s.mu.Unlock()
+		s.conns.Add(1)
+		go w.serve()
+	}
+}
+
+// Close stops serving: it closes the listener (removing the socket file) and every connection,
+// drains the copies in flight, unmaps and releases every registered buffer, and destroys the copy
+// streams. Workers see ErrBrokerGone. The region is left open. Close is idempotent and safe on nil.
+func (s *Server) Close() error {
+	if s == nil {
+		return nil
+	}
+	s.mu.Lock()
+	if s.closed {
+		s.mu.Unlock()
+		return nil
+	}
+	s.closed = true
+	var errs []error
+	if err := s.ln.Close(); err != nil {
+		errs = append(errs, fmt.Errorf("broker: close listener %s: %w", s.path, err))
+	}
+	for w := range s.workers {
+		w.conn.Close()
+	}
+	s.mu.Unlock()
+	s.wg.Wait()
+	if err := s.closeLanes(); err != nil {
+		errs = append(errs, fmt.Errorf("broker: close streams: %w", err))
+	}
+	return errors.Join(errs...)
+}
+
+// worker is one connection.
+type worker struct {
+	s         *Server
+	conn      *net.UnixConn
+	cred      unix.Ucred
+	grant     Grant
+	helloDone atomic.Bool
+
+	fr   *frameReader // used by the connection's goroutine only
+	wmu  sync.Mutex   // serializes writes on conn; guards wbuf
+	wbuf []byte
+
+	mu     sync.Mutex
+	bufs   map[uint32]*regBuffer
+	nextID uint32
+
+	sem  chan struct{} // one slot per copy in flight
+	jobs sync.WaitGroup
+}
+
+// regBuffer is a worker's buffer, imported and mapped for one device.
+type regBuffer struct {
+	id      uint32
+	buf     *ipc.Buffer
+	lane    *lane
+	ptr     driver.DevicePtr
+	length  uint64
+	extents []extent // runs of adjacent chunks, in offset order
+	users   sync.WaitGroup
+}
+
+type extent struct{ off, end uint64 }
+
+// covers reports whether [off, off+n) lies inside the buffer's chunks (no hole).
+func (b *regBuffer) covers(off, n uint64) bool {
+	end := off + n
+	if end < off || end > b.length {
+		return false
+	}
+	for _, e := range b.extents {
+		if off >= e.off && end <= e.end {
+			return true
+		}
+	}
+	return false
+}
+
+func (w *worker) logf(format string, args ...any) {
+	w.s.logf("broker: %s: worker pid %d: %s", w.s.path, w.cred.Pid, fmt.Sprintf(format, args...))
+}
+
+// reply writes one response; failures (the worker is gone) are left to the reader to notice.
+func (w *worker) reply(r *response) {
+	if r.status != StatusOK {
+		w.s.failed.Add(1)
+	}
+	w.wmu.Lock()
+	_ = w.writeResponse(r)
+	w.wmu.Unlock()
+}
+
+// writeResponse sends one response frame; the caller holds wmu.
+func (w *worker) writeResponse(r *response) error {
+	p := r.encode(w.wbuf[ipc.HeaderSize:ipc.HeaderSize])
+	putFrameHeader(w.wbuf, KindResponse, len(p))
+	return writeFrame(w.conn, w.wbuf[:ipc.HeaderSize+len(p)])
+}
+
+func (w *worker) replyErr(op uint16, id uint64, err error) {
+	w.reply(&response{op: op, id: id, status: statusOf(err), text: err.Error()})
+}
+
+// refuse answers the whole connection with a refusal.
+func (w *worker) refuse(status uint16, msg string) {
+	w.s.failed.Add(1)
+	w.reply(&response{status: status, text: msg})
+}
+
+func (w *worker) serve() {
+	s := w.s
+	defer s.wg.Done()
+	defer w.cleanup()
+	cred, err := s.peerCred(w.conn)
+	if err != nil {
+		s.refused.Add(1)
+		s.logf("broker: %s: reading the peer's credentials: %v", s.path, err)
+		return
+	}
+	w.cred = cred
+	if !ipc.UIDAllowed(s.opts.AllowUIDs, cred.Uid) {
+		s.refused.Add(1)
+		msg := fmt.Sprintf("peer pid %d runs as uid %d, which this broker (uid %d) does not allow", cred.Pid, cred.Uid, os.Getuid())
+		w.logf("refused: %s", msg)
+		w.refuse(StatusPermission, msg)
+		return
+	}
+	if s.opts.Authorize != nil {
+		if err := s.opts.Authorize(cred); err != nil {
+			s.refused.Add(1)
+			msg := fmt.Sprintf("peer pid %d uid %d: %v", cred.Pid, cred.Uid, err)
+			w.logf("refused: %s", msg)
+			w.refuse(StatusPermission, msg)
+			return
+		}
+	}
+	w.grant = Grant{Length: s.region.Len(), ShareRegion: true}
+	if s.opts.Grant != nil {
+		g, err := s.opts.Grant(cred)
+		if err == nil && (g.Length == 0 || g.Offset > s.region.Len() || g.Length > s.region.Len()-g.Offset) {
+			err = fmt.Errorf("window %s at offset %#x does not fit the %s region", units.FormatSize(g.Length), g.Offset, units.FormatSize(s.region.Len()))
+		}
+		if err != nil {
+			s.refused.Add(1)
+			msg := fmt.Sprintf("peer pid %d uid %d: no grant: %v", cred.Pid, cred.Uid, err)
+			w.logf("refused: %s", msg)
+			w.refuse(StatusPermission, msg)
+			return
+		}
+		w.grant = g
+	}
+
+	_ = w.conn.SetReadDeadline(time.Now().Add(s.opts.HelloTimeout))
+	req, err := w.readRequest()
+	_ = w.conn.SetReadDeadline(time.Time{})
+	if err == nil && req.op != OpHello {
+		err = fmt.Errorf("broker: first request is %s, want hello: %w", opName(req.op), ErrProtocol)
+	}
+	if err != nil {
+		s.refused.Add(1)
+		w.readFailed(err)
+		return
+	}
+	w.helloDone.Store(true)
+	flags := uint32(w.s.region.Kind()) << 8
+	if w.grant.ShareRegion {
+		flags |= 1
+	}
+	w.reply(&response{op: OpHello, id: req.id, buffer: flags,
+		values: [4]uint64{s.region.Len(), w.grant.Offset, w.grant.Length, s.devMask}})
+
+	for {
+		req, err := w.readRequest()
+		if err != nil {
+			w.readFailed(err)
+			return
+		}
+		switch req.op {
+		case OpHello:
+			w.readFailed(fmt.Errorf("broker: a second hello: %w", ErrProtocol))
+			return
+		case OpPing:
+			w.reply(&response{op: OpPing, id: req.id})
+		case OpCopy:
+			w.startCopy(req)
+		case OpRegister:
+			if err := w.register(req); err != nil {
+				w.readFailed(err)
+				return
+			}
+		case OpUnregister:
+			w.unregister(req)
+		case OpRegion:
+			if err := w.shareRegion(req); err != nil {
+				w.logf("sharing the region: %v (closing the connection)", err)
+				return
+			}
+		}
+	}
+}
+
+// readRequest reads and decodes one request frame.
+func (w *worker) readRequest() (request, error) { return w.fr.request(w.conn) }
+
+// readFailed ends a connection whose reads failed: a protocol fault is answered before hanging up;
+// a hang-up is the normal end.
+func (w *worker) readFailed(err error) {
+	switch {
+	case errors.Is(err, io.EOF), errors.Is(err, net.ErrClosed), errors.Is(err, syscall.ECONNRESET):
+	case errors.Is(err, ErrProtocol):
+		w.logf("protocol fault: %v (closing the connection)", err)
+		w.refuse(StatusProtocol, err.Error())
+	default:
+		w.logf("reading requests: %v (closing the connection)", err)
+	}
+}
+
+// cleanup runs when the connection ends, however: it drains the worker's copies in flight, then
+// unmaps and releases every buffer the worker registered.
+func (w *worker) cleanup() {
+	w.conn.Close()
+	w.jobs.Wait()
+	w.mu.Lock()
+	bufs := w.bufs
+	w.bufs = nil
+	w.mu.Unlock()
+	for _, b := range bufs {
+		b.users.Wait()
+		if err := b.buf.Close(); err != nil {
+			w.logf("releasing buffer %d: %v", b.id, err)
+		}
+		w.s.nbufs.Add(^uint64(0))
+	}
+	s := w.s
+	s.mu.Lock()
+	delete(s.workers, w)
+	s.mu.Unlock()
+	if w.helloDone.Load() {
+		s.drained.Add(1)
+		if len(bufs) > 0 {
+			w.logf("disconnected: in-flight copies drained, %d buffers unmapped and released", len(bufs))
+		}
+	}
+}
+
+// lookup finds the request's buffer and checks both ranges; on success the buffer is held (users)
+// until the copy ends.
+func (w *worker) lookup(req request) (*regBuffer, error) {
+	if req.length == 0 || req.hostOff < w.grant.Offset || req.hostOff-w.grant.Offset > w.grant.Length ||
+		req.length > w.grant.Length-(req.hostOff-w.grant.Offset) {
+		return nil, fmt.Errorf("broker: host range %s at region offset %#x is outside this worker's grant (%s at offset %#x): %w",
+			units.FormatSize(req.length), req.hostOff, units.FormatSize(w.grant.Length), w.grant.Offset, ErrOutOfRange)
+	}
+	if req.dir == ToHost && w.s.region.ReadOnly() {
+		return nil, fmt.Errorf("broker: copy to the host: devices may only read %s: %w", w.s.region, ErrPermission)
+	}
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	b := w.bufs[req.buffer]
+	if b == nil {
+		return nil, fmt.Errorf("broker: buffer %d: %w", req.buffer, ErrUnknownBuffer)
+	}
+	if !b.covers(req.bufOff, req.length) {
+		return nil, fmt.Errorf("broker: buffer %d (%s): range %s at offset %#x is outside the buffer's chunks: %w",
+			req.buffer, units.FormatSize(b.length), units.FormatSize(req.length), req.bufOff, ErrOutOfRange)
+	}
+	b.users.Add(1)
+	return b, nil
+}
+
+// startCopy checks a copy and runs it: inline when small and a stream is free, else on its own
+// goroutine once a stream is free. The response goes out when the copy's stream has completed it.
+func (w *worker) startCopy(req request) {
+	b, err := w.lookup(req)
+	if err != nil {
+		w.replyErr(OpCopy, req.id, err)
+		return
+	}
+	w.sem <- struct{}{}
+	w.jobs.Add(1)
+	w.s.inFlight.Add(1)
+	if int64(req.length) <= w.s.opts.InlineMax {
+		select {
+		case st := <-b.lane.free:
+			w.runCopy(req, b, st)
+			return
+		default:
+		}
+	}
+	go func() { w.runCopy(req, b, <-b.lane.free) }()
+}
+
+// runCopy queues the copy on st, waits for the stream (cuStreamSynchronize), gives the stream back
+// and answers.
+func (w *worker) runCopy(req request, b *regBuffer, st *vmm.Stream) {
+	region := w.s.region
+	t0 := time.Now()
+	dst := b.ptr + driver.DevicePtr(req.bufOff)
+	var err error
+	if req.dir == ToDevice {
+		err = region.CopyToDevice(st, dst, req.hostOff, req.length)
+	} else {
+		err = region.CopyFromDevice(st, dst, req.hostOff, req.length)
+	}
+	if err == nil {
+		err = st.Synchronize()
+	}
+	took := time.Since(t0)
+	b.lane.free <- st
+	b.users.Done()
+	if err != nil {
+		w.replyErr(OpCopy, req.id, fmt.Errorf("broker: copy %s %s (buffer %d offset %#x, region offset %#x): %v: %w",
+			units.FormatSize(req.length), req.dir, req.buffer, req.bufOff, req.hostOff, err, ErrInternal))
+	} else {
+		w.s.copies.Add(1)
+		w.s.bytes.Add(req.length)
+		w.reply(&response{op: OpCopy, id: req.id, values: [4]uint64{uint64(took.Nanoseconds()), req.length}})
+	}
+	w.s.inFlight.Add(-1)
+	<-w.sem
+	w.jobs.Done()
+}
+
+// register reads the buffer that follows a register request, imports and maps it for its device.
+// A returned error means the stream's framing is lost.
+func (w *worker) register(req request) error {
+	rcv, err := ipc.Receive(w.conn)
+	if err != nil {
+		return err
+	}
+	defer rcv.Close()
+	fail := func(err error) error {
+		w.replyErr(OpRegister, req.id, err)
+		return nil
+	}
+	w.mu.Lock()
+	n := len(w.bufs)
+	w.mu.Unlock()
+	if n >= w.s.opts.MaxBuffers {
+		return fail(fmt.Errorf("broker: %d buffers registered (Options.MaxBuffers): %w", n, ErrLimit))
+	}
+	loc := rcv.Desc.Chunks[0].Location
+	for _, c := range rcv.Desc.Chunks {
+		if c.Location != loc {
+			return fail(fmt.Errorf("broker: register %s: chunks at %s and %s: a buffer must live on one device: %w", &rcv.Desc, loc, c.Location, ErrNotSupported))
+		}
+	}
+	if loc.Type != driver.LocationDevice {
+		return fail(fmt.Errorf("broker: register %s: memory at %s is not device memory (copy host memory on the CPU): %w", &rcv.Desc, loc, ErrNotSupported))
+	}
+	l := w.s.lanes[int(loc.ID)]
+	if l == nil {
+		return fail(fmt.Errorf("broker: register %s: device %d (this broker serves %v): %w", &rcv.Desc, loc.ID, w.s.Devices(), ErrDeviceNotServed))
+	}
+	buf, err := ipc.Open(l.dev, rcv, vmm.ReadWrite(l.dev))
+	if err != nil {
+		return fail(fmt.Errorf("broker: register %s: %v: %w", &rcv.Desc, err, ErrInternal))
+	}
+	b := &regBuffer{buf: buf, lane: l, ptr: buf.Ptr(), length: buf.Len()}
+	for _, c := range rcv.Desc.Chunks {
+		if k := len(b.extents); k > 0 && b.extents[k-1].end == c.Offset {
+			b.extents[k-1].end += c.Size
+		} else {
+			b.extents = append(b.extents, extent{c.Offset, c.Offset + c.Size})
+		}
+	}
+	w.mu.Lock()
+	for {
+		w.nextID++
+		if w.nextID != 0 && w.bufs[w.nextID] == nil {
+			break
+		}
+	}
+	b.id = w.nextID
+	w.bufs[b.id] = b
+	w.mu.Unlock()
+	w.s.nbufs.Add(1)
+	w.reply(&response{op: OpRegister, id: req.id, buffer: b.id, values: [4]uint64{b.length, uint64(loc.ID)}})
+	return nil
+}
+
+// unregister forgets a buffer, waits for its copies in flight, then unmaps and releases it.
+func (w *worker) unregister(req request) {
+	w.mu.Lock()
+	b := w.bufs[req.buffer]
+	delete(w.bufs, req.buffer)
+	w.mu.Unlock()
+	if b == nil {
+		w.replyErr(OpUnregister, req.id, fmt.Errorf("broker: unregister buffer %d: %w", req.buffer, ErrUnknownBuffer))
+		return
+	}
+	b.users.Wait()
+	err := b.buf.Close()
+	w.s.nbufs.Add(^uint64(0))
+	if err != nil {
+		w.replyErr(OpUnregister, req.id, fmt.Errorf("broker: unregister buffer %d: %v: %w", req.buffer, err, ErrInternal))
+		return
+	}
+	w.reply(&response{op: OpUnregister, id: req.id})
+}
+
+// shareRegion sends the region (an OK response, then pinned.Region.Share). A returned error means
+// the connection is unusable.
+func (w *worker) shareRegion(req request) error {
+	if !w.grant.ShareRegion {
+		w.replyErr(OpRegion, req.id, fmt.Errorf("broker: this worker's grant (%s at offset %#x) does not include mapping the region: %w",
+			units.FormatSize(w.grant.Length), w.grant.Offset, ErrPermission))
+		return nil
+	}
+	if k := w.s.region.Kind(); k != pinned.HostNUMA && k != pinned.SharedMemory {
+		w.replyErr(OpRegion, req.id, fmt.Errorf("broker: a %s region has no file descriptor to pass: %w", k, ErrNotSupported))
+		return nil
+	}
+	w.wmu.Lock()
+	defer w.wmu.Unlock()
+	if err := w.writeResponse(&response{op: OpRegion, id: req.id}); err != nil {
+		return err
+	}
+	return w.s.region.Share(w.conn)
+}
