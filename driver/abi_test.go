@@ -14,7 +14,7 @@ import (
 	"unsafe"
 )
 
-// factsLayout is DRIVER_FACTS section 1's struct table, keyed like cLayout.
+// factsLayout is docs/driver-facts.md, section 1's struct table, keyed like cLayout.
 var factsLayout = map[string]int64{
 	"sizeof(CUmemLocation)":                                          8,
 	"offsetof(CUmemLocation, type)":                                  0,
@@ -45,7 +45,7 @@ var factsLayout = map[string]int64{
 }
 
 // TestCLayoutMatchesFacts checks our C declarations (as cgo sees them) and the Go structs passed to
-// C by address against DRIVER_FACTS, on every machine.
+// C by address against docs/driver-facts.md, on every machine.
 func TestCLayoutMatchesFacts(t *testing.T) {
 	got := cLayout()
 	if got == nil {
@@ -53,7 +53,7 @@ func TestCLayoutMatchesFacts(t *testing.T) {
 	}
 	for k, want := range factsLayout {
 		if v, ok := got[k]; !ok || v != want {
-			t.Errorf("%s = %d (present %v), DRIVER_FACTS says %d", k, v, ok, want)
+			t.Errorf("%s = %d (present %v), docs/driver-facts.md says %d", k, v, ok, want)
 		}
 	}
 	for k := range got {

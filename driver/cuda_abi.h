@@ -1,4 +1,4 @@
-// C declarations of the CUDA driver types cuvmm passes across the ABI, written from DRIVER_FACTS.md
+// C declarations of the CUDA driver types cuvmm passes across the ABI, written from docs/driver-facts.md
 // section 1 so that no CUDA toolkit is needed to build. Names end in "_" so that they can never clash
 // with <cuda.h>. abi_test.go compares every size and offset here with the real header where one is
 // installed.

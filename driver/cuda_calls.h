@@ -1,5 +1,5 @@
 // Trampolines: one small C function per driver entry point. Each takes the function pointer resolved
-// with dlsym and calls it with the exact C prototype from DRIVER_FACTS.md section 1, so that cgo
+// with dlsym and calls it with the exact C prototype from docs/driver-facts.md, section 1, so that cgo
 // never links against libcuda and a missing symbol can never abort the process.
 //
 // Conventions that keep the Go side to one cgo call and no allocation per driver call:

@@ -9,7 +9,7 @@ import (
 // as an error: success is a nil error.
 type Result int32
 
-// CUresult values the project names (DRIVER_FACTS section 1).
+// CUresult values the project names (docs/driver-facts.md, section 1).
 const (
 	Success                          Result = 0
 	ErrorInvalidValue                Result = 1

@@ -356,7 +356,7 @@ func TestRealPeerCopy(t *testing.T) {
 }
 
 // BenchmarkRealChunkCycle measures one 2 MiB chunk through create, reserve, map, set access, unmap,
-// release and free through this package, to compare with the raw C figures in DRIVER_FACTS.
+// release and free through this package, to compare with the raw C figures in docs/driver-facts.md.
 func BenchmarkRealChunkCycle(b *testing.B) {
 	a := openReal(b)
 	dev, _ := bindDevice(b, a)

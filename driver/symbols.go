@@ -4,7 +4,7 @@ package driver
 type symbol int
 
 // The entry points, one per API method (plus the two error-text calls). The order is the order of
-// DRIVER_FACTS section 1's table.
+// docs/driver-facts.md, section 1's table.
 const (
 	symInit symbol = iota
 	symDriverGetVersion
@@ -83,7 +83,7 @@ type symbolInfo struct {
 	fallback string
 }
 
-// symbols is the table of versioned entry points (DRIVER_FACTS section 1). The real driver resolves
+// symbols is the table of versioned entry points (docs/driver-facts.md, section 1). The real driver resolves
 // each with dlsym by exactly this name, never through cuGetProcAddress, so that what is called is
 // predictable and visible here.
 var symbols = [numSymbols]symbolInfo{

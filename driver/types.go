@@ -145,7 +145,7 @@ const (
 	CompressionGeneric CompressionType = 1
 )
 
-// AllocationProp is CUmemAllocationProp (32 bytes, see DRIVER_FACTS section 1).
+// AllocationProp is CUmemAllocationProp (32 bytes, see docs/driver-facts.md, section 1).
 type AllocationProp struct {
 	Type                 AllocationType
 	RequestedHandleTypes HandleType

@@ -4,7 +4,7 @@
 //
 // # What pinned memory costs
 //
-// Measured on the project's H200 host (DRIVER_FACTS.md section 3): every GiB of host memory a GPU
+// Measured on the project's H200 host (docs/driver-facts.md, section 3): every GiB of host memory a GPU
 // can reach costs 2 MiB of that GPU's memory for page tables, per process and per GPU, whatever the
 // host page size. cuMemHostRegister (and cuMemHostAlloc) make memory reachable by every GPU of the
 // machine; a host-NUMA VMM allocation is reachable only by the devices granted access with

@@ -20,7 +20,7 @@ type device struct {
 // them look familiar; more devices continue past them.
 var pciBusIDs = []int{0x18, 0x2a, 0x3a, 0x5d, 0x9a, 0xab, 0xba, 0xdb}
 
-// h200Attributes are the device attributes of the project's H200 host (DRIVER_FACTS.md section 1)
+// h200Attributes are the device attributes of the project's H200 host (docs/driver-facts.md, section 1)
 // plus the launch limits every CUDA device of compute capability 9.0 has.
 var h200Attributes = map[driver.DeviceAttribute]int{
 	1:  1024,       // MAX_THREADS_PER_BLOCK

@@ -1,5 +1,5 @@
 // Package sim is a simulated CUDA driver: a pure-Go implementation of driver.API that enforces the
-// rules measured on the project's H200 host (DRIVER_FACTS.md section 2) with the same CUresult codes,
+// rules measured on the project's H200 host (docs/driver-facts.md, section 2) with the same CUresult codes,
 // so that code written against driver.API can be tested on a laptop without a GPU:
 //
 //	s := sim.New(sim.Devices(2))
@@ -44,7 +44,7 @@
 //
 // # Result codes where the measurements are silent
 //
-// The measured rows of DRIVER_FACTS.md are reproduced exactly. Where they say nothing, the simulator
+// The measured rows of docs/driver-facts.md are reproduced exactly. Where they say nothing, the simulator
 // answers as follows (and the tests pin these choices):
 //
 //   - an unknown or released allocation handle (cuMemRelease, cuMemMap, export, properties):

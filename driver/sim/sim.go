@@ -16,7 +16,7 @@ import (
 
 var _ driver.API = (*Sim)(nil)
 
-// Defaults: the project's H200 host (DRIVER_FACTS.md).
+// Defaults: the project's H200 host (docs/driver-facts.md).
 const (
 	// DefaultMemoryPerDevice is an H200's memory as cuDeviceTotalMem reports it (143771 MiB).
 	DefaultMemoryPerDevice uint64 = 150754820096

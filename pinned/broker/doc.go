@@ -5,7 +5,7 @@
 // # Why
 //
 // Every GPU that can reach host memory keeps page tables for it in its own memory: 2 MiB per GiB,
-// per process, per GPU (DRIVER_FACTS.md section 3, measured on the H200 host). Eight workers that
+// per process, per GPU (docs/driver-facts.md, section 3, measured on the H200 host). Eight workers that
 // each map a 64 GiB pool on a GPU pay 8 × 128 MiB there, and each pays the time to pin or import it.
 // With a broker the region is mapped once per GPU, whatever the number of workers; the workers
 // touch it from the CPU only (Client.Region), which costs no GPU memory. Measured on the H200 host,
