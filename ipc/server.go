@@ -66,25 +66,9 @@ func Listen(path string, opts ServerOptions) (*Server, error) {
 	if opts.Timeout <= 0 {
 		opts.Timeout = 10 * time.Second
 	}
-	if err := checkSocketDir(path); err != nil {
-		return nil, err
-	}
-	ln, err := listen0600(path)
-	if err != nil && errors.Is(err, unix.EADDRINUSE) && removeStale(path) {
-		ln, err = listen0600(path)
-	}
+	ln, err := ListenUnix(path)
 	if err != nil {
-		return nil, fmt.Errorf("ipc: listen on %s: %w", path, err)
-	}
-	// The socket was made 0600 before bind (fchmod on the unbound socket); chmod again in case the
-	// file system ignored that, and check.
-	if err := os.Chmod(path, 0o600); err != nil {
-		ln.Close()
-		return nil, fmt.Errorf("ipc: listen on %s: chmod 0600: %w", path, err)
-	}
-	if st, err := os.Lstat(path); err != nil || st.Mode().Perm()&0o077 != 0 {
-		ln.Close()
-		return nil, fmt.Errorf("ipc: listen on %s: socket mode is not 0600 (%v): %w", path, err, ErrPermission)
+		return nil, err
 	}
 	return &Server{path: path, ln: ln, opts: opts, peerCred: peerCredentials,
 		bufs: map[string]*published{}, conns: map[*net.UnixConn]struct{}{}}, nil
@@ -270,6 +254,12 @@ func (s *Server) release(p *published) {
 	}
 }
 
+func (s *Server) isClosed() bool {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.closed
+}
+
 func (s *Server) logf(format string, args ...any) {
 	if s.opts.Logf != nil {
 		s.opts.Logf(format, args...)
@@ -280,20 +270,12 @@ func (s *Server) logf(format string, args ...any) {
 // Close, or the listener's error.
 func (s *Server) Serve() error {
 	for {
-		conn, err := s.ln.AcceptUnix()
-		if err != nil {
-			s.mu.Lock()
-			closed := s.closed
-			s.mu.Unlock()
-			if closed {
-				return nil
+		conn, err := Accept(s.ln, s.isClosed, s.logf)
+		if conn == nil {
+			if err != nil {
+				err = fmt.Errorf("ipc: %w", err)
 			}
-			if errors.Is(err, syscall.EMFILE) || errors.Is(err, syscall.ENFILE) || errors.Is(err, syscall.ECONNABORTED) {
-				s.logf("ipc: accept on %s: %v (retrying)", s.path, err)
-				time.Sleep(10 * time.Millisecond)
-				continue
-			}
-			return fmt.Errorf("ipc: accept on %s: %w", s.path, err)
+			return err
 		}
 		s.mu.Lock()
 		if s.closed {

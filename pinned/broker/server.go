@@ -234,6 +234,12 @@ func (s *Server) Stats() Stats {
 	return st
 }
 
+func (s *Server) isClosed() bool {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.closed
+}
+
 func (s *Server) logf(format string, args ...any) {
 	if s.opts.Logf != nil {
 		s.opts.Logf(format, args...)
@@ -244,20 +250,12 @@ func (s *Server) logf(format string, args ...any) {
 // Close, or the listener's error.
 func (s *Server) Serve() error {
 	for {
-		conn, err := s.ln.AcceptUnix()
-		if err != nil {
-			s.mu.Lock()
-			closed := s.closed
-			s.mu.Unlock()
-			if closed {
-				return nil
+		conn, err := ipc.Accept(s.ln, s.isClosed, s.logf)
+		if conn == nil {
+			if err != nil {
+				err = fmt.Errorf("broker: %w", err)
 			}
-			if errors.Is(err, syscall.EMFILE) || errors.Is(err, syscall.ENFILE) || errors.Is(err, syscall.ECONNABORTED) {
-				s.logf("broker: accept on %s: %v (retrying)", s.path, err)
-				time.Sleep(10 * time.Millisecond)
-				continue
-			}
-			return fmt.Errorf("broker: accept on %s: %w", s.path, err)
+			return err
 		}
 		w := &worker{s: s, conn: conn, bufs: map[uint32]*regBuffer{}, sem: make(chan struct{}, s.opts.MaxInFlight),
 			fr: newFrameReader(), wbuf: make([]byte, ipc.HeaderSize+ResponseSize+MaxText)}

@@ -5,11 +5,13 @@ import (
 	"fmt"
 	"net"
 	"os"
+	"syscall"
+	"time"
 
 	"golang.org/x/sys/unix"
 )
 
-// The socket helpers of Listen and Dial, for packages that serve their own protocol over this
+// The socket helpers of Listen, Serve and Dial, for packages that serve their own protocol over this
 // package's transport (the copy broker): the same 0600 socket, directory check, stale-socket
 // replacement and SO_PEERCRED checks, so that every server of the module applies one set of rules.
 
@@ -37,6 +39,28 @@ func ListenUnix(path string) (*net.UnixListener, error) {
 		return nil, fmt.Errorf("ipc: listen on %s: socket mode is not 0600 (%v): %w", path, err, ErrPermission)
 	}
 	return ln, nil
+}
+
+// Accept waits for the next connection on ln, retrying the transient accept errors (out of
+// descriptors, a connection aborted before it was accepted) after a short pause and reporting them
+// through logf. It returns (nil, nil) once closed() reports that the server was closed, and (nil,
+// err) for any other listener error.
+func Accept(ln *net.UnixListener, closed func() bool, logf func(format string, args ...any)) (*net.UnixConn, error) {
+	for {
+		conn, err := ln.AcceptUnix()
+		if err == nil {
+			return conn, nil
+		}
+		if closed() {
+			return nil, nil
+		}
+		if errors.Is(err, syscall.EMFILE) || errors.Is(err, syscall.ENFILE) || errors.Is(err, syscall.ECONNABORTED) {
+			logf("accept on %s: %v (retrying)", ln.Addr(), err)
+			time.Sleep(10 * time.Millisecond)
+			continue
+		}
+		return nil, fmt.Errorf("accept on %s: %w", ln.Addr(), err)
+	}
 }
 
 // PeerCredentials reads the connected peer's pid, uid and gid (SO_PEERCRED, as they were at connect
