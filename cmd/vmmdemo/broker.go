@@ -528,27 +528,8 @@ func brokerSend(conn *net.UnixConn, cmd brokerCmd) error {
 
 // brokerRead reads one report, turning a worker's error into an error.
 func brokerRead(conn *net.UnixConn, r *brokerReport) error {
-	if err := conn.SetReadDeadline(time.Now().Add(15 * time.Minute)); err != nil {
-		return err
-	}
-	k, payload, files, err := ipc.ReadMessage(conn)
-	for _, f := range files {
-		f.Close()
-	}
-	if err != nil {
-		return err
-	}
-	if k != brokerMsgReport {
-		return fmt.Errorf("message kind %#x, want %#x: %w", k, brokerMsgReport, ipc.ErrProtocol)
-	}
 	*r = brokerReport{}
-	if err := json.Unmarshal(payload, r); err != nil {
-		return err
-	}
-	if r.Error != "" {
-		return errors.New(r.Error)
-	}
-	return nil
+	return readWorkerReport(conn, brokerMsgReport, r, func() string { return r.Error })
 }
 
 // brokerAll sends every worker its command at once and collects the reports into w.last.

@@ -478,26 +478,7 @@ func (l *pinLockedWriter) Write(p []byte) (int, error) {
 
 // pinRead reads one message of kind want into v, turning a worker's error report into an error.
 func pinRead(conn *net.UnixConn, want uint16, v *pinWorkerReport) error {
-	if err := conn.SetReadDeadline(time.Now().Add(15 * time.Minute)); err != nil {
-		return err
-	}
-	k, payload, files, err := ipc.ReadMessage(conn)
-	for _, f := range files {
-		f.Close()
-	}
-	if err != nil {
-		return err
-	}
-	if k != want {
-		return fmt.Errorf("message kind %#x, want %#x: %w", k, want, ipc.ErrProtocol)
-	}
-	if err := json.Unmarshal(payload, v); err != nil {
-		return err
-	}
-	if v.Error != "" {
-		return errors.New(v.Error)
-	}
-	return nil
+	return readWorkerReport(conn, want, v, func() string { return v.Error })
 }
 
 func pinFree(devs []*vmm.Device) ([]uint64, error) {
