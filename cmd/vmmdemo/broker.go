@@ -835,18 +835,8 @@ func runBrokerWorker(e *env, args []string) error {
 		return err
 	}
 	for {
-		k, payload, files, err := ipc.ReadMessage(ctl)
-		for _, f := range files {
-			f.Close()
-		}
-		if err != nil {
-			return err
-		}
-		if k != brokerMsgCmd {
-			return fmt.Errorf("message kind %#x, want %#x: %w", k, brokerMsgCmd, ipc.ErrProtocol)
-		}
 		var cmd brokerCmd
-		if err := json.Unmarshal(payload, &cmd); err != nil {
+		if err := readJSONMessage(ctl, brokerMsgCmd, &cmd); err != nil {
 			return err
 		}
 		if cmd.Op == brokerCmdExit {

@@ -659,18 +659,8 @@ func runPinnedWorker(e *env, args []string) error {
 		return err
 	}
 
-	k, payload, files, err := ipc.ReadMessage(conn)
-	for _, f := range files {
-		f.Close()
-	}
-	if err != nil {
-		return err
-	}
-	if k != pinMsgOpen {
-		return fmt.Errorf("message kind %#x, want %#x: %w", k, pinMsgOpen, ipc.ErrProtocol)
-	}
 	var req pinOpenRequest
-	if err := json.Unmarshal(payload, &req); err != nil {
+	if err := readJSONMessage(conn, pinMsgOpen, &req); err != nil {
 		return err
 	}
 	opts := pinned.OpenOptions{}

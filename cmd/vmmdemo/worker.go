@@ -10,9 +10,9 @@ import (
 	"github.com/cuvmm/cuvmm/ipc"
 )
 
-// readWorkerReport reads one message of kind want from a worker process into v (JSON) and turns the
-// error the worker reported, errText(), into an error. Descriptors sent along are closed.
-func readWorkerReport(conn *net.UnixConn, want uint16, v any, errText func() string) error {
+// readJSONMessage reads one message of kind want from conn into v (JSON), waiting at most 15
+// minutes. Descriptors sent along are closed.
+func readJSONMessage(conn *net.UnixConn, want uint16, v any) error {
 	if err := conn.SetReadDeadline(time.Now().Add(15 * time.Minute)); err != nil {
 		return err
 	}
@@ -26,7 +26,13 @@ func readWorkerReport(conn *net.UnixConn, want uint16, v any, errText func() str
 	if k != want {
 		return fmt.Errorf("message kind %#x, want %#x: %w", k, want, ipc.ErrProtocol)
 	}
-	if err := json.Unmarshal(payload, v); err != nil {
+	return json.Unmarshal(payload, v)
+}
+
+// readWorkerReport is readJSONMessage for a worker's report, turning the error the worker reported,
+// errText(), into an error.
+func readWorkerReport(conn *net.UnixConn, want uint16, v any, errText func() string) error {
+	if err := readJSONMessage(conn, want, v); err != nil {
 		return err
 	}
 	if msg := errText(); msg != "" {
