@@ -801,13 +801,10 @@ func runBrokerWorker(e *env, args []string) error {
 	if err := parse(fs, args); err != nil {
 		return err
 	}
-	f := os.NewFile(uintptr(*fd), "broker-parent")
-	fc, err := net.FileConn(f)
-	f.Close()
+	ctl, err := parentConn(*fd)
 	if err != nil {
-		return fmt.Errorf("the socket to the parent (fd %d): %w", *fd, err)
+		return err
 	}
-	ctl := fc.(*net.UnixConn)
 	defer ctl.Close()
 	w := &brokerWorker{sim: c.backend == "sim"}
 	rep := brokerReport{}

@@ -618,13 +618,10 @@ func runPinnedWorker(e *env, args []string) error {
 	if err := parse(fs, args); err != nil {
 		return err
 	}
-	f := os.NewFile(uintptr(*fd), "pinned-parent")
-	fc, err := net.FileConn(f)
-	f.Close()
+	conn, err := parentConn(*fd)
 	if err != nil {
-		return fmt.Errorf("the socket to the parent (fd %d): %w", *fd, err)
+		return err
 	}
-	conn := fc.(*net.UnixConn)
 	defer conn.Close()
 	rep := pinWorkerReport{Device: *device}
 	send := func(kind uint16, err error) error {

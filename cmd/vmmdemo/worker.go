@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"net"
+	"os"
 	"time"
 
 	"github.com/cuvmm/cuvmm/ipc"
@@ -39,4 +40,21 @@ func readWorkerReport(conn *net.UnixConn, want uint16, v any, errText func() str
 		return errors.New(msg)
 	}
 	return nil
+}
+
+// parentConn turns the inherited descriptor fd of a worker process into its Unix socket to the
+// parent (the parent passes one end of a socket pair in cmd.ExtraFiles).
+func parentConn(fd int) (*net.UnixConn, error) {
+	f := os.NewFile(uintptr(fd), "parent")
+	fc, err := net.FileConn(f)
+	f.Close()
+	if err != nil {
+		return nil, fmt.Errorf("the socket to the parent (fd %d): %w", fd, err)
+	}
+	conn, ok := fc.(*net.UnixConn)
+	if !ok {
+		fc.Close()
+		return nil, fmt.Errorf("the socket to the parent (fd %d) is not a Unix socket: %w", fd, ipc.ErrProtocol)
+	}
+	return conn, nil
 }
