@@ -2,15 +2,12 @@ package ipc_test
 
 import (
 	"bufio"
-	"bytes"
 	"encoding/base64"
 	"encoding/json"
 	"errors"
 	"fmt"
-	"io"
 	"net"
 	"os"
-	"os/exec"
 	"path/filepath"
 	"strconv"
 	"strings"
@@ -21,7 +18,6 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/cuvmm/cuvmm/driver"
-	"github.com/cuvmm/cuvmm/driver/sim"
 	"github.com/cuvmm/cuvmm/internal/testutil"
 	"github.com/cuvmm/cuvmm/ipc"
 	"github.com/cuvmm/cuvmm/vmm"
@@ -30,13 +26,11 @@ import (
 // The two-process tests re-execute this test binary as the child (so they run on a GPU host that
 // has no Go toolchain). The child's role is in CUVMM_IPC_CHILD; TestMain runs it instead of the tests.
 const (
-	envChild      = "CUVMM_IPC_CHILD"
-	envBackend    = "CUVMM_IPC_BACKEND"
-	envSimDevices = "CUVMM_IPC_SIM_DEVICES"
-	envHost       = "CUVMM_IPC_HOST"
-	envSocket     = "CUVMM_IPC_SOCKET"
-	envSeed       = "CUVMM_IPC_SEED"
-	envChildSeed  = "CUVMM_IPC_CHILD_SEED"
+	envChild     = "CUVMM_IPC_CHILD"
+	envHost      = "CUVMM_IPC_HOST"
+	envSocket    = "CUVMM_IPC_SOCKET"
+	envSeed      = "CUVMM_IPC_SEED"
+	envChildSeed = "CUVMM_IPC_CHILD_SEED"
 )
 
 func TestMain(m *testing.M) {
@@ -63,43 +57,6 @@ func envUint(name string) uint64 {
 	return v
 }
 
-// childSystem opens the backend the parent names: its own simulator (whose memfd-backed memory
-// makes the parent's FDs importable) or the real driver.
-func childSystem() (*vmm.Device, func() error, error) {
-	var sys *vmm.System
-	var closeSim func() error
-	switch b := os.Getenv(envBackend); b {
-	case "sim":
-		s := sim.New(sim.Devices(int(envUint(envSimDevices))))
-		var err error
-		if sys, err = vmm.Open(s); err != nil {
-			return nil, nil, err
-		}
-		closeSim = s.Close
-	case "cuda":
-		api, err := driver.Open()
-		if err != nil {
-			return nil, nil, err
-		}
-		if sys, err = vmm.Open(api); err != nil {
-			return nil, nil, err
-		}
-	default:
-		return nil, nil, fmt.Errorf("%s=%q", envBackend, b)
-	}
-	dev, err := sys.Device(0)
-	if err != nil {
-		return nil, nil, err
-	}
-	return dev, func() error {
-		err := sys.Close()
-		if closeSim != nil {
-			err = errors.Join(err, closeSim())
-		}
-		return err
-	}, nil
-}
-
 // childBuffer maps three 2 MiB chunks of the device's memory and fills them with seed.
 func childBuffer(dev *vmm.Device, seed uint64) (*vmm.Reservation, error) {
 	res, err := dev.System().Reserve(6*mib, vmm.ReserveOptions{})
@@ -122,7 +79,7 @@ func closeChildBuffer(res *vmm.Reservation) error {
 }
 
 func childMain(role string) error {
-	dev, closeSys, err := childSystem()
+	dev, closeSys, err := testutil.ChildDevice()
 	if err != nil {
 		return err
 	}
@@ -238,79 +195,11 @@ func childMain(role string) error {
 	return fmt.Errorf("unknown role %q", role)
 }
 
-// child is a running child process of this test binary.
-type child struct {
-	t      *testing.T
-	cmd    *exec.Cmd
-	stdin  io.WriteCloser
-	lines  chan string
-	stderr *bytes.Buffer
-}
-
 // startChild runs this test binary as a child in role, with b's backend, extra environment and
 // extra files (descriptor 3 onwards).
-func startChild(t *testing.T, b *testutil.Backend, role string, env []string, files ...*os.File) *child {
+func startChild(t *testing.T, b *testutil.Backend, role string, env []string, files ...*os.File) *testutil.Child {
 	t.Helper()
-	cmd := exec.Command(os.Args[0], "-test.run=^$")
-	cmd.Env = append(os.Environ(), envChild+"="+role, envBackend+"="+b.Name, fmt.Sprintf("%s=%d", envSimDevices, b.Sys.DeviceCount()))
-	cmd.Env = append(cmd.Env, env...)
-	if os.Getenv("GORACE") == "" {
-		// Under -race the child would otherwise sleep a second at exit (TSan's atexit_sleep_ms).
-		cmd.Env = append(cmd.Env, "GORACE=atexit_sleep_ms=0")
-	}
-	cmd.ExtraFiles = files
-	c := &child{t: t, cmd: cmd, lines: make(chan string, 16), stderr: &bytes.Buffer{}}
-	cmd.Stderr = c.stderr
-	var err error
-	c.stdin, err = cmd.StdinPipe()
-	require.NoError(t, err)
-	stdout, err := cmd.StdoutPipe()
-	require.NoError(t, err)
-	require.NoError(t, cmd.Start())
-	go func() {
-		sc := bufio.NewScanner(stdout)
-		for sc.Scan() {
-			c.lines <- sc.Text()
-		}
-		close(c.lines)
-	}()
-	t.Cleanup(func() {
-		if c.cmd.ProcessState == nil {
-			_ = c.cmd.Process.Kill()
-			_ = c.cmd.Wait()
-		}
-	})
-	return c
-}
-
-// line waits for the child's next stdout line.
-func (c *child) line() string {
-	c.t.Helper()
-	select {
-	case l, ok := <-c.lines:
-		if !ok {
-			c.t.Fatalf("the child ended without a line; stderr:\n%s", c.stderr)
-		}
-		return l
-	case <-time.After(2 * time.Minute):
-		c.t.Fatalf("no line from the child in 2 minutes; stderr:\n%s", c.stderr)
-	}
-	return ""
-}
-
-func (c *child) send(line string) {
-	c.t.Helper()
-	_, err := fmt.Fprintln(c.stdin, line)
-	require.NoError(c.t, err)
-}
-
-// wait closes the child's stdin and waits for it to exit successfully.
-func (c *child) wait() {
-	c.t.Helper()
-	c.stdin.Close()
-	for range c.lines {
-	}
-	require.NoError(c.t, c.cmd.Wait(), "child stderr:\n%s", c.stderr)
+	return testutil.StartChild(t, b, append([]string{envChild + "=" + role}, env...), files...)
 }
 
 // The parent exports, the child imports, checks the parent's pattern and writes its own, which the
@@ -347,13 +236,13 @@ func TestTwoProcessShare(t *testing.T) {
 				require.NoError(t, e.Close())
 				require.NoError(t, conn.SetReadDeadline(time.Now().Add(2*time.Minute)))
 				kind, payload, files, err := ipc.ReadMessage(conn)
-				require.NoError(t, err, "child stderr:\n%s", c.stderr)
+				require.NoError(t, err, "child stderr:\n%s", c.Stderr())
 				require.Equal(t, ipc.KindUser, kind)
 				require.Empty(t, files)
 				var res childResult
 				require.NoError(t, json.Unmarshal(payload, &res))
 				require.Equal(t, childResult{Chunks: 4, Size: 8 * mib, CPUWordOK: host}, res)
-				c.wait()
+				c.Wait()
 				// The child has unmapped and exited; its writes are in the memory.
 				verifyChunks(t, dev, src, 42)
 			})
@@ -368,10 +257,10 @@ func TestTwoProcessExporterCloses(t *testing.T) {
 		dev := b.Device(t, 0)
 		path := filepath.Join(t.TempDir(), "child.sock")
 		c := startChild(t, b, "serve", []string{envSocket + "=" + path, envSeed + "=51"})
-		require.Equal(t, "ready", c.line())
+		require.Equal(t, "ready", c.Line())
 		cl, err := ipc.Dial(path)
 		require.NoError(t, err)
-		require.Equal(t, int32(c.cmd.Process.Pid), cl.Server().Pid)
+		require.Equal(t, int32(c.Pid()), cl.Server().Pid)
 		_, err = cl.Fetch("other")
 		require.ErrorIs(t, err, ipc.ErrNotFound)
 		buf, err := cl.Open(dev, "child-buffer")
@@ -379,10 +268,10 @@ func TestTwoProcessExporterCloses(t *testing.T) {
 		require.NoError(t, cl.Close())
 		verifyChunks(t, dev, buf, 51)
 
-		c.send("close")
-		require.Equal(t, "closed", c.line())
+		c.Send("close")
+		require.Equal(t, "closed", c.Line())
 		verifyChunks(t, dev, buf, 51)
-		c.wait()
+		c.Wait()
 		verifyChunks(t, dev, buf, 51)
 		fillChunks(t, dev, buf, 52)
 		verifyChunks(t, dev, buf, 52)
@@ -401,7 +290,7 @@ func TestTwoProcessPidfd(t *testing.T) {
 			FDs  []int  `json:"fds"`
 			Desc string `json:"desc"`
 		}
-		require.NoError(t, json.Unmarshal([]byte(c.line()), &pub))
+		require.NoError(t, json.Unmarshal([]byte(c.Line()), &pub))
 		raw, err := base64.StdEncoding.DecodeString(pub.Desc)
 		require.NoError(t, err)
 		var desc ipc.Descriptor
@@ -417,10 +306,10 @@ func TestTwoProcessPidfd(t *testing.T) {
 		require.NoError(t, err)
 		verifyChunks(t, dev, buf, 61)
 		fillChunks(t, dev, buf, 62)
-		c.send("check 62")
-		require.Equal(t, "mismatches 0", c.line())
+		c.Send("check 62")
+		require.Equal(t, "mismatches 0", c.Line())
 		require.NoError(t, buf.Close())
-		c.wait()
+		c.Wait()
 
 		// The process is gone now.
 		_, err = ipc.ReceiveFromPID(pub.PID, pub.FDs, desc)

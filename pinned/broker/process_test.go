@@ -1,16 +1,12 @@
 package broker
 
 import (
-	"bufio"
-	"bytes"
 	"context"
 	"errors"
 	"fmt"
 	"io"
 	"os"
-	"os/exec"
 	"path/filepath"
-	"strconv"
 	"syscall"
 	"testing"
 	"time"
@@ -18,7 +14,6 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/cuvmm/cuvmm/driver"
-	"github.com/cuvmm/cuvmm/driver/sim"
 	"github.com/cuvmm/cuvmm/internal/testutil"
 	"github.com/cuvmm/cuvmm/ipc"
 	"github.com/cuvmm/cuvmm/pinned"
@@ -28,10 +23,8 @@ import (
 // The multi-process tests re-execute this test binary as the other process (so they run on a GPU
 // host without Go): CUVMM_BROKER_CHILD names its role and TestMain runs it instead of the tests.
 const (
-	envChild      = "CUVMM_BROKER_CHILD"
-	envBackend    = "CUVMM_BROKER_BACKEND"
-	envSimDevices = "CUVMM_BROKER_SIM_DEVICES"
-	envSocket     = "CUVMM_BROKER_SOCKET"
+	envChild  = "CUVMM_BROKER_CHILD"
+	envSocket = "CUVMM_BROKER_SOCKET"
 )
 
 func TestMain(m *testing.M) {
@@ -45,43 +38,8 @@ func TestMain(m *testing.M) {
 	os.Exit(m.Run())
 }
 
-// childSystem opens the backend the parent names: its own simulator (whose memfd-backed memory the
-// parent's simulator imports) or the real driver.
-func childSystem() (*vmm.Device, func() error, error) {
-	var api driver.API
-	var closeSim func() error
-	switch b := os.Getenv(envBackend); b {
-	case "sim":
-		n, _ := strconv.Atoi(os.Getenv(envSimDevices))
-		s := sim.New(sim.Devices(n))
-		api, closeSim = s, s.Close
-	case "cuda":
-		var err error
-		if api, err = driver.Open(); err != nil {
-			return nil, nil, err
-		}
-	default:
-		return nil, nil, fmt.Errorf("%s=%q", envBackend, b)
-	}
-	sys, err := vmm.Open(api)
-	if err != nil {
-		return nil, nil, err
-	}
-	dev, err := sys.Device(0)
-	if err != nil {
-		return nil, nil, err
-	}
-	return dev, func() error {
-		err := sys.Close()
-		if closeSim != nil {
-			err = errors.Join(err, closeSim())
-		}
-		return err
-	}, nil
-}
-
 func childMain(role string) error {
-	dev, closeSys, err := childSystem()
+	dev, closeSys, err := testutil.ChildDevice()
 	if err != nil {
 		return err
 	}
@@ -146,81 +104,11 @@ func childMain(role string) error {
 	return fmt.Errorf("unknown role %q", role)
 }
 
-// child is a running child process of this test binary.
-type child struct {
-	t      *testing.T
-	cmd    *exec.Cmd
-	stdin  io.WriteCloser
-	lines  chan string
-	stderr *bytes.Buffer
-}
-
-func startChild(t *testing.T, b *testutil.Backend, role, socket string) *child {
+// startChild runs this test binary as the other process in role, with b's backend, serving or
+// dialling the socket at socket.
+func startChild(t *testing.T, b *testutil.Backend, role, socket string) *testutil.Child {
 	t.Helper()
-	cmd := exec.Command(os.Args[0], "-test.run=^$")
-	cmd.Env = append(os.Environ(), envChild+"="+role, envBackend+"="+b.Name,
-		fmt.Sprintf("%s=%d", envSimDevices, b.Sys.DeviceCount()), envSocket+"="+socket)
-	if os.Getenv("GORACE") == "" {
-		cmd.Env = append(cmd.Env, "GORACE=atexit_sleep_ms=0")
-	}
-	c := &child{t: t, cmd: cmd, lines: make(chan string, 16), stderr: &bytes.Buffer{}}
-	cmd.Stderr = c.stderr
-	var err error
-	c.stdin, err = cmd.StdinPipe()
-	require.NoError(t, err)
-	stdout, err := cmd.StdoutPipe()
-	require.NoError(t, err)
-	require.NoError(t, cmd.Start())
-	go func() {
-		sc := bufio.NewScanner(stdout)
-		for sc.Scan() {
-			c.lines <- sc.Text()
-		}
-		close(c.lines)
-	}()
-	t.Cleanup(func() {
-		if c.cmd.ProcessState == nil {
-			_ = c.cmd.Process.Kill()
-			_ = c.cmd.Wait()
-		}
-	})
-	return c
-}
-
-func (c *child) line() string {
-	c.t.Helper()
-	select {
-	case l, ok := <-c.lines:
-		if !ok {
-			_ = c.cmd.Wait()
-			c.t.Fatalf("the child ended without a line; stderr:\n%s", c.stderr)
-		}
-		return l
-	case <-time.After(2 * time.Minute):
-		c.t.Fatalf("no line from the child in 2 minutes; stderr:\n%s", c.stderr)
-	}
-	return ""
-}
-
-// kill sends SIGKILL and reaps the child.
-func (c *child) kill() {
-	c.t.Helper()
-	require.NoError(c.t, c.cmd.Process.Signal(syscall.SIGKILL))
-	err := c.cmd.Wait()
-	var ee *exec.ExitError
-	require.ErrorAs(c.t, err, &ee)
-	require.Equal(c.t, syscall.SIGKILL, ee.Sys().(syscall.WaitStatus).Signal())
-	for range c.lines {
-	}
-}
-
-// stop closes the child's stdin and waits for a clean exit.
-func (c *child) stop() {
-	c.t.Helper()
-	c.stdin.Close()
-	for range c.lines {
-	}
-	require.NoError(c.t, c.cmd.Wait(), "child stderr:\n%s", c.stderr)
+	return testutil.StartChild(t, b, []string{envChild + "=" + role, envSocket + "=" + socket})
 }
 
 // A worker process killed with SIGKILL while its copies are in flight: the broker drains them,
@@ -237,15 +125,15 @@ func TestWorkerKilled(t *testing.T) {
 		require.NoError(t, err)
 
 		w := startChild(t, b, "worker", path)
-		require.Equal(t, "registered", w.line())
-		require.Equal(t, "busy", w.line())
+		require.Equal(t, "registered", w.Line())
+		require.Equal(t, "busy", w.Line())
 		require.Equal(t, 2, srv.Stats().Buffers)
 		sawInFlight := false
 		for i := 0; i < 1000 && !sawInFlight; i++ {
 			sawInFlight = srv.Stats().InFlight > 0
 		}
 		t.Logf("copies in flight seen before the kill: %v", sawInFlight)
-		w.kill()
+		w.Kill()
 		eventually(t, "the broker to drain the killed worker", func() bool {
 			st := srv.Stats()
 			return st.Workers == 1 && st.Buffers == 1 && st.InFlight == 0 && st.Drained == 1
@@ -267,17 +155,17 @@ func TestBrokerKilled(t *testing.T) {
 		buf := newDevBuffer(t, dev, 2, 2*mib)
 		path := filepath.Join(t.TempDir(), "broker.sock")
 		br := startChild(t, b, "broker", path)
-		require.Equal(t, "ready", br.line())
+		require.Equal(t, "ready", br.Line())
 
 		c, err := Dial(path)
 		require.NoError(t, err)
-		require.Equal(t, int32(br.cmd.Process.Pid), c.Info().Server.Pid)
+		require.Equal(t, int32(br.Pid()), c.Info().Server.Pid)
 		rb, err := c.Register(ctx, buf)
 		require.NoError(t, err)
 		require.NoError(t, dev.Fill(buf.Ptr(), 4*mib, 0, 61))
 		require.NoError(t, c.Copy(ctx, Request{Buffer: rb.ID(), Dir: ToHost, Length: 4 * mib}))
 
-		br.kill()
+		br.Kill()
 		err = c.Copy(ctx, Request{Buffer: rb.ID(), Dir: ToDevice, Length: 4 * mib})
 		require.ErrorIs(t, err, ErrBrokerGone)
 		require.True(t, errors.Is(err, io.EOF) || errors.Is(err, syscall.ECONNRESET) || errors.Is(err, syscall.EPIPE),
@@ -293,8 +181,8 @@ func TestBrokerKilled(t *testing.T) {
 		defer cancel()
 		c2, err := DialContext(dctx, path, DialOptions{Retry: true})
 		require.NoError(t, err)
-		require.Equal(t, "ready", br2.line())
-		require.Equal(t, int32(br2.cmd.Process.Pid), c2.Info().Server.Pid)
+		require.Equal(t, "ready", br2.Line())
+		require.Equal(t, int32(br2.Pid()), c2.Info().Server.Pid)
 		rb2, err := c2.Register(ctx, buf)
 		require.NoError(t, err)
 		view, err := c2.Region(ctx, dev, pinned.OpenOptions{})
@@ -308,6 +196,6 @@ func TestBrokerKilled(t *testing.T) {
 		require.NoError(t, view.Close())
 		require.NoError(t, rb2.Close())
 		require.NoError(t, c2.Close())
-		br2.stop()
+		br2.Wait()
 	})
 }
