@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Builds every package's test binary, vmmdemo and run.sh into the bundle directory, for a GPU host
-# that has the driver but no Go toolchain. The bundle is run from a copy of this source tree:
+# that has the driver but no Go toolchain. Test binaries travel gzipped (the bundle must stay small);
+# run.sh unpacks them on the GPU host. The bundle is run from a copy of this source tree:
 #   build/gpu/run.sh        # every test binary with CUVMM_REQUIRE_GPU=1, ends "N passed, N failed"
 set -euo pipefail
 out=${1:-build/gpu}
@@ -18,6 +19,7 @@ for pkg in $($GO list ./...); do
   if ls "$dir"/*_test.go >/dev/null 2>&1; then
     name=$(echo "$dir" | tr '/' '_')
     $GO test -c -trimpath -ldflags="-s -w" -o "$out/bin/$name.test" "./$dir"
+    gzip -9 "$out/bin/$name.test"
     pkgs+=("$dir:$name")
   fi
 done
