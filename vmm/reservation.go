@@ -242,8 +242,7 @@ func (r *Reservation) MapAccess(off uint64, a *Allocation, access ...Access) (*M
 	if err != nil {
 		if unmapFailed {
 			// Still mapped: the mapping stays owned, by the System, which retries unmapping it.
-			m := r.addMapping(off, a, false)
-			err = errors.Join(err, r.dev.sys.adopt(m.String(), m.Close))
+			err = errors.Join(err, r.keepOrphan(off, a, false))
 		}
 		return nil, fmt.Errorf("vmm: map %s at offset %#x of %s: %w", a, off, r, err)
 	}
@@ -318,8 +317,7 @@ func (r *Reservation) MapNew(off, size uint64, d *Device, opts AllocOptions, acc
 		switch {
 		case mapped:
 			// Still mapped: the System keeps the mapping (and its allocation) and retries.
-			m := r.addMapping(off, a, true)
-			err = errors.Join(err, r.dev.sys.adopt(m.String(), m.Close))
+			err = errors.Join(err, r.keepOrphan(off, a, true))
 		case a != nil:
 			err = errors.Join(err, a.undo())
 		}
@@ -466,11 +464,14 @@ func (m *Mapping) finish() error {
 }
 
 // Close frees the address range (cuMemAddressFree). It fails with ErrInUse while mappings remain
-// (including an unmapped one whose allocation could not be released yet). Close is idempotent and
-// safe on nil.
+// (including an unmapped one whose allocation could not be released yet). Mappings that a failed
+// undo left in the range (System.Orphans) are closed first. Close is idempotent and safe on nil.
 func (r *Reservation) Close() error {
 	if r == nil {
 		return nil
+	}
+	if err := r.closeOrphans(); err != nil {
+		return fmt.Errorf("vmm: close %s: %w", r, err)
 	}
 	return r.own.Close("vmm: close "+r.String(), func() error {
 		if err := r.dev.do(func(api driver.API) error { return api.MemAddressFree(r.ptr, r.size) }); err != nil {
@@ -478,6 +479,29 @@ func (r *Reservation) Close() error {
 		}
 		return nil
 	})
+}
+
+// closeOrphans retries closing the mappings a failed undo left in the range.
+func (r *Reservation) closeOrphans() error {
+	r.own.Lock()
+	defer r.own.Unlock()
+	var errs []error
+	for _, off := range slices.Clone(r.offsets) {
+		if m := r.mappings[off]; m.orphan.Load() {
+			if err := m.closeLocked(); err != nil {
+				errs = append(errs, err)
+			}
+		}
+	}
+	return errors.Join(errs...)
+}
+
+// keepOrphan records a mapping that a failed undo could not unmap and hands it to the System; the
+// caller holds r's lock.
+func (r *Reservation) keepOrphan(off uint64, a *Allocation, owns bool) error {
+	m := r.addMapping(off, a, owns)
+	m.orphan.Store(true)
+	return r.dev.sys.adopt(m.String(), m.Close)
 }
 
 // Mapping is an allocation mapped into a reservation at an offset (cuMemMap).
@@ -489,6 +513,7 @@ type Mapping struct {
 
 	own      lifetime.Owner
 	unmapped atomic.Bool // unmapped, its allocation's release still pending
+	orphan   atomic.Bool // left by a failed undo, never handed to a caller: the System keeps it
 }
 
 // gone reports whether the mapping is unmapped or closed.
@@ -551,6 +576,12 @@ func (m *Mapping) Close() error {
 	r := m.res
 	r.own.Lock()
 	defer r.own.Unlock()
+	return m.closeLocked()
+}
+
+// closeLocked is Close; the caller holds the reservation's lock.
+func (m *Mapping) closeLocked() error {
+	r := m.res
 	if m.own.IsClosed() {
 		return nil
 	}
