@@ -73,6 +73,7 @@ type Reservation struct {
 	own      lifetime.Owner      // its lock guards mappings and offsets; mappings are its children
 	mappings map[uint64]*Mapping // by offset
 	offsets  []uint64            // the keys of mappings, sorted, for overlap checks in O(log n)
+	pending  []*Mapping          // unmapped, their allocations' release failed: retried by Close
 }
 
 // Granularity is the granularity the system uses for reservations: the least common multiple of the
@@ -447,7 +448,11 @@ func (r *Reservation) forget(m *Mapping) error {
 	}
 	m.unmapped.Store(true)
 	m.alloc.mappings.Add(-1)
-	return m.finish()
+	if err := m.finish(); err != nil {
+		r.pending = append(r.pending, m)
+		return err
+	}
+	return nil
 }
 
 // finish releases an unmapped mapping's allocation when it owns it, then closes the mapping.
@@ -481,16 +486,18 @@ func (r *Reservation) Close() error {
 	})
 }
 
-// closeOrphans retries closing the mappings a failed undo left in the range.
+// closeOrphans retries closing the mappings a failed undo left in the range, and the releases that
+// failed after an unmap.
 func (r *Reservation) closeOrphans() error {
 	r.own.Lock()
 	defer r.own.Unlock()
 	var errs []error
+	for _, m := range slices.Clone(r.pending) {
+		errs = append(errs, m.closeLocked())
+	}
 	for _, off := range slices.Clone(r.offsets) {
 		if m := r.mappings[off]; m.orphan.Load() {
-			if err := m.closeLocked(); err != nil {
-				errs = append(errs, err)
-			}
+			errs = append(errs, m.closeLocked())
 		}
 	}
 	return errors.Join(errs...)
@@ -586,7 +593,11 @@ func (m *Mapping) closeLocked() error {
 		return nil
 	}
 	if m.unmapped.Load() {
-		return m.finish()
+		if err := m.finish(); err != nil {
+			return err
+		}
+		r.pending = slices.DeleteFunc(r.pending, func(x *Mapping) bool { return x == m })
+		return nil
 	}
 	ptr := m.Ptr()
 	if err := r.dev.do(func(api driver.API) error { return api.MemUnmap(ptr, m.size) }); err != nil {
