@@ -232,7 +232,7 @@ func (d *Device) Import(f *os.File, size uint64, typ driver.HandleType) (*Alloca
 // (to retry in its Close) and the error says so.
 func (a *Allocation) undo() error {
 	if err := a.Close(); err != nil {
-		return errors.Join(fmt.Errorf("undo: %w", err), a.dev.sys.adopt(a.String(), a.Close))
+		return errors.Join(fmt.Errorf("undo: %w", err), a.dev.sys.adopt(a.String(), &a.own, a.Close))
 	}
 	return nil
 }
