@@ -58,7 +58,7 @@ func Open(dev *vmm.Device, r *Received, access ...vmm.Access) (*Buffer, error) {
 	fail := func(i int, step string, err error) (*Buffer, error) {
 		c := desc.Chunks[i]
 		err = fmt.Errorf("ipc: open %s: chunk %d of %d (%s at offset %#x, %s): %s: %w", &desc, i, len(desc.Chunks), units.FormatSize(c.Size), c.Offset, c.Location, step, err)
-		if uerr := b.teardown(); uerr != nil {
+		if uerr := b.undo(); uerr != nil {
 			err = errors.Join(err, fmt.Errorf("undo: %w", uerr))
 		}
 		return nil, err
@@ -115,6 +115,20 @@ func (b *Buffer) teardown() error {
 	if err := b.res.Close(); err != nil {
 		errs = append(errs, err)
 	}
+	return errors.Join(errs...)
+}
+
+// undo tears down a failed Open: like teardown, but what fails to close is handed to the System
+// (vmm.UndoClose), which retries it in its Close, since no Buffer is returned to close it again.
+func (b *Buffer) undo() error {
+	var errs []error
+	for _, m := range b.maps {
+		errs = append(errs, vmm.UndoClose(m))
+	}
+	for _, a := range b.allocs {
+		errs = append(errs, vmm.UndoClose(a))
+	}
+	errs = append(errs, vmm.UndoClose(b.res))
 	return errors.Join(errs...)
 }
 

@@ -69,13 +69,13 @@ func NewPool(r *Region, bufSize uint64, count int) (*Pool, error) {
 	if count <= 0 {
 		return nil, fmt.Errorf("pinned: new pool: %d buffers: %w", count, ErrInvalidValue)
 	}
-	size, err := roundUp("new pool", bufSize, bufferAlign)
+	size, err := vmm.RoundUp("pinned: new pool", bufSize, bufferAlign)
 	if err != nil {
 		return nil, err
 	}
-	r.mu.Lock()
-	defer r.mu.Unlock()
-	if r.closed {
+	r.own.Lock()
+	defer r.own.Unlock()
+	if r.own.Closed() {
 		return nil, fmt.Errorf("pinned: new pool on %s: %w", r, ErrClosed)
 	}
 	left := r.size - r.carved
@@ -101,7 +101,7 @@ func CreatePool(dev *vmm.Device, bufSize uint64, count int, opts Options) (*Pool
 	if count <= 0 {
 		return nil, fmt.Errorf("pinned: create pool: %d buffers: %w", count, ErrInvalidValue)
 	}
-	size, err := roundUp("create pool", bufSize, bufferAlign)
+	size, err := vmm.RoundUp("pinned: create pool", bufSize, bufferAlign)
 	if err != nil {
 		return nil, err
 	}
@@ -289,9 +289,9 @@ func (p *Pool) Close() error {
 	p.mu.Unlock()
 
 	r := p.region
-	r.mu.Lock()
+	r.own.Lock()
 	r.pools--
-	r.mu.Unlock()
+	r.own.Unlock()
 	if p.ownsRegion {
 		return r.Close()
 	}

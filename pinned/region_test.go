@@ -282,7 +282,7 @@ func TestRegionRollback(t *testing.T) {
 				require.ErrorContains(t, err, "chunk at offset", "chunks are created on several threads")
 			} else {
 				require.ErrorContains(t, err, fn)
-				require.ErrorContains(t, err, "chunk at offset 2 MiB")
+				require.ErrorContains(t, err, "chunk 1 of 3 (offset 0x200000)")
 			}
 			live := b.Sim.Live()
 			require.True(t, live.Zero() || live == sim.Live{Contexts: 1}, "after a failed %s: %s", fn, live)
