@@ -137,14 +137,18 @@ type Process struct {
 	werr error
 }
 
-// Start re-executes this binary as a child running role.
+// Start re-executes this binary as a child running role. An empty role starts the binary as it
+// is (a test binary's TestMain, for one, may pick its part from opts.Env).
 func Start(role string, opts Options) (*Process, error) {
 	exe, err := os.Executable()
 	if err != nil {
 		return nil, fmt.Errorf("worker %s: finding this executable: %w", role, err)
 	}
 	cmd := exec.Command(exe, opts.Args...)
-	cmd.Env = append(append(os.Environ(), opts.Env...), EnvRole+"="+role)
+	cmd.Env = append(os.Environ(), opts.Env...)
+	if role != "" {
+		cmd.Env = append(cmd.Env, EnvRole+"="+role)
+	}
 	if os.Getenv("GORACE") == "" {
 		// Under -race a child would otherwise sleep a second at exit (TSan's atexit_sleep_ms).
 		cmd.Env = append(cmd.Env, "GORACE=atexit_sleep_ms=0")
