@@ -21,6 +21,8 @@ import (
 	"io"
 	"os"
 	"sort"
+
+	"golang.org/x/term"
 )
 
 // command is one subcommand.
@@ -44,7 +46,7 @@ type env struct {
 }
 
 func main() {
-	e := &env{stdout: os.Stdout, stderr: os.Stderr, interactive: isTerminal(os.Stderr)}
+	e := &env{stdout: os.Stdout, stderr: os.Stderr, interactive: term.IsTerminal(int(os.Stderr.Fd()))}
 	os.Exit(run(e, os.Args[1:]))
 }
 
@@ -90,7 +92,3 @@ func usage(w io.Writer) {
 	}
 }
 
-func isTerminal(f *os.File) bool {
-	st, err := f.Stat()
-	return err == nil && st.Mode()&os.ModeCharDevice != 0
-}
