@@ -102,7 +102,7 @@ func runBandwidth(e *env, args []string) error {
 	if *iters < 0 || *buffers < 2 {
 		return fmt.Errorf("--iters must be ≥ 0 and --staging-buffers ≥ 2: %w", errUsage)
 	}
-	b, err := c.open(e)
+	b, err := c.openLegacy(e)
 	if err != nil {
 		return err
 	}

@@ -67,7 +67,7 @@ func runGrow(e *env, args []string) error {
 	if to.v%8 != 0 || step.v%8 != 0 {
 		return fmt.Errorf("--to %d and --step %d must be multiples of 8 bytes (the pattern's word): %w", to.v, step.v, errUsage)
 	}
-	b, err := c.open(e)
+	b, err := c.openLegacy(e)
 	if err != nil {
 		return err
 	}

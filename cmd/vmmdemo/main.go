@@ -21,8 +21,11 @@ import (
 	"io"
 	"os"
 	"sort"
+	"strings"
 
 	"golang.org/x/term"
+
+	"github.com/cuvmm/cuvmm/measure"
 )
 
 // command is one subcommand.
@@ -68,7 +71,7 @@ func run(e *env, args []string) int {
 		if errors.Is(err, flag.ErrHelp) {
 			return 0
 		}
-		fmt.Fprintf(e.stderr, "vmmdemo %s: %v\n", c.name, err)
+		fmt.Fprintf(e.stderr, "vmmdemo %s: %s\n", c.name, strings.TrimSuffix(err.Error(), ": "+errUsage.Error()))
 		if errors.Is(err, errUsage) {
 			return 2
 		}
@@ -77,7 +80,8 @@ func run(e *env, args []string) int {
 	return 0
 }
 
-var errUsage = errors.New("usage")
+// errUsage marks a bad command line (exit status 2); measure's option errors count as one.
+var errUsage = measure.ErrInvalidOption
 
 func usage(w io.Writer) {
 	fmt.Fprintln(w, "usage: vmmdemo <subcommand> [flags]   (vmmdemo <subcommand> -h for its flags)")
@@ -91,4 +95,3 @@ func usage(w io.Writer) {
 		fmt.Fprintf(w, "  %-10s %s\n", n, commands[n].summary)
 	}
 }
-

@@ -111,7 +111,7 @@ func runShare(e *env, args []string) error {
 	if size.v == 0 {
 		return fmt.Errorf("--size 0: %w", errUsage)
 	}
-	b, err := c.open(e)
+	b, err := c.openLegacy(e)
 	if err != nil {
 		return err
 	}
@@ -415,7 +415,7 @@ func runShareChild(e *env, args []string) error {
 }
 
 func shareChildRounds(e *env, c *common, conn *net.UnixConn, ordinal int, cpu bool) error {
-	b, err := c.open(e)
+	b, err := c.openLegacy(e)
 	if err != nil {
 		return err
 	}

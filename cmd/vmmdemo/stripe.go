@@ -149,7 +149,7 @@ func runStripe(e *env, args []string) error {
 		return fmt.Errorf("--devices: no devices: %w", errUsage)
 	}
 
-	b, err := c.open(e)
+	b, err := c.openLegacy(e)
 	if err != nil {
 		return err
 	}
