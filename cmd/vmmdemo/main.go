@@ -25,6 +25,7 @@ import (
 
 	"golang.org/x/term"
 
+	"github.com/cuvmm/cuvmm/internal/worker"
 	"github.com/cuvmm/cuvmm/measure"
 )
 
@@ -49,6 +50,7 @@ type env struct {
 }
 
 func main() {
+	worker.Main() // a measurement's worker process runs its role here and exits
 	e := &env{stdout: os.Stdout, stderr: os.Stderr, interactive: term.IsTerminal(int(os.Stderr.Fd()))}
 	os.Exit(run(e, os.Args[1:]))
 }
