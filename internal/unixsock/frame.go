@@ -200,7 +200,7 @@ func (r *reader) read(conn *net.UnixConn, lim readLimits, minPayload int) (f Fra
 		_ = conn.SetReadDeadline(time.Now().Add(lim.idle))
 	}
 	b := r.payload[:first]
-	if err := r.fill(conn, b, 0, lim, true); err != nil {
+	if err := r.fill(conn, b, 0, 0, "header", lim); err != nil {
 		return Frame{}, err
 	}
 	h, err := ParseHeader(b, lim.maxPayload)
@@ -216,7 +216,7 @@ func (r *reader) read(conn *net.UnixConn, lim readLimits, minPayload int) (f Fra
 		copy(grown, b)
 		r.payload = grown
 	}
-	if err := r.fill(conn, r.payload[:total], first, lim, false); err != nil {
+	if err := r.fill(conn, r.payload[:total], first, HeaderSize, fmt.Sprintf("kind %d payload", h.Kind), lim); err != nil {
 		return Frame{}, err
 	}
 	if lim.idle > 0 || lim.message > 0 {
@@ -246,8 +246,10 @@ func (r *reader) finish(h Header, payload []byte) (Frame, error) {
 }
 
 // fill reads b[got:] from conn, collecting the descriptors that arrive with any of its bytes. Once
-// a frame has started (its first byte is in), the deadline becomes the message timeout.
-func (r *reader) fill(conn *net.UnixConn, b []byte, got int, lim readLimits, atStart bool) error {
+// a frame has started (its first byte is in), the deadline becomes the message timeout. b[base:] is
+// the part named what, for errors; base 0 is the start of a frame.
+func (r *reader) fill(conn *net.UnixConn, b []byte, got, base int, what string, lim readLimits) error {
+	atStart := base == 0
 	for got < len(b) {
 		n, oobn, flags, _, err := conn.ReadMsgUnix(b[got:], r.oob)
 		n, oobn = max(n, 0), max(oobn, 0)
@@ -267,24 +269,24 @@ func (r *reader) fill(conn *net.UnixConn, b []byte, got int, lim readLimits, atS
 			err = io.EOF
 		}
 		if err != nil {
-			return readError(err, got, len(b), atStart, lim)
+			return readError(err, got-base, len(b)-base, what, atStart && got == 0, lim)
 		}
 	}
 	return nil
 }
 
-func readError(err error, got, want int, atStart bool, lim readLimits) error {
+func readError(err error, got, want int, what string, none bool, lim readLimits) error {
 	switch {
-	case errors.Is(err, io.EOF) && atStart && got == 0:
+	case errors.Is(err, io.EOF) && none:
 		return fmt.Errorf("read message: peer closed the connection: %w", io.EOF)
 	case errors.Is(err, io.EOF):
-		return fmt.Errorf("read message: peer closed the connection after %d of %d bytes: %w", got, want, io.ErrUnexpectedEOF)
-	case errors.Is(err, os.ErrDeadlineExceeded) && atStart && got == 0 && lim.idle > 0:
+		return fmt.Errorf("read message: peer closed the connection after %d of %d %s bytes: %w", got, want, what, io.ErrUnexpectedEOF)
+	case errors.Is(err, os.ErrDeadlineExceeded) && none && lim.idle > 0:
 		return fmt.Errorf("read message: nothing received for %v: %w", lim.idle, ErrIdle)
 	case errors.Is(err, os.ErrDeadlineExceeded) && lim.message > 0:
-		return fmt.Errorf("read message: %d of %d bytes received, the rest not within %v: %w", got, want, lim.message, ErrTimeout)
+		return fmt.Errorf("read message: %d of %d %s bytes received, the rest not within %v: %w", got, want, what, lim.message, ErrTimeout)
 	}
-	return fmt.Errorf("read message: %w", err)
+	return fmt.Errorf("read message %s: %w", what, err)
 }
 
 // collectRights appends the descriptors of every SCM_RIGHTS control message in oob to fds, and

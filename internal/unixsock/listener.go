@@ -97,7 +97,7 @@ type Listener struct {
 	done   chan struct{}
 	// refusals limits the refusal log lines to one a second (a flood of peers must not flood it).
 	refusals rateLog
-	wg     sync.WaitGroup
+	wg       sync.WaitGroup
 
 	accepted, refused, backoffs atomic.Uint64
 }
@@ -347,3 +347,11 @@ func (r *rateLog) note(line string, now time.Time) (string, bool) {
 	r.last, r.suppressed = now, 0
 	return line, true
 }
+
+// SetPeerCred replaces how the listener reads a connection's credentials (SO_PEERCRED), so that
+// tests can play a peer of another uid. Call it before Serve.
+func (l *Listener) SetPeerCred(f func(*net.UnixConn) (unix.Ucred, error)) { l.peerCred = f }
+
+// ListenUnix is the checked, 0600 socket of Listen without the accept loop, for callers that run
+// their own.
+func ListenUnix(path string) (*net.UnixListener, error) { return listenFile(path) }
