@@ -274,13 +274,23 @@ func newSharedMemory(dev *vmm.Device, size uint64, opts Options) (*Region, error
 		readOnly: opts.ReadOnly, ptr: devicePtrOf(mem)}
 	if len(grants) > 0 {
 		if err := r.register(opts.ReadOnly, opts.Progress); err != nil {
-			return nil, errors.Join(err, r.impl.release(r))
+			return nil, errors.Join(err, r.undo())
 		}
 	} else {
 		opts.progress(total, total)
 	}
 	lifetime.Track(r, &r.own)
 	return r, nil
+}
+
+// undo frees what a region being made holds; what cannot be freed is handed to the System (when
+// there is one), which retries it.
+func (r *Region) undo() error {
+	err := r.impl.release(r)
+	if err != nil && r.sys != nil {
+		err = errors.Join(err, r.sys.Keep(r.String(), func() error { return r.impl.release(r) }))
+	}
+	return err
 }
 
 // register registers a SharedMemory or Registered region's memory (registration.register).

@@ -163,7 +163,7 @@ func openSharedMemory(f *os.File, dev *vmm.Device, sys *vmm.System, size uint64,
 		readOnly: readOnly, imported: true, ptr: devicePtrOf(mem)}
 	if len(grants) > 0 {
 		if err := r.register(readOnly, nil); err != nil {
-			return nil, errors.Join(err, r.impl.release(r))
+			return nil, errors.Join(err, r.undo())
 		}
 	}
 	lifetime.Track(r, &r.own)

@@ -135,6 +135,8 @@ func ownerOf(o Closer) *lifetime.Owner {
 		return &x.own
 	case *Reservation:
 		return &x.own
+	case interface{ lifetimeOwner() *lifetime.Owner }:
+		return x.lifetimeOwner()
 	}
 	return nil
 }

@@ -17,6 +17,11 @@ type owner struct {
 	own lifetime.Owner
 }
 
+// Device is the device the object belongs to.
+func (o *owner) Device() *Device { return o.dev }
+
+func (o *owner) lifetimeOwner() *lifetime.Owner { return &o.own }
+
 // use reports ErrClosed, naming op, once the owner is closed.
 func (o *owner) use(op string) error {
 	if o.own.IsClosed() {
@@ -91,6 +96,12 @@ func (s *System) retryAdopted() error {
 	}
 	return errors.Join(errs...)
 }
+
+// Keep hands the System an object of another package whose clean-up failed while a failed operation
+// was being undone, so that no API loses it: close (idempotent) is retried by RetryOrphans and Close,
+// and what names it in Orphans until close succeeds. The returned error says so, for the caller's
+// error message.
+func (s *System) Keep(what string, close func() error) error { return s.adopt(what, nil, close) }
 
 // RetryOrphans retries freeing the objects in Orphans now (System.Close does it too), for services
 // that run long; it returns the errors of those that still fail.
