@@ -34,7 +34,11 @@ func runBroker(e *env, args []string) error {
 		return err
 	}
 	return measureAndShow(e, &c, func(me measure.Env) (*measure.BrokerResult, error) {
-		return measure.Broker(measure.BrokerOptions{Env: me, Size: size.v, Workers: *workers, Devices: devs.list(),
+		dir, err := e.tempDir() // for the broker's socket; removed on SIGINT and SIGTERM too
+		if err != nil {
+			return nil, err
+		}
+		return measure.Broker(measure.BrokerOptions{Env: me, SocketDir: dir, Size: size.v, Workers: *workers, Devices: devs.list(),
 			MaxRequest: maxReq.v, BytesPerWorker: perWorker.v, Depth: *depth, Streams: *streams, RTTSamples: *samples})
 	})
 }
