@@ -10,7 +10,7 @@ import (
 	"github.com/cuvmm/cuvmm/measure"
 )
 
-// `vmmdemo broker` re-executes its own binary as `broker-worker` (the test binary stands in, see
+// `vmmdemo broker` re-executes its own binary as its workers (the test binary stands in, see
 // TestMain).
 func runBrokerJSON(t *testing.T, args ...string) measure.BrokerResult {
 	t.Helper()

@@ -26,7 +26,6 @@ import (
 
 	"golang.org/x/term"
 
-	"github.com/cuvmm/cuvmm/internal/worker"
 	"github.com/cuvmm/cuvmm/measure"
 )
 
@@ -54,7 +53,7 @@ type env struct {
 }
 
 func main() {
-	worker.Main() // a measurement's worker process runs its role here and exits
+	measure.RunWorker() // a measurement's worker process runs its role here and exits
 	os.Exit(runProcess(os.Args[1:]))
 }
 

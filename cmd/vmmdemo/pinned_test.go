@@ -11,8 +11,8 @@ import (
 	"github.com/cuvmm/cuvmm/measure"
 )
 
-// `vmmdemo pinned` re-executes its own binary as `pinned-worker`; under `go test` that binary is the
-// test binary, which becomes the worker here before the testing package sees the arguments.
+// `vmmdemo pinned` re-executes its own binary as its workers; under `go test` that binary is the
+// test binary, whose TestMain runs the worker's role before the testing package sees the arguments.
 func runPinnedCmd(t *testing.T, args ...string) (code int, stdout, stderr string) {
 	t.Helper()
 	t.Setenv("GORACE", "atexit_sleep_ms=0") // race-enabled workers otherwise sleep a second at exit
