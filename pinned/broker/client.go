@@ -177,7 +177,7 @@ func hello(ctx context.Context, conn *unixsock.Conn, path string) (*Client, erro
 	_ = uc.SetDeadline(time.Time{})
 	info := Info{Server: conn.Peer(), RegionLen: resp.values[0], RegionKind: pinned.Kind(resp.buffer >> 8 & 0xff),
 		Grant:       Grant{Offset: resp.values[1], Length: resp.values[2], ShareRegion: resp.buffer&1 != 0},
-		IdleTimeout: time.Duration(resp.buffer>>16) * time.Second}
+		IdleTimeout: time.Duration(resp.buffer>>16) * idleUnit}
 	for o := 0; o < 64; o++ {
 		if resp.values[3]&(1<<o) != 0 {
 			info.Devices = append(info.Devices, o)

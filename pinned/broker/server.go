@@ -401,7 +401,7 @@ func (w *worker) serve() {
 		return
 	}
 	w.helloDone.Store(true)
-	flags := uint32(w.s.region.Kind())<<8 | uint32(min(w.s.opts.IdleTimeout/time.Second, 0xffff))<<16
+	flags := uint32(w.s.region.Kind())<<8 | idleUnits(w.s.opts.IdleTimeout)<<16
 	if w.grant.ShareRegion {
 		flags |= 1
 	}
@@ -410,6 +410,17 @@ func (w *worker) serve() {
 	for w.next() {
 	}
 }
+
+// idleUnits is the idle timeout as the hello carries it: tenths of a second, rounded up, at most
+// 0xffff (a longer timeout is announced as that, and the client pings more often than needed).
+func idleUnits(d time.Duration) uint32 {
+	if d <= 0 {
+		return 0
+	}
+	return uint32(min((d+idleUnit-1)/idleUnit, 0xffff))
+}
+
+const idleUnit = 100 * time.Millisecond
 
 // grantWindow gives the worker its window of the region (Options.Grant), or refuses it.
 func (w *worker) grantWindow() bool {

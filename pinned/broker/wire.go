@@ -54,8 +54,8 @@ const (
 	// OpHello must be the first request of a connection. Response values: region length, grant
 	// offset, grant length, bit mask of the served device ordinals (below 64); buffer id field:
 	// bit 0 set when the region may be shared with the worker, bits 8-15 the region's pinned.Kind,
-	// bits 16-31 the broker's idle timeout in seconds (0: none), which the client keeps ahead of
-	// with pings.
+	// bits 16-31 the broker's idle timeout in tenths of a second (0: none), which the client keeps
+	// ahead of with pings.
 	OpHello uint16 = 1
 	// OpPing is answered at once, with no value: the round trip of the protocol alone.
 	OpPing uint16 = 2
