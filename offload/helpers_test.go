@@ -1,0 +1,85 @@
+package offload_test
+
+import (
+	"context"
+	"testing"
+
+	"github.com/stretchr/testify/require"
+
+	"github.com/cuvmm/cuvmm/driver"
+	"github.com/cuvmm/cuvmm/growbuf"
+	"github.com/cuvmm/cuvmm/internal/testutil"
+	"github.com/cuvmm/cuvmm/offload"
+	"github.com/cuvmm/cuvmm/vmm"
+)
+
+const mib = 1 << 20
+
+var bg = context.Background()
+
+// newBuf makes a growable buffer of size bytes in chunks of chunk bytes on d, filled with the
+// pattern of seed; the test's end closes it.
+func newBuf(t *testing.T, d *vmm.Device, size, chunk, seed uint64, o *growbuf.Options) *growbuf.Buffer {
+	t.Helper()
+	var opts growbuf.Options
+	if o != nil {
+		opts = *o
+	}
+	if opts.MaxSize == 0 {
+		opts.MaxSize = 4 * size
+	}
+	opts.Chunk = growbuf.FixedChunks(chunk)
+	buf, err := growbuf.New(d, opts)
+	require.NoError(t, err)
+	t.Cleanup(func() { require.NoError(t, buf.Close()) })
+	require.NoError(t, buf.Grow(size))
+	if seed != 0 {
+		require.NoError(t, d.Fill(buf.Ptr(), size, 0, seed))
+	}
+	return buf
+}
+
+// requirePattern checks that buf holds the pattern of seed, reading it with a kernel at the address
+// taken before the sleep.
+func requirePattern(t *testing.T, d *vmm.Device, ptr driver.DevicePtr, size, seed uint64) {
+	t.Helper()
+	bad, err := d.Verify(ptr, size, 0, seed)
+	require.NoError(t, err)
+	require.Zero(t, bad, "words that lost their content")
+}
+
+// requireZero checks that [ptr, ptr+size) reads as zeros.
+func requireZero(t *testing.T, d *vmm.Device, ptr driver.DevicePtr, size uint64) {
+	t.Helper()
+	b := make([]byte, size)
+	require.NoError(t, d.CopyDtoH(b, ptr))
+	for i, v := range b {
+		if v != 0 {
+			t.Fatalf("byte %d is %#x, want 0", i, v)
+		}
+	}
+}
+
+func free(t *testing.T, d *vmm.Device) uint64 {
+	t.Helper()
+	require.NoError(t, d.Synchronize())
+	f, _, err := d.MemInfo()
+	require.NoError(t, err)
+	return f
+}
+
+func newSet(t *testing.T, b *testutil.Backend, opts offload.Options) *offload.Set {
+	t.Helper()
+	if opts.SlotSize == 0 {
+		opts.SlotSize = 4 * mib
+	}
+	s := offload.NewSet(b.Sys, opts)
+	t.Cleanup(func() { require.NoError(t, s.Close()); require.NoError(t, s.Close()) })
+	return s
+}
+
+func pinnedHostNUMA(d *vmm.Device) bool {
+	return d.Supports(driver.AttrHostNUMAVirtualMemoryManagementSupported) && d.HostNUMAID() >= 0
+}
+
+func hostNUMA(d *vmm.Device) driver.Location { return driver.HostNUMALocation(d.HostNUMAID()) }
