@@ -181,8 +181,8 @@ func (s *Set) fileOut(ctx context.Context, st *vmm.Stream, us []*unit, prog *pro
 	for _, u := range us {
 		for j := 0; j < u.nSlots; j, k = j+1, k+1 {
 			sl := ring[k%2]
-			wg[k%2].Wait()
-			if err := errors.Join(werr[0], werr[1], ctx.Err()); err != nil {
+			wg[k%2].Wait() // the slot's previous write is done
+			if err := errors.Join(werr[k%2], ctx.Err()); err != nil {
 				return err
 			}
 			pcs := u.slotPieces(j)
