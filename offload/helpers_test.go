@@ -2,6 +2,7 @@ package offload_test
 
 import (
 	"context"
+	"errors"
 	"testing"
 
 	"github.com/stretchr/testify/require"
@@ -83,3 +84,18 @@ func pinnedHostNUMA(d *vmm.Device) bool {
 }
 
 func hostNUMA(d *vmm.Device) driver.Location { return driver.HostNUMALocation(d.HostNUMAID()) }
+
+// newOwnedBuf is newBuf without the cleanup: the caller closes it.
+func newOwnedBuf(d *vmm.Device, size, chunk, seed uint64) (*growbuf.Buffer, error) {
+	buf, err := growbuf.New(d, growbuf.Options{MaxSize: 4 * size, Chunk: growbuf.FixedChunks(chunk)})
+	if err != nil {
+		return nil, err
+	}
+	if err := buf.Grow(size); err != nil {
+		return nil, errors.Join(err, buf.Close())
+	}
+	if err := d.Fill(buf.Ptr(), size, 0, seed); err != nil {
+		return nil, errors.Join(err, buf.Close())
+	}
+	return buf, nil
+}
