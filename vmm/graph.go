@@ -4,7 +4,8 @@ import (
 	"fmt"
 
 	"github.com/cuvmm/cuvmm/driver"
-	"github.com/cuvmm/cuvmm/internal/kernels"
+	"github.com/cuvmm/cuvmm/internal/lifetime"
+	"github.com/cuvmm/cuvmm/internal/pattern"
 	"github.com/cuvmm/cuvmm/internal/units"
 )
 
@@ -33,16 +34,16 @@ func (s *Stream) EndCapture() (*Graph, error) {
 	if err := s.use("end capture"); err != nil {
 		return nil, err
 	}
-	var g driver.Graph
-	if err := s.dev.do(func(api driver.API) error {
+	g := &Graph{owner: owner{dev: s.dev}}
+	if err := s.dev.create(&g.own, "graph", func(api driver.API) error {
 		var err error
-		g, err = api.StreamEndCapture(s.s)
+		g.g, err = api.StreamEndCapture(s.s)
 		return err
 	}); err != nil {
 		return nil, fmt.Errorf("vmm: device %d: cuStreamEndCapture: %w", s.dev.ordinal, err)
 	}
-	s.dev.children.Add(1)
-	return &Graph{owner: owner{dev: s.dev}, g: g}, nil
+	lifetime.Track(g, &g.own)
+	return g, nil
 }
 
 // Graph is a CUDA graph recorded by stream capture (CUgraph). Instantiate it to launch it.
@@ -62,16 +63,16 @@ func (g *Graph) Instantiate() (*GraphExec, error) {
 	if err := g.use("instantiate a closed graph"); err != nil {
 		return nil, err
 	}
-	var e driver.GraphExec
-	if err := g.dev.do(func(api driver.API) error {
+	e := &GraphExec{owner: owner{dev: g.dev}}
+	if err := g.dev.create(&e.own, "executable graph", func(api driver.API) error {
 		var err error
-		e, err = api.GraphInstantiate(g.g, 0)
+		e.e, err = api.GraphInstantiate(g.g, 0)
 		return err
 	}); err != nil {
 		return nil, fmt.Errorf("vmm: device %d: cuGraphInstantiateWithFlags: %w", g.dev.ordinal, err)
 	}
-	g.dev.children.Add(1)
-	return &GraphExec{owner: owner{dev: g.dev}, e: e}, nil
+	lifetime.Track(e, &e.own)
+	return e, nil
 }
 
 // Close destroys the graph (cuGraphDestroy). Idempotent, nil-safe.
@@ -129,15 +130,12 @@ func (d *Device) LaunchVerify(ptr driver.DevicePtr, size, patternOffset, seed ui
 	if err := s.use("verify kernel"); err != nil {
 		return err
 	}
-	d.kernMu.Lock()
-	defer d.kernMu.Unlock()
 	ks, err := d.loadKernels()
 	if err != nil {
 		return err
 	}
-	n := size / kernels.WordSize
 	err = d.do(func(api driver.API) error {
-		return api.LaunchKernel(ks.verify, ks.grid(n), block, 0, s.Handle(), uint64(ptr), n, patternOffset/kernels.WordSize, seed, uint64(counter))
+		return ks.LaunchVerify(api, s.Handle(), ptr, size/pattern.WordSize, patternOffset/pattern.WordSize, seed, counter)
 	})
 	if err != nil {
 		return fmt.Errorf("vmm: device %d: verify %s at %#x: %w", d.ordinal, units.FormatSize(size), uint64(ptr), err)

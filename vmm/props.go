@@ -49,8 +49,8 @@ func (a *Allocation) QueryProperties() (driver.AllocationProp, error) {
 	if err := a.check("query properties"); err != nil {
 		return p, err
 	}
-	a.mu.Lock()
-	defer a.mu.Unlock()
+	a.own.Lock()
+	defer a.own.Unlock()
 	if a.sleep.asleep {
 		return a.prop, nil
 	}

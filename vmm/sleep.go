@@ -20,27 +20,26 @@ var ErrAsleep = errors.New("vmm: allocation asleep")
 // other processes may hold it, so releasing it here would not free the memory.
 var ErrExported = errors.New("vmm: allocation exported to other processes")
 
-// sleepState is an Allocation's sleep and export state, guarded by its mu.
+// sleepState is an Allocation's sleep and export state, guarded by its owner's lock.
 type sleepState struct {
 	asleep   bool
 	exported bool
-	onClose  func() // run (under a.mu) when the allocation is closed while asleep
+	onClose  func() // run (under the owner's lock) when the allocation is closed while asleep
 }
 
 func (a *Allocation) noteExported() {
-	a.mu.Lock()
+	a.own.Lock()
 	a.sleep.exported = true
-	a.mu.Unlock()
+	a.own.Unlock()
 }
 
-// closeAsleep closes an allocation whose memory is already released; the caller holds a.mu. It
-// reports whether a was asleep (and is now closed).
+// closeAsleep is Close's free step for an allocation whose memory is already released: nothing to
+// release, and the owner of the sleep hears of it. The caller holds the owner's lock. It reports
+// whether a was asleep.
 func (a *Allocation) closeAsleep() bool {
 	if !a.sleep.asleep {
 		return false
 	}
-	a.closed = true
-	a.dev.children.Add(-1)
 	if f := a.sleep.onClose; f != nil {
 		a.sleep.onClose = nil
 		f()
@@ -51,16 +50,16 @@ func (a *Allocation) closeAsleep() bool {
 // Asleep reports whether the allocation's physical memory is released (ReleaseAt) and not yet
 // recreated (RecreateAt).
 func (a *Allocation) Asleep() bool {
-	a.mu.Lock()
-	defer a.mu.Unlock()
+	a.own.Lock()
+	defer a.own.Unlock()
 	return a.sleep.asleep
 }
 
 // Exported reports whether the allocation was ever exported as a shareable handle (Export,
 // ExportFabric, and so ipc.Export).
 func (a *Allocation) Exported() bool {
-	a.mu.Lock()
-	defer a.mu.Unlock()
+	a.own.Lock()
+	defer a.own.Unlock()
 	return a.sleep.exported
 }
 
@@ -69,14 +68,14 @@ func (a *Allocation) Exported() bool {
 // mappings stay valid values; their memory is gone until RecreateAt. Either both calls happen or
 // neither: when the release fails, the memory is mapped again at ptr with access. Imported
 // allocations are refused (their exporter owns the memory), and so are exported ones (ErrExported)
-// unless force is set. onClose, when not nil, runs if the allocation is closed while asleep (it must
-// not call into this package). The caller must not use the memory, or Handle, until RecreateAt.
+// unless force is set. onClose, when not nil, runs if the allocation is closed while asleep (with the
+// allocation locked: it must not call into this package). The caller must not use the memory, or Handle, until RecreateAt.
 func (a *Allocation) ReleaseAt(ptr driver.DevicePtr, access []Access, force bool, onClose func()) error {
 	if err := a.check("release to sleep"); err != nil {
 		return err
 	}
-	a.mu.Lock()
-	defer a.mu.Unlock()
+	a.own.Lock()
+	defer a.own.Unlock()
 	switch {
 	case a.sleep.asleep:
 		return fmt.Errorf("vmm: release %s at %#x: already released: %w", a, uint64(ptr), ErrAsleep)
@@ -130,8 +129,8 @@ func (a *Allocation) RecreateAt(ptr driver.DevicePtr, access []Access) error {
 	if err := a.check("recreate"); err != nil {
 		return err
 	}
-	a.mu.Lock()
-	defer a.mu.Unlock()
+	a.own.Lock()
+	defer a.own.Unlock()
 	if !a.sleep.asleep {
 		return fmt.Errorf("vmm: recreate %s at %#x: it is awake: %w", a, uint64(ptr), ErrInvalidValue)
 	}
