@@ -103,8 +103,9 @@ func (s *Set) keepOut(ctx context.Context, st *vmm.Stream, u *unit, prog *progre
 	return nil
 }
 
-// keepIn copies Keep chunks back from their backup pieces, two pieces in flight.
-func keepIn(ctx context.Context, st *vmm.Stream, refs []chunkRef, prog *progress) (err error) {
+// keepIn recreates Keep chunks (recreate) and copies them back from their backup pieces, two
+// pieces in flight: chunk k+1 is recreated while chunk k's copies run.
+func keepIn(ctx context.Context, st *vmm.Stream, refs []chunkRef, recreate func(chunkRef) error, prog *progress) (err error) {
 	p, err := newPipe(st)
 	if err != nil {
 		return err
@@ -119,6 +120,9 @@ func keepIn(ctx context.Context, st *vmm.Stream, refs []chunkRef, prog *progress
 	j := 0
 	var last uint64
 	for _, r := range refs {
+		if err := recreate(r); err != nil {
+			return err
+		}
 		cs := r.state()
 		for _, hp := range cs.backup {
 			if err := d.CopyAsync(cs.ptr+ptrOff(hp.off), hp.slot.ptr(hp.slotOff), hp.n, st); err != nil {

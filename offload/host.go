@@ -18,7 +18,7 @@ const hugePage = 2 << 20
 // pinWorkers is how many slots are made ready at once during a first sleep: one is being
 // registered while the next one's pages are faulted in (populating spreads over several threads of
 // its own).
-const pinWorkers = 2
+const pinWorkers = 4
 
 // slot is one pinned host buffer of a backup: transparent-huge-page memory registered with the
 // driver (pinned.Register), the fastest pinned memory to make on the measured host.

@@ -25,7 +25,7 @@ func TestSleepWakeKeep(t *testing.T) {
 		ptr := buf.Ptr()
 
 		// A graph that verifies the buffer into a counter, captured while it is awake.
-		st, err := d.NewStream(true)
+		st, err := d.CreateStream(vmm.StreamOptions{NonBlocking: true})
 		require.NoError(t, err)
 		defer func() { require.NoError(t, st.Close()) }()
 		counter, err := d.AllocPlain(8)
@@ -46,7 +46,11 @@ func TestSleepWakeKeep(t *testing.T) {
 		require.NoError(t, set.Sleep(bg))
 		require.True(t, set.Asleep("weights"))
 		freed := free(t, d) - before
-		require.GreaterOrEqual(t, freed, uint64(size)*99/100, "free memory rises by the bytes slept")
+		if b.IsSim() {
+			require.GreaterOrEqual(t, freed, uint64(size)*99/100, "free memory rises by the bytes slept")
+		} else {
+			require.GreaterOrEqual(t, freed+4*mib, uint64(size), "free memory rises by the bytes slept (4 MiB for page tables)")
+		}
 		require.NoError(t, set.Sleep(bg), "Sleep of a sleeping set is a no-op")
 
 		require.NoError(t, set.Wake(bg))
@@ -120,8 +124,8 @@ func TestTwoDevicesAndHostNUMA(t *testing.T) {
 		host := addHostBuf(t, set, d0)
 		before := []uint64{free(t, d0), free(t, d1)}
 		require.NoError(t, set.Sleep(bg))
-		require.Greater(t, free(t, d0), before[0]+7*mib)
-		require.Greater(t, free(t, d1), before[1]+7*mib)
+		require.Greater(t, free(t, d0), before[0]+4*mib)
+		require.Greater(t, free(t, d1), before[1]+4*mib)
 		require.NoError(t, set.Wake(bg))
 		requirePattern(t, d0, a.Ptr(), 8*mib, 21)
 		requirePattern(t, d1, c.Ptr(), 8*mib, 22)

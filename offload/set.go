@@ -277,7 +277,7 @@ func (s *Set) stream(d *vmm.Device) (*vmm.Stream, error) {
 	if st := s.streams[d]; st != nil {
 		return st, nil
 	}
-	st, err := d.NewStream(true)
+	st, err := d.CreateStream(vmm.StreamOptions{NonBlocking: true})
 	if err != nil {
 		return nil, fmt.Errorf("offload: copy stream for %s: %w", d, err)
 	}

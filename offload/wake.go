@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"sync"
 
 	"github.com/cuvmm/cuvmm/vmm"
 )
@@ -53,23 +54,85 @@ func (s *Set) Wake(ctx context.Context, tags ...string) error {
 	return nil
 }
 
-// wakeRefs recreates the chunks and restores their content. On failure the chunks it recreated are
-// released again, so every one is asleep as before, backups untouched.
+// wakeRefs recreates the chunks and restores their content, every device at once; on each device
+// a Keep chunk is recreated while the previous one's content is still being copied, so that the
+// cost of mapping (cuMemSetAccess above all) hides behind the copies. On failure the chunks it
+// recreated are released again, so every one is asleep as before, backups untouched.
 func (s *Set) wakeRefs(ctx context.Context, refs []chunkRef) error {
-	for k, r := range refs {
-		cs := r.state()
-		if err := cs.alloc.RecreateAt(cs.ptr, cs.access); err != nil {
-			err = fmt.Errorf("recreate %s chunk %d: %w", r.e, r.i, err)
-			return errors.Join(err, s.resleep(refs[:k]))
+	units := plan(refs, s.opts.SlotSize)
+	streams, err := s.streamsFor(units)
+	if err != nil {
+		return err
+	}
+	prog := &progress{fn: s.opts.Progress}
+	for _, r := range refs {
+		if r.e.policy != Discard {
+			prog.total += r.state().size
 		}
 	}
-	if err := s.restore(ctx, refs); err != nil {
-		return errors.Join(err, s.resleep(refs))
+	var mu sync.Mutex
+	var made []chunkRef
+	recreate := func(r chunkRef) error {
+		cs := r.state()
+		if err := cs.alloc.RecreateAt(cs.ptr, cs.access); err != nil {
+			return fmt.Errorf("recreate %s chunk %d: %w", r.e, r.i, err)
+		}
+		mu.Lock()
+		made = append(made, r)
+		mu.Unlock()
+		return nil
 	}
-	if err := ctx.Err(); err != nil {
-		return errors.Join(err, s.resleep(refs))
+	err = perDevice(ctx, units, func(ctx context.Context, d *vmm.Device, us []*unit) error {
+		return s.wakeDevice(ctx, streams[d], us, recreate, prog)
+	})
+	if err == nil {
+		err = ctx.Err()
+	}
+	if err != nil {
+		return errors.Join(err, s.resleep(made))
 	}
 	return nil
+}
+
+// wakeDevice recreates and restores the units of one device.
+func (s *Set) wakeDevice(ctx context.Context, st *vmm.Stream, us []*unit, recreate func(chunkRef) error, prog *progress) error {
+	var files []*unit
+	for _, u := range us {
+		refs := u.refs()
+		if u.e.policy == Keep {
+			if err := keepIn(ctx, st, refs, recreate, prog); err != nil {
+				return fmt.Errorf("restore %s on %s: %w", u.e, u.dev, err)
+			}
+			continue
+		}
+		for _, r := range refs {
+			if err := recreate(r); err != nil {
+				return err
+			}
+		}
+		if u.e.policy == File {
+			files = append(files, u)
+		} else if err := zero(u); err != nil {
+			return err
+		}
+	}
+	if len(files) > 0 {
+		if err := s.fileIn(ctx, st, files, prog); err != nil {
+			return fmt.Errorf("read back from file on %s: %w", st.Device(), err)
+		}
+	}
+	return nil
+}
+
+// refs lists the unit's chunks in order.
+func (u *unit) refs() []chunkRef {
+	var out []chunkRef
+	for _, pc := range u.pieces {
+		if pc.off == 0 {
+			out = append(out, pc.ref)
+		}
+	}
+	return out
 }
 
 // resleep releases chunks recreated by a wake that failed.
@@ -82,51 +145,6 @@ func (s *Set) resleep(refs []chunkRef) error {
 		}
 	}
 	return errors.Join(errs...)
-}
-
-// restore puts the content back, every device at once.
-func (s *Set) restore(ctx context.Context, refs []chunkRef) error {
-	units := plan(refs, s.opts.SlotSize)
-	prog := &progress{fn: s.opts.Progress}
-	for _, r := range refs {
-		if r.e.policy != Discard {
-			prog.total += r.state().size
-		}
-	}
-	streams, err := s.streamsFor(units)
-	if err != nil {
-		return err
-	}
-	return perDevice(ctx, units, func(ctx context.Context, d *vmm.Device, us []*unit) error {
-		var keep []chunkRef
-		var files []*unit
-		for _, u := range us {
-			switch u.e.policy {
-			case Keep:
-				for _, pc := range u.pieces {
-					if pc.off == 0 {
-						keep = append(keep, pc.ref)
-					}
-				}
-			case File:
-				files = append(files, u)
-			case Discard:
-				if err := zero(u); err != nil {
-					return err
-				}
-			}
-		}
-		if len(keep) == 0 {
-		} else if err := keepIn(ctx, streams[d], keep, prog); err != nil {
-			return fmt.Errorf("restore backups on %s: %w", d, err)
-		}
-		if len(files) > 0 {
-			if err := s.fileIn(ctx, streams[d], files, prog); err != nil {
-				return fmt.Errorf("read back from file on %s: %w", d, err)
-			}
-		}
-		return nil
-	})
 }
 
 // zero clears a Discard unit's chunks unless the entry asked for NoZero.
