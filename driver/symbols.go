@@ -68,6 +68,16 @@ const (
 	symMemAlloc
 	symMemFree
 
+	// Stream-ordered allocation and event queries.
+	symStreamWaitEvent
+	symEventQuery
+	symMemAllocAsync
+	symMemFreeAsync
+	symDeviceGetDefaultMemPool
+	symMemPoolSetAttribute
+	symMemPoolGetAttribute
+	symMemPoolTrimTo
+
 	numSymbols
 )
 
@@ -148,4 +158,15 @@ var symbols = [numSymbols]symbolInfo{
 	symLaunchKernel:                         {name: "cuLaunchKernel", since: "4.0"},
 	symMemAlloc:                             {name: "cuMemAlloc_v2", since: "3.2"},
 	symMemFree:                              {name: "cuMemFree_v2", since: "3.2"},
+
+	// Stream-ordered allocation and event queries. The plain names are the legacy-default-stream
+	// forms (the _ptsz variants are the per-thread-default-stream ones).
+	symStreamWaitEvent:         {name: "cuStreamWaitEvent", since: "3.2"},
+	symEventQuery:              {name: "cuEventQuery", since: "2.0"},
+	symMemAllocAsync:           {name: "cuMemAllocAsync", since: "11.2"},
+	symMemFreeAsync:            {name: "cuMemFreeAsync", since: "11.2"},
+	symDeviceGetDefaultMemPool: {name: "cuDeviceGetDefaultMemPool", since: "11.2"},
+	symMemPoolSetAttribute:     {name: "cuMemPoolSetAttribute", since: "11.2"},
+	symMemPoolGetAttribute:     {name: "cuMemPoolGetAttribute", since: "11.2"},
+	symMemPoolTrimTo:           {name: "cuMemPoolTrimTo", since: "11.2"},
 }

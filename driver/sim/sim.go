@@ -129,6 +129,8 @@ type Sim struct {
 	modules    map[driver.Module]*module
 	funcs      map[driver.Function]*function
 	fds        int // file descriptors the simulator holds open
+
+	as *asyncState // stream order and the default memory pools (async.go), made on first use
 }
 
 // handleCounter makes every opaque value (allocation handles, contexts, streams, events, modules,
@@ -268,6 +270,9 @@ func init() {
 		"cuStreamSynchronize", "cuEventCreate", "cuEventRecord", "cuEventSynchronize",
 		"cuEventElapsedTime", "cuEventDestroy", "cuModuleLoadData", "cuModuleGetFunction",
 		"cuModuleUnload", "cuLaunchKernel",
+		// Stream-ordered allocation and event queries (async.go).
+		"cuStreamWaitEvent", "cuEventQuery", "cuMemAllocAsync", "cuMemFreeAsync",
+		"cuDeviceGetDefaultMemPool", "cuMemPoolSetAttribute", "cuMemPoolGetAttribute", "cuMemPoolTrimTo",
 	} {
 		functions[n] = true
 	}
@@ -352,6 +357,7 @@ type Live struct {
 	HostRegistrations int // cuMemHostRegister ranges
 	HostAllocs        int // cuMemHostAlloc buffers
 	LegacyAllocs      int // cuMemAlloc buffers
+	AsyncAllocs       int // cuMemAllocAsync buffers, live or cached in a pool (trim the pool to free those)
 	Streams           int
 	Events            int
 	Modules           int
@@ -376,6 +382,7 @@ func (l Live) String() string {
 	add("host-registrations", l.HostRegistrations)
 	add("host-allocs", l.HostAllocs)
 	add("legacy-allocs", l.LegacyAllocs)
+	add("async-allocs", l.AsyncAllocs)
 	add("streams", l.Streams)
 	add("events", l.Events)
 	add("modules", l.Modules)
@@ -415,6 +422,7 @@ func (s *Sim) Live() Live {
 		}
 	}
 	l.LegacyAllocs = len(s.legacy)
+	l.AsyncAllocs = s.asyncLive()
 	l.Streams = len(s.streams)
 	l.Events = len(s.events)
 	l.Modules = len(s.modules)
@@ -459,6 +467,7 @@ func (s *Sim) Close() error {
 	clear(s.modules)
 	clear(s.funcs)
 	clear(s.threads)
+	s.as = nil
 	if err := errors.Join(errs...); err != nil {
 		return fmt.Errorf("sim: close: %w", err)
 	}
