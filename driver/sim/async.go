@@ -24,11 +24,11 @@ type gate struct{ done bool }
 
 // asyncState is the simulator's stream-order and memory-pool state. The caller holds s.mu.
 type asyncState struct {
-	cond   *sync.Cond                  // signalled when a gate opens; L is &s.mu
-	waits  map[driver.Stream][]*gate   // what each stream's newly queued work waits for
-	holds  map[driver.Stream]*gate     // the open hold of each held stream
-	events map[driver.Event][]*gate    // what each recorded event waits for
-	pools  map[*device]*memPool        // the default pool of each device, made on first use
+	cond   *sync.Cond                // signalled when a gate opens; L is &s.mu
+	waits  map[driver.Stream][]*gate // what each stream's newly queued work waits for
+	holds  map[driver.Stream]*gate   // the open hold of each held stream
+	events map[driver.Event][]*gate  // what each recorded event waits for
+	pools  map[*device]*memPool      // the default pool of each device, made on first use
 	byPtr  map[driver.DevicePtr]*asyncBuf
 	handle map[driver.MemPool]*memPool // pool handles
 }
