@@ -454,4 +454,3 @@ func (l *liveSet) remove(b *pool.Block) {
 		}
 	}
 }
-

@@ -23,7 +23,6 @@ func (e *Event) Query() (bool, error) {
 	return done, nil
 }
 
-
 // WaitEvent makes work queued on s from now on wait until e's last Record has completed, without
 // blocking the caller (cuStreamWaitEvent). s nil is the legacy default stream.
 func (s *Stream) WaitEvent(e *Event) error {
