@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"io"
 	"os"
 	"os/exec"
 	"slices"
@@ -12,6 +13,7 @@ import (
 	"time"
 
 	"github.com/cuvmm/cuvmm/driver"
+	"github.com/cuvmm/cuvmm/internal/units"
 	"github.com/cuvmm/cuvmm/pool"
 	"github.com/cuvmm/cuvmm/vmm"
 )
@@ -30,12 +32,15 @@ var PoolAllocators = []string{PoolCuvmm, PoolCuvmmNoStitch, PoolMemAlloc, PoolMe
 
 // PoolOptions configures Pool.
 type PoolOptions struct {
-	Device *vmm.Device
-	Trace  *pool.Trace
+	Env
+	// Device is the device's ordinal.
+	Device int
+	// Trace is the allocation trace to replay (required).
+	Trace *pool.Trace
 	// Streams is how many streams the trace's stream indexes map onto; 0 means the trace's count.
 	Streams int
 	// Memory is the memory the trace is sized against and the cuvmm pools' limit; 0 means the
-	// device's free memory when the measurement starts.
+	// device's free memory when the measurement starts (on the simulator, at most PoolSimMemory).
 	Memory uint64
 	// FillFraction scales the trace so that its peak in use is this fraction of Memory; 0 keeps the
 	// trace's sizes.
@@ -53,12 +58,15 @@ type PoolOptions struct {
 	CacheIters int
 	// TrimBytes is how much the trim measurement maps and then trims; 0 means min(16 GiB, Memory/4).
 	TrimBytes uint64
-	// Progress, when set, is told each stage as it starts.
-	Progress func(stage string)
 }
+
+// PoolSimMemory caps the default Memory on the simulator, whose devices are backed by files: the
+// replay there checks behaviour, not scale.
+const PoolSimMemory = 2 << 30
 
 // PoolResult is the outcome of Pool: per allocator, what the same trace cost.
 type PoolResult struct {
+	Backend          string                          `json:"backend"`
 	Device           string                          `json:"device"`
 	MemoryBytes      uint64                          `json:"memory_bytes"`
 	FillFraction     float64                         `json:"fill_fraction"`
@@ -107,7 +115,8 @@ type PoolTrimResult struct {
 // and the pool's Trim rate. Blocks are filled and verified (sampled) so that an allocator handing out
 // overlapping memory shows as verified=false.
 func Pool(o PoolOptions) (*PoolResult, error) {
-	if err := o.poolDefaults(); err != nil {
+	d, err := o.poolDefaults()
+	if err != nil {
 		return nil, err
 	}
 	tr := o.Trace
@@ -116,9 +125,10 @@ func Pool(o PoolOptions) (*PoolResult, error) {
 		tr = tr.Scale(o.FillFraction * float64(o.Memory) / float64(peak))
 	}
 	peak, largest := tr.PeakInUse()
-	res := &PoolResult{Device: o.Device.Name(), MemoryBytes: o.Memory, FillFraction: o.FillFraction, Streams: o.Streams,
-		TraceAllocations: len(tr.Events), TracePeakInUse: peak, TraceLargest: largest, Allocators: map[string]*PoolAllocatorResult{}}
-	streams, err := poolStreams(o.Device, o.Streams)
+	res := &PoolResult{Backend: o.Backend.Name, Device: d.Name(), MemoryBytes: o.Memory, FillFraction: o.FillFraction,
+		Streams: o.Streams, TraceAllocations: len(tr.Events), TracePeakInUse: peak, TraceLargest: largest,
+		Allocators: map[string]*PoolAllocatorResult{}}
+	streams, err := poolStreams(d, o.Streams)
 	defer func() {
 		for _, s := range streams {
 			_ = s.Close()
@@ -128,45 +138,57 @@ func Pool(o PoolOptions) (*PoolResult, error) {
 		return nil, err
 	}
 	for _, name := range o.Allocators {
-		o.progress("replay on " + name)
-		r, err := poolRunOne(o, name, tr, streams)
+		r, err := poolRunOne(o, d, name, tr, streams)
 		if err != nil {
-			return nil, fmt.Errorf("measure: pool: %s: %w", name, err)
+			return nil, fmt.Errorf("pool: %s: %w", name, err)
 		}
 		res.Order = append(res.Order, name)
 		res.Allocators[name] = r
 	}
-	o.progress("trim")
-	if res.Trim, err = poolTrim(o); err != nil {
-		return nil, err
+	if res.Trim, err = poolTrim(o, d); err != nil {
+		return nil, fmt.Errorf("pool: trim: %w", err)
 	}
 	if len(o.PeerCommand) > 0 {
-		o.progress("replay on " + PoolPeerTorch)
+		bar := begin(o.Progress, "replay on "+PoolPeerTorch, 1)
 		res.Order = append(res.Order, PoolPeerTorch)
 		res.Allocators[PoolPeerTorch] = poolPeer(o, tr)
+		bar.Done()
 	}
 	return res, nil
 }
 
-func (o *PoolOptions) poolDefaults() error {
-	if o.Device == nil || o.Trace == nil || len(o.Trace.Events) == 0 {
-		return fmt.Errorf("measure: pool: a device and a non-empty trace are needed: %w", vmm.ErrInvalidValue)
+func (o *PoolOptions) poolDefaults() (*vmm.Device, error) {
+	if err := o.Env.check(); err != nil {
+		return nil, err
+	}
+	if o.Trace == nil || len(o.Trace.Events) == 0 {
+		return nil, fmt.Errorf("pool: a non-empty trace is needed: %w", ErrInvalidOption)
 	}
 	if o.FillFraction < 0 || o.FillFraction > 1 {
-		return fmt.Errorf("measure: pool: fill fraction %v: want 0 to 1: %w", o.FillFraction, vmm.ErrInvalidValue)
+		return nil, fmt.Errorf("--fill-fraction %v: want 0 to 1: %w", o.FillFraction, ErrInvalidOption)
 	}
 	if o.Streams == 0 {
 		o.Streams = o.Trace.Streams()
 	}
 	if o.Streams < 1 || o.Streams > 64 {
-		return fmt.Errorf("measure: pool: %d streams: want 1 to 64: %w", o.Streams, vmm.ErrInvalidValue)
+		return nil, fmt.Errorf("--streams %d: want 1 to 64: %w", o.Streams, ErrInvalidOption)
+	}
+	for _, a := range o.Allocators {
+		if !slices.Contains(PoolAllocators, a) {
+			return nil, fmt.Errorf("allocator %q: want one of %v: %w", a, PoolAllocators, ErrInvalidOption)
+		}
+	}
+	d, err := o.Backend.Sys.Device(o.Device)
+	if err != nil {
+		return nil, err
 	}
 	if o.Memory == 0 {
-		free, _, err := o.Device.MemInfo()
-		if err != nil {
-			return err
+		if o.Memory, _, err = d.MemInfo(); err != nil {
+			return nil, err
 		}
-		o.Memory = free
+		if o.Backend.Sim() {
+			o.Memory = min(o.Memory, PoolSimMemory)
+		}
 	}
 	if o.VerifyEvery <= 0 {
 		o.VerifyEvery = 16
@@ -174,24 +196,13 @@ func (o *PoolOptions) poolDefaults() error {
 	if o.Allocators == nil {
 		o.Allocators = PoolAllocators
 	}
-	for _, a := range o.Allocators {
-		if !slices.Contains(PoolAllocators, a) {
-			return fmt.Errorf("measure: pool: unknown allocator %q (want one of %v): %w", a, PoolAllocators, vmm.ErrInvalidValue)
-		}
-	}
 	if o.CacheIters <= 0 {
 		o.CacheIters = 20000
 	}
 	if o.TrimBytes == 0 {
 		o.TrimBytes = min(16<<30, o.Memory/4)
 	}
-	return o.Device.LoadKernels()
-}
-
-func (o *PoolOptions) progress(stage string) {
-	if o.Progress != nil {
-		o.Progress(stage)
-	}
+	return d, d.LoadKernels()
 }
 
 func poolStreams(d *vmm.Device, n int) ([]*vmm.Stream, error) {
@@ -215,12 +226,14 @@ type poolAllocator interface {
 	close() error
 }
 
-func poolRunOne(o PoolOptions, name string, tr *pool.Trace, streams []*vmm.Stream) (*PoolAllocatorResult, error) {
-	a, err := poolNewAllocator(o, name)
+func poolRunOne(o PoolOptions, d *vmm.Device, name string, tr *pool.Trace, streams []*vmm.Stream) (*PoolAllocatorResult, error) {
+	a, err := poolNewAllocator(o, d, name)
 	if err != nil {
 		return nil, err
 	}
-	r, err := poolReplay(o, a, tr, streams)
+	bar := begin(o.Progress, "replay on "+name, uint64(len(tr.Events)))
+	r, err := poolReplay(o, d, a, tr, streams, bar)
+	bar.Done()
 	if err == nil {
 		var lat []int64
 		lat, err = poolCacheBench(a, streams[0], o.CacheIters)
@@ -235,18 +248,18 @@ func poolRunOne(o PoolOptions, name string, tr *pool.Trace, streams []*vmm.Strea
 	return r, errors.Join(err, a.close())
 }
 
-func poolNewAllocator(o PoolOptions, name string) (poolAllocator, error) {
+func poolNewAllocator(o PoolOptions, d *vmm.Device, name string) (poolAllocator, error) {
 	switch name {
 	case PoolCuvmm, PoolCuvmmNoStitch:
-		p, err := pool.New(o.Device, pool.Options{Limit: o.Memory, NoStitch: name == PoolCuvmmNoStitch})
+		p, err := pool.New(d, pool.Options{Limit: o.Memory, NoStitch: name == PoolCuvmmNoStitch})
 		if err != nil {
 			return nil, err
 		}
 		return &poolCuvmmAlloc{p: p}, nil
 	case PoolMemAlloc:
-		return newPoolMemAlloc(o.Device)
+		return newPoolMemAlloc(d)
 	case PoolMemAllocAsync:
-		return newPoolAsyncAlloc(o.Device)
+		return newPoolAsyncAlloc(d)
 	}
 	return nil, fmt.Errorf("unknown allocator %q: %w", name, vmm.ErrInvalidValue)
 }
@@ -262,7 +275,7 @@ type poolLive struct {
 
 // poolReplay runs the trace on a: frees due before each allocation, then the allocation; every
 // VerifyEvery-th block is filled and verified before its free.
-func poolReplay(o PoolOptions, a poolAllocator, tr *pool.Trace, streams []*vmm.Stream) (*PoolAllocatorResult, error) {
+func poolReplay(o PoolOptions, d *vmm.Device, a poolAllocator, tr *pool.Trace, streams []*vmm.Stream, bar Bar) (*PoolAllocatorResult, error) {
 	r := &PoolAllocatorResult{Verified: true}
 	frees := tr.FreesBefore()
 	live := make([]*poolLive, len(tr.Events))
@@ -276,7 +289,7 @@ func poolReplay(o PoolOptions, a poolAllocator, tr *pool.Trace, streams []*vmm.S
 		live[j] = nil
 		inUse -= b.size
 		if b.verified {
-			if err := poolCheck(o.Device, b, uint64(j)); err != nil {
+			if err := poolCheck(d, b, uint64(j)); err != nil {
 				r.Verified = false
 				r.Note = err.Error()
 			}
@@ -288,6 +301,9 @@ func poolReplay(o PoolOptions, a poolAllocator, tr *pool.Trace, streams []*vmm.S
 	}
 	start := time.Now()
 	for i, e := range tr.Events {
+		if i%256 == 0 {
+			bar.Update(uint64(i))
+		}
 		for _, j := range frees[i] {
 			if err := release(j); err != nil {
 				return r, err
@@ -317,7 +333,7 @@ func poolReplay(o PoolOptions, a poolAllocator, tr *pool.Trace, streams []*vmm.S
 		r.PeakInUseBytes = max(r.PeakInUseBytes, inUse)
 		r.LargestServedBytes = max(r.LargestServedBytes, e.Size)
 		if b.verified {
-			if err := poolFill(o.Device, b, uint64(i)); err != nil {
+			if err := poolFill(d, b, uint64(i)); err != nil {
 				return r, err
 			}
 			r.VerifiedBlocks++
@@ -392,8 +408,8 @@ func poolPercentile(v []int64, q float64) int64 {
 }
 
 // poolTrim measures Trim: map TrimBytes in 64 MiB blocks, free them, and time the release.
-func poolTrim(o PoolOptions) (PoolTrimResult, error) {
-	p, err := pool.New(o.Device, pool.Options{Limit: o.Memory, HighWater: ^uint64(0)})
+func poolTrim(o PoolOptions, d *vmm.Device) (PoolTrimResult, error) {
+	p, err := pool.New(d, pool.Options{Limit: o.Memory, HighWater: ^uint64(0)})
 	if err != nil {
 		return PoolTrimResult{}, err
 	}
@@ -409,7 +425,7 @@ func poolTrim(o PoolOptions) (PoolTrimResult, error) {
 		err = errors.Join(err, p.Free(b, nil))
 	}
 	if err == nil {
-		err = o.Device.Synchronize()
+		err = d.Synchronize()
 	}
 	var r PoolTrimResult
 	if err == nil {
@@ -585,4 +601,45 @@ func poolTail(b []byte, n int) string {
 		b = b[len(b)-n:]
 	}
 	return string(bytes.TrimSpace(b))
+}
+
+// Check reports an allocator whose blocks did not read back intact, or the peer's failure to run.
+func (r *PoolResult) Check() error {
+	for _, name := range r.Order {
+		a := r.Allocators[name]
+		if a.Error == "" && !a.Verified {
+			return fmt.Errorf("pool: %s: verification failed: %s", name, a.Note)
+		}
+	}
+	return nil
+}
+
+// Text writes the comparison as a table.
+func (r *PoolResult) Text(w io.Writer) {
+	fmt.Fprintf(w, "trace: %d allocations on %d streams, peak in use %s, largest request %s", r.TraceAllocations, r.Streams,
+		units.FormatSize(r.TracePeakInUse), units.FormatSize(r.TraceLargest))
+	if r.FillFraction > 0 {
+		fmt.Fprintf(w, " (sized to %.0f%% of %s)", 100*r.FillFraction, units.FormatSize(r.MemoryBytes))
+	}
+	fmt.Fprintf(w, "\ndevice %s (%s backend)\n", r.Device, r.Backend)
+	fmt.Fprintf(w, "  %-17s %-8s %12s %12s %7s %7s %11s %11s %11s %11s\n", "allocator", "verified", "peak mapped", "peak in use",
+		"ratio", "failed", "alloc p50", "alloc p99", "cache p50", "cache p99")
+	for _, name := range r.Order {
+		a := r.Allocators[name]
+		if a.Error != "" {
+			fmt.Fprintf(w, "  %-17s did not run: %s\n", name, a.Error)
+			continue
+		}
+		fmt.Fprintf(w, "  %-17s %-8s %12s %12s %7.3f %7d %11s %11s %11s %11s\n", name, yesNo(a.Verified),
+			units.FormatSize(a.PeakMappedBytes), units.FormatSize(a.PeakInUseBytes), a.MappedOverInUse, a.FailedAllocs,
+			time.Duration(a.AllocP50Ns), time.Duration(a.AllocP99Ns), time.Duration(a.CacheAllocFreeP50Ns), time.Duration(a.CacheAllocFreeP99Ns))
+		if a.FirstFailure != "" {
+			fmt.Fprintf(w, "  %-17s first failure: %s\n", "", a.FirstFailure)
+		}
+	}
+	fmt.Fprintf(w, "  trim: %s released in %.4f s (%.1f GB/s)\n", units.FormatSize(r.Trim.Bytes), r.Trim.Seconds, r.Trim.GBps)
+	fmt.Fprintln(w, "  ratio = peak mapped / peak in use; cache = one alloc+free pair served from the allocator's cache")
+	if r.Backend == "sim" {
+		fmt.Fprintln(w, "  (simulator: times measure the Go simulation, not a GPU; only the cuvmm pools are bounded by the memory above)")
+	}
 }
