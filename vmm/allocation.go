@@ -236,6 +236,9 @@ func (a *Allocation) Close() error {
 	if n := a.mappings.Load(); n > 0 {
 		return fmt.Errorf("vmm: close %s: %d mappings still use it: %w", a, n, ErrInUse)
 	}
+	if err := a.checkHeld("close"); err != nil {
+		return err
+	}
 	err := a.dev.do(func(api driver.API) error { return api.MemRelease(a.handle) })
 	if err != nil {
 		return fmt.Errorf("vmm: release %s: %w", a, err)
