@@ -77,7 +77,7 @@ func NewComm(ctx context.Context, lib API, id UniqueID, rank, nranks int, dev *v
 		return nil, fmt.Errorf("nccl: new communicator, %s: %w", what, initErr)
 	}
 	c.mu.Lock()
-	err := c.waitLocked(ctx, "initialize the communicator, "+what)
+	err := c.waitLocked(ctx, "initialize the communicator")
 	c.mu.Unlock()
 	if err != nil {
 		c.release()
@@ -260,7 +260,8 @@ func (c *Comm) Close() error {
 // Wait waits until the work queued on s is done (cuStreamSynchronize), watching ctx and the
 // communicator meanwhile: when ctx ends first, or the communicator reports an asynchronous error (a
 // peer that died over a network transport), it aborts the communicator, which stops NCCL's kernels,
-// and returns an error wrapping ErrAborted (and ctx's error). Use it instead of s.Synchronize after
+// and returns an error wrapping ErrAborted (and ctx's error). A nil s (the legacy default stream)
+// waits for the whole device (cuCtxSynchronize). Use it instead of s.Synchronize after
 // NCCL operations, whose kernels wait for their peers and would otherwise wait forever.
 func (c *Comm) Wait(ctx context.Context, s *vmm.Stream) error {
 	c.mu.Lock()
@@ -269,7 +270,13 @@ func (c *Comm) Wait(ctx context.Context, s *vmm.Stream) error {
 		return err
 	}
 	done := make(chan error, 1)
-	go func() { done <- s.Synchronize() }()
+	go func() {
+		if s == nil { // the legacy default stream: wait for the whole device
+			done <- c.dev.Synchronize()
+			return
+		}
+		done <- s.Synchronize()
+	}()
 	tick := time.NewTicker(time.Millisecond)
 	defer tick.Stop()
 	for {

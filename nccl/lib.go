@@ -451,38 +451,38 @@ func (l *ncclLib) Broadcast(send, recv driver.DevicePtr, count uint64, t DataTyp
 	return l.call(symBroadcast, c, rc)
 }
 
+// configSize is sizeof(ncclConfig_) as cgo compiled it.
+func configSize() int64 { return int64(C.sizeof_ncclConfig_) }
+
 // cLayout reports the sizes and offsets of the C declarations, as cgo compiled them, keyed by the
 // expression abi_test.go evaluates against <nccl.h>.
 func cLayout() map[string]int64 {
 	var c C.ncclConfig_
 	var id C.ncclUniqueId_
 	return map[string]int64{
-		"sizeof(ncclUniqueId)":                            int64(unsafe.Sizeof(id)),
-		"sizeof(ncclConfig_t)":                            int64(unsafe.Sizeof(c)),
-		"_Alignof(ncclConfig_t)":                          int64(unsafe.Alignof(c)),
-		"offsetof(ncclConfig_t, size)":                    int64(unsafe.Offsetof(c.size)),
-		"offsetof(ncclConfig_t, magic)":                   int64(unsafe.Offsetof(c.magic)),
-		"offsetof(ncclConfig_t, version)":                 int64(unsafe.Offsetof(c.version)),
-		"offsetof(ncclConfig_t, blocking)":                int64(unsafe.Offsetof(c.blocking)),
-		"offsetof(ncclConfig_t, cgaClusterSize)":          int64(unsafe.Offsetof(c.cgaClusterSize)),
-		"offsetof(ncclConfig_t, minCTAs)":                 int64(unsafe.Offsetof(c.minCTAs)),
-		"offsetof(ncclConfig_t, maxCTAs)":                 int64(unsafe.Offsetof(c.maxCTAs)),
-		"offsetof(ncclConfig_t, netName)":                 int64(unsafe.Offsetof(c.netName)),
-		"offsetof(ncclConfig_t, splitShare)":              int64(unsafe.Offsetof(c.splitShare)),
-		"offsetof(ncclConfig_t, trafficClass)":            int64(unsafe.Offsetof(c.trafficClass)),
-		"offsetof(ncclConfig_t, commName)":                int64(unsafe.Offsetof(c.commName)),
-		"offsetof(ncclConfig_t, collnetEnable)":           int64(unsafe.Offsetof(c.collnetEnable)),
-		"offsetof(ncclConfig_t, CTAPolicy)":               int64(unsafe.Offsetof(c.CTAPolicy)),
-		"offsetof(ncclConfig_t, shrinkShare)":             int64(unsafe.Offsetof(c.shrinkShare)),
-		"offsetof(ncclConfig_t, nvlsCTAs)":                int64(unsafe.Offsetof(c.nvlsCTAs)),
-		"offsetof(ncclConfig_t, nChannelsPerNetPeer)":     int64(unsafe.Offsetof(c.nChannelsPerNetPeer)),
-		"offsetof(ncclConfig_t, nvlinkCentricSched)":      int64(unsafe.Offsetof(c.nvlinkCentricSched)),
-		"sizeof(ncclResult_t)":                            int64(unsafe.Sizeof(C.ncclResult_(0))),
-		"sizeof(ncclDataType_t)":                          int64(unsafe.Sizeof(C.ncclDataType_(0))),
-		"sizeof(ncclRedOp_t)":                             int64(unsafe.Sizeof(C.ncclRedOp_(0))),
-		"NCCL_CONFIG_UNDEF_INT":                           int64(C.INT_MIN),
-		"((ncclConfig_t)NCCL_CONFIG_INITIALIZER).magic":   int64(C.CUVMM_NCCL_MAGIC),
-		"((ncclConfig_t)NCCL_CONFIG_INITIALIZER).size":    int64(unsafe.Sizeof(c)),
-		"((ncclConfig_t)NCCL_CONFIG_INITIALIZER).version": VersionConfigHeader,
+		"sizeof(ncclUniqueId)":                          int64(unsafe.Sizeof(id)),
+		"_Alignof(ncclConfig_t)":                        int64(unsafe.Alignof(c)),
+		"offsetof(ncclConfig_t, size)":                  int64(unsafe.Offsetof(c.size)),
+		"offsetof(ncclConfig_t, magic)":                 int64(unsafe.Offsetof(c.magic)),
+		"offsetof(ncclConfig_t, version)":               int64(unsafe.Offsetof(c.version)),
+		"offsetof(ncclConfig_t, blocking)":              int64(unsafe.Offsetof(c.blocking)),
+		"offsetof(ncclConfig_t, cgaClusterSize)":        int64(unsafe.Offsetof(c.cgaClusterSize)),
+		"offsetof(ncclConfig_t, minCTAs)":               int64(unsafe.Offsetof(c.minCTAs)),
+		"offsetof(ncclConfig_t, maxCTAs)":               int64(unsafe.Offsetof(c.maxCTAs)),
+		"offsetof(ncclConfig_t, netName)":               int64(unsafe.Offsetof(c.netName)),
+		"offsetof(ncclConfig_t, splitShare)":            int64(unsafe.Offsetof(c.splitShare)),
+		"offsetof(ncclConfig_t, trafficClass)":          int64(unsafe.Offsetof(c.trafficClass)),
+		"offsetof(ncclConfig_t, commName)":              int64(unsafe.Offsetof(c.commName)),
+		"offsetof(ncclConfig_t, collnetEnable)":         int64(unsafe.Offsetof(c.collnetEnable)),
+		"offsetof(ncclConfig_t, CTAPolicy)":             int64(unsafe.Offsetof(c.CTAPolicy)),
+		"offsetof(ncclConfig_t, shrinkShare)":           int64(unsafe.Offsetof(c.shrinkShare)),
+		"offsetof(ncclConfig_t, nvlsCTAs)":              int64(unsafe.Offsetof(c.nvlsCTAs)),
+		"offsetof(ncclConfig_t, nChannelsPerNetPeer)":   int64(unsafe.Offsetof(c.nChannelsPerNetPeer)),
+		"offsetof(ncclConfig_t, nvlinkCentricSched)":    int64(unsafe.Offsetof(c.nvlinkCentricSched)),
+		"sizeof(ncclResult_t)":                          int64(unsafe.Sizeof(C.ncclResult_(0))),
+		"sizeof(ncclDataType_t)":                        int64(unsafe.Sizeof(C.ncclDataType_(0))),
+		"sizeof(ncclRedOp_t)":                           int64(unsafe.Sizeof(C.ncclRedOp_(0))),
+		"NCCL_CONFIG_UNDEF_INT":                         int64(C.INT_MIN),
+		"((ncclConfig_t)NCCL_CONFIG_INITIALIZER).magic": int64(C.CUVMM_NCCL_MAGIC),
 	}
 }

@@ -20,3 +20,5 @@ func Open() (API, error) { return nil, errNoLoader }
 func OpenLibrary(path string) (API, error) { return nil, errNoLoader }
 
 func cLayout() map[string]int64 { return nil }
+
+func configSize() int64 { return 0 }
