@@ -251,6 +251,9 @@ func (a *Allocation) Close() error {
 		if n := a.mappings.Load(); n > 0 {
 			return fmt.Errorf("vmm: close %s: %d mappings still use it: %w", a, n, ErrInUse)
 		}
+		if err := a.checkHeld("close"); err != nil {
+			return err
+		}
 		if a.closeAsleep() {
 			return nil
 		}
