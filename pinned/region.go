@@ -137,6 +137,7 @@ func newHostNUMA(dev *vmm.Device, size uint64, opts Options) (*Region, error) {
 	if err != nil {
 		return nil, fmt.Errorf("pinned: host-NUMA region of %s: %w", units.FormatSize(total), err)
 	}
+	res.SetKind("pinned")
 	access := hostNUMAAccess(grants, opts.ReadOnly)
 	nchunks := int((total + chunk - 1) / chunk)
 	allocs := make([]*vmm.Allocation, nchunks)

@@ -225,6 +225,7 @@ func (r *Range) build(all []*vmm.Device) error {
 	if err != nil {
 		return fmt.Errorf("reserve the address range (cuMemAddressReserve): %w", err)
 	}
+	res.SetKind("stripe")
 	if res.Size() != size {
 		err := fmt.Errorf("reserved %s instead of %s: %w", units.FormatSize(res.Size()), units.FormatSize(size), vmm.ErrInvalidValue)
 		return errors.Join(err, undo(res, nil))

@@ -31,6 +31,8 @@ type Device struct {
 
 	kernMu  sync.Mutex
 	kernels *kernelSet
+
+	counted countingAPI // the API do hands out: the driver, counted for Stats
 }
 
 type granKey struct {
@@ -61,7 +63,7 @@ func openDevice(s *System, ordinal int) (*Device, error) {
 		return nil, fmt.Errorf("vmm: device %d: cuDevicePrimaryCtxRetain: %w", ordinal, err)
 	}
 	return &Device{sys: s, ordinal: ordinal, dev: dev, ctx: ctx, name: name, total: total, uuid: uuid,
-		gran: map[granKey]uint64{}}, nil
+		gran: map[granKey]uint64{}, counted: newCountingAPI(api, &s.stats, ordinal)}, nil
 }
 
 func (d *Device) release() error {
@@ -92,7 +94,7 @@ func (d *Device) do(fn func(api driver.API) error) error {
 	if d.released.Load() {
 		return fmt.Errorf("vmm: device %d: %w", d.ordinal, ErrClosed)
 	}
-	return bind(d.sys.api, d.ctx, fn)
+	return bind(&d.counted, d.ctx, fn)
 }
 
 // Raw runs fn with this device's primary context bound on a locked OS thread and gives it the driver

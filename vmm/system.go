@@ -48,6 +48,8 @@ type System struct {
 	mu      sync.Mutex
 	devices []*Device // opened lazily, index = ordinal
 	closed  bool
+
+	stats statsTable // what the devices' counting APIs recorded (Stats)
 }
 
 // Open initialises the driver (cuInit) and reads its version and device count. Devices are opened
