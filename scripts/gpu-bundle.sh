@@ -16,6 +16,10 @@ for pkg in $($GO list ./...); do
   dir=${pkg#"$module"}
   dir=${dir#/}
   [ -n "$dir" ] || dir=.
+  # BUNDLE_PACKAGES="vmm growbuf" limits the bundle to those package directories.
+  if [ -n "${BUNDLE_PACKAGES:-}" ] && [[ " $BUNDLE_PACKAGES " != *" $dir "* ]]; then
+    continue
+  fi
   if ls "$dir"/*_test.go >/dev/null 2>&1; then
     name=$(echo "$dir" | tr '/' '_')
     $GO test -c -trimpath -ldflags="-s -w" -o "$out/bin/$name.test" "./$dir"
