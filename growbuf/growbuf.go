@@ -85,10 +85,10 @@ package growbuf
 import (
 	"errors"
 	"fmt"
-	"sync"
 	"sync/atomic"
 
 	"github.com/cuvmm/cuvmm/driver"
+	"github.com/cuvmm/cuvmm/internal/lifetime"
 	"github.com/cuvmm/cuvmm/internal/units"
 	"github.com/cuvmm/cuvmm/vmm"
 )
@@ -208,10 +208,10 @@ type Buffer struct {
 	capacity atomic.Uint64
 	reserved atomic.Uint64
 
-	mu     sync.Mutex
-	segs   []segment // adjacent, in address order; segs[0].off == 0
-	chunks []chunk   // in offset order, covering [0, capacity)
-	closed bool
+	own     lifetime.Owner // its lock serializes the methods; closed once Close freed everything
+	segs    []segment      // adjacent, in address order; segs[0].off == 0
+	chunks  []chunk        // in offset order, covering [0, capacity)
+	closing bool           // Close was called: the buffer refuses use
 	// What a failed clean-up left behind, retried and reported by Close.
 	leftMaps []*vmm.Mapping
 	leftRes  []*vmm.Reservation
@@ -240,9 +240,10 @@ func New(dev *vmm.Device, opts Options) (*Buffer, error) {
 		if loc.ID < 0 {
 			return nil, fmt.Errorf("growbuf: new on %s: host NUMA node %d: %w", dev, loc.ID, vmm.ErrInvalidValue)
 		}
-		// Drivers before 12.9 do not know the attribute (an error): let cuMemCreate decide there.
-		if v, err := dev.Attribute(driver.AttrHostNUMAVirtualMemoryManagementSupported); err == nil && v == 0 {
-			return nil, fmt.Errorf("growbuf: new on %s: %s: the device reports no host-NUMA VMM support (CUDA 12.2+, attribute %d): %w", dev, loc, driver.AttrHostNUMAVirtualMemoryManagementSupported, driver.ErrNotSupported)
+		// A device that reports no support fails here; when the answer cannot be had (drivers
+		// before 12.9 do not know the attribute), cuMemCreate decides at the first Grow.
+		if err := dev.Check(vmm.FeatureHostNUMA); errors.Is(err, driver.ErrNotSupported) {
+			return nil, fmt.Errorf("growbuf: new on %s: %s: %w", dev, loc, err)
 		}
 	default:
 		return nil, fmt.Errorf("growbuf: new on %s: location %s: want the device or a host NUMA node: %w", dev, loc, vmm.ErrInvalidValue)
@@ -250,17 +251,12 @@ func New(dev *vmm.Device, opts Options) (*Buffer, error) {
 	if bad := opts.HandleTypes &^ driver.HandleTypeKnown; bad != 0 {
 		return nil, fmt.Errorf("growbuf: new on %s: handle types %s: unknown bits %#x: %w", dev, opts.HandleTypes, int32(bad), vmm.ErrInvalidValue)
 	}
-	locGran, err := dev.Granularity(loc, driver.GranularityMinimum)
-	if err != nil {
-		return nil, fmt.Errorf("growbuf: new: %w", err)
-	}
-	sysGran, err := sys.Granularity()
-	if err != nil {
-		return nil, fmt.Errorf("growbuf: new: %w", err)
-	}
 	// A chunk must be a multiple of its location's granularity and every offset a multiple of the
-	// reservation granularity; both are powers of two in practice, so this is the larger one.
-	gran := locGran / gcd(locGran, sysGran) * sysGran
+	// reservation granularity.
+	gran, err := sys.CommonGranularity(loc, dev)
+	if err != nil {
+		return nil, fmt.Errorf("growbuf: new: %w", err)
+	}
 
 	policy, err := normalizePolicy(opts.Chunk, gran)
 	if err != nil {
@@ -268,9 +264,9 @@ func New(dev *vmm.Device, opts Options) (*Buffer, error) {
 	}
 	limit := ^uint64(0) / gran * gran
 	if opts.Limit != 0 {
-		l, ok := units.RoundUp(opts.Limit, gran)
-		if !ok {
-			return nil, fmt.Errorf("growbuf: new on %s: limit %d overflows when rounded up to the granularity %s: %w", dev, opts.Limit, units.FormatSize(gran), vmm.ErrInvalidValue)
+		l, err := vmm.RoundUp(fmt.Sprintf("growbuf: new on %s: limit", dev), opts.Limit, gran)
+		if err != nil {
+			return nil, err
 		}
 		limit = l
 	}
@@ -278,9 +274,9 @@ func New(dev *vmm.Device, opts Options) (*Buffer, error) {
 	if maxSize == 0 {
 		maxSize = min(dev.TotalMemory(), limit)
 	}
-	maxSize, ok := units.RoundUp(maxSize, gran)
-	if !ok || maxSize == 0 {
-		return nil, fmt.Errorf("growbuf: new on %s: max size %d: overflows or is zero when rounded up to the granularity %s: %w", dev, opts.MaxSize, units.FormatSize(gran), vmm.ErrInvalidValue)
+	maxSize, err = vmm.RoundUp(fmt.Sprintf("growbuf: new on %s: max size", dev), maxSize, gran)
+	if err != nil {
+		return nil, err
 	}
 
 	access := []vmm.Access{vmm.ReadWrite(dev)}
@@ -331,14 +327,8 @@ func New(dev *vmm.Device, opts Options) (*Buffer, error) {
 	}
 	b.ptr.Store(uint64(r.Ptr()))
 	b.reserved.Store(r.Size())
+	lifetime.Track(b, &b.own)
 	return b, nil
-}
-
-func gcd(a, b uint64) uint64 {
-	for b != 0 {
-		a, b = b, a%b
-	}
-	return a
 }
 
 func normalizePolicy(p ChunkPolicy, gran uint64) (ChunkPolicy, error) {
@@ -399,8 +389,8 @@ func (b *Buffer) Policy() ChunkPolicy { return b.policy }
 // Reservations is the number of adjacent reservations that make up the address range (1 until the
 // first in-place extension).
 func (b *Buffer) Reservations() int {
-	b.mu.Lock()
-	defer b.mu.Unlock()
+	b.own.Lock()
+	defer b.own.Unlock()
 	return len(b.segs)
 }
 
@@ -412,8 +402,8 @@ func (b *Buffer) String() string {
 // Chunks lists the buffer's allocations in offset order; they cover [0, Cap). The allocations belong
 // to the buffer: export them, but do not close them, and do not use them after the buffer changes.
 func (b *Buffer) Chunks() []vmm.Chunk {
-	b.mu.Lock()
-	defer b.mu.Unlock()
+	b.own.Lock()
+	defer b.own.Unlock()
 	out := make([]vmm.Chunk, len(b.chunks))
 	for i, c := range b.chunks {
 		out[i] = vmm.Chunk{Offset: c.off, Allocation: c.m.Allocation()}
@@ -425,7 +415,7 @@ func (b *Buffer) use(op string, n uint64) error {
 	if b == nil {
 		return fmt.Errorf("growbuf: %s to %d bytes: nil buffer: %w", op, n, vmm.ErrInvalidValue)
 	}
-	if b.closed {
+	if b.closing {
 		return fmt.Errorf("growbuf: %s to %d bytes: buffer %#x: %w", op, n, b.ptr.Load(), vmm.ErrClosed)
 	}
 	return nil
@@ -438,8 +428,8 @@ func (b *Buffer) Grow(n uint64) error {
 	if b == nil {
 		return b.use("grow", n)
 	}
-	b.mu.Lock()
-	defer b.mu.Unlock()
+	b.own.Lock()
+	defer b.own.Unlock()
 	if err := b.use("grow", n); err != nil {
 		return err
 	}
@@ -451,8 +441,8 @@ func (b *Buffer) Resize(n uint64) error {
 	if b == nil {
 		return b.use("resize", n)
 	}
-	b.mu.Lock()
-	defer b.mu.Unlock()
+	b.own.Lock()
+	defer b.own.Unlock()
 	if err := b.use("resize", n); err != nil {
 		return err
 	}
@@ -471,8 +461,8 @@ func (b *Buffer) Shrink(n uint64) error {
 	if b == nil {
 		return b.use("shrink", n)
 	}
-	b.mu.Lock()
-	defer b.mu.Unlock()
+	b.own.Lock()
+	defer b.own.Unlock()
 	if err := b.use("shrink", n); err != nil {
 		return err
 	}
@@ -522,9 +512,9 @@ func (b *Buffer) grow(n uint64) error {
 		return nil
 	}
 	have := b.capacity.Load()
-	need, ok := units.RoundUp(n, b.gran)
-	if !ok {
-		return fmt.Errorf("growbuf: grow to %d bytes: the size overflows when rounded up to the granularity %s: %w (%w)", n, units.FormatSize(b.gran), ErrTooLarge, vmm.ErrInvalidValue)
+	need, err := vmm.RoundUp(fmt.Sprintf("growbuf: grow to %d bytes", n), n, b.gran)
+	if err != nil {
+		return fmt.Errorf("%w (%w)", err, ErrTooLarge)
 	}
 	if need > b.limit {
 		return fmt.Errorf("growbuf: grow to %d bytes (%s mapped): past the limit of %s: %w", n, units.FormatSize(need), units.FormatSize(b.limit), ErrTooLarge)
@@ -550,21 +540,27 @@ func (b *Buffer) grow(n uint64) error {
 		}
 		addedSeg = true
 	}
-	first := len(b.chunks)
+	var specs []vmm.ChunkSpec
+	var news []chunk
 	for pos := have; pos < target; {
 		size := b.step(pos)
 		seg := b.segAt(pos)
-		m, err := seg.res.MapNew(pos-seg.off, size, b.dev, b.allocOpts, b.access...)
-		if err != nil {
-			err = fmt.Errorf("growbuf: grow from %s to %d bytes: chunk %d of %s at offset %#x: %w", units.FormatSize(b.length.Load()), n, len(b.chunks), units.FormatSize(size), pos, err)
-			if rerr := b.rollback(first, addedSeg); rerr != nil {
-				err = errors.Join(err, fmt.Errorf("growbuf: undoing the grow: %w", rerr))
-			}
-			return err
-		}
-		b.chunks = append(b.chunks, chunk{m: m, off: pos, size: size})
+		specs = append(specs, vmm.ChunkSpec{Reservation: seg.res, Offset: pos - seg.off, Size: size, Device: b.dev, Alloc: b.allocOpts, Access: b.access})
+		news = append(news, chunk{off: pos, size: size})
 		pos += size
 	}
+	maps, err := vmm.MapChunks(specs)
+	if err != nil {
+		err = fmt.Errorf("growbuf: grow from %s to %d bytes: %w", units.FormatSize(b.length.Load()), n, err)
+		if addedSeg {
+			err = errors.Join(err, b.dropLastSegment())
+		}
+		return err
+	}
+	for i := range news {
+		news[i].m = maps[i]
+	}
+	b.chunks = append(b.chunks, news...)
 	b.capacity.Store(target)
 	b.length.Store(n)
 	return nil
@@ -595,28 +591,16 @@ func (b *Buffer) extend(target uint64) error {
 	return errors.Join(errs...)
 }
 
-// rollback undoes a failed grow: it closes chunks[first:] and, when the grow added it, the last
-// reservation. The caller holds mu.
-func (b *Buffer) rollback(first int, addedSeg bool) error {
-	var errs []error
-	for i := len(b.chunks) - 1; i >= first; i-- {
-		if err := b.chunks[i].m.Close(); err != nil {
-			errs = append(errs, err)
-			b.leftMaps = append(b.leftMaps, b.chunks[i].m)
-		}
+// dropLastSegment undoes the extension a failed grow made: it frees the last reservation (or,
+// should that fail, leaves it with the System to retry). The caller holds the lock.
+func (b *Buffer) dropLastSegment() error {
+	last := b.segs[len(b.segs)-1]
+	b.segs = b.segs[:len(b.segs)-1]
+	b.reserved.Store(b.segs[len(b.segs)-1].end())
+	if err := vmm.UndoClose(last.res); err != nil {
+		return fmt.Errorf("growbuf: undoing the extension: %w", err)
 	}
-	clear(b.chunks[first:])
-	b.chunks = b.chunks[:first]
-	if addedSeg {
-		last := b.segs[len(b.segs)-1]
-		if err := last.res.Close(); err != nil {
-			errs = append(errs, err)
-			b.leftRes = append(b.leftRes, last.res)
-		}
-		b.segs = b.segs[:len(b.segs)-1]
-		b.reserved.Store(b.segs[len(b.segs)-1].end())
-	}
-	return errors.Join(errs...)
+	return nil
 }
 
 // move implements a Grow that does not fit in place (Options.AllowMove): it builds the whole buffer
@@ -639,48 +623,37 @@ func (b *Buffer) move(n, need uint64, cause error) error {
 		return fmt.Errorf("growbuf: grow from %s to %d bytes: the reservation of %s at %#x is full (%v), and moving to a new range of %s failed: %s: %w (%w)",
 			units.FormatSize(b.length.Load()), n, units.FormatSize(oldReserved), b.ptr.Load(), cause, units.FormatSize(size), what, err, ErrReservationFull)
 	}
-	r, err := b.sys.Reserve(size, vmm.ReserveOptions{})
-	if err != nil {
-		return fail("reserve", err)
-	}
-	r.SetKind("growbuf")
+	specs := make([]vmm.ChunkSpec, 0, len(b.chunks)+added)
 	chunks := make([]chunk, 0, len(b.chunks)+added)
-	undo := func(err error) error {
-		var errs []error
-		for i := len(chunks) - 1; i >= 0; i-- {
-			if cerr := chunks[i].m.Close(); cerr != nil {
-				errs = append(errs, cerr)
-				b.leftMaps = append(b.leftMaps, chunks[i].m)
-			}
-		}
-		if len(errs) == 0 {
-			if cerr := r.Close(); cerr != nil {
-				errs = append(errs, cerr)
-				b.leftRes = append(b.leftRes, r)
-			}
-		} else {
-			b.leftRes = append(b.leftRes, r)
-		}
-		if len(errs) > 0 {
-			return errors.Join(err, fmt.Errorf("growbuf: undoing the move: %w", errors.Join(errs...)))
-		}
-		return err
-	}
 	for _, c := range b.chunks {
-		m, err := r.MapAccess(c.off, c.m.Allocation(), b.access...)
-		if err != nil {
-			return undo(fail(fmt.Sprintf("mapping the chunk at offset %#x again", c.off), err))
-		}
-		chunks = append(chunks, chunk{m: m, off: c.off, size: c.size})
+		specs = append(specs, vmm.ChunkSpec{Offset: c.off, Allocation: c.m.Allocation(), Access: b.access})
+		chunks = append(chunks, chunk{off: c.off, size: c.size})
 	}
 	for pos := have; pos < target; {
 		size := b.chunkSize(pos)
-		m, err := r.MapNew(pos, size, b.dev, b.allocOpts, b.access...)
-		if err != nil {
-			return undo(fail(fmt.Sprintf("new chunk of %s at offset %#x", units.FormatSize(size), pos), err))
-		}
-		chunks = append(chunks, chunk{m: m, off: pos, size: size})
+		specs = append(specs, vmm.ChunkSpec{Offset: pos, Size: size, Device: b.dev, Alloc: b.allocOpts, Access: b.access})
+		chunks = append(chunks, chunk{off: pos, size: size})
 		pos += size
+	}
+	// The old chunks mapped again and the new ones made, in a new range, all or nothing.
+	r, maps, err := b.sys.ReserveChunks(size, vmm.ReserveOptions{}, specs)
+	if err != nil {
+		return fail("building the new range", err)
+	}
+	r.SetKind("growbuf")
+	for i := range chunks {
+		chunks[i].m = maps[i]
+	}
+	undo := func(err error) error {
+		var errs []error
+		for i := len(maps) - 1; i >= 0; i-- {
+			errs = append(errs, vmm.UndoClose(maps[i]))
+		}
+		errs = append(errs, vmm.UndoClose(r))
+		if uerr := errors.Join(errs...); uerr != nil {
+			return errors.Join(err, fmt.Errorf("growbuf: undoing the move: %w", uerr))
+		}
+		return err
 	}
 	// Commit: nothing queued may still use the old addresses when they are unmapped.
 	if err := b.sync(); err != nil {
@@ -780,10 +753,13 @@ func (b *Buffer) unmapFrom(first int) error {
 		}
 		start, end := b.chunks[j].off, last.off+last.size
 		if err := seg.res.UnmapRange(start-seg.off, end-start); err != nil {
-			// cuMemUnmap failing changes nothing; a release failing after the unmap leaves the
-			// mappings gone (and the allocation reported in err).
+			// cuMemUnmap failing changes nothing; a release failing after the unmap leaves those
+			// mappings open with the release pending: Close retries them.
 			if mappingLive(seg.res, last.m) {
 				return err
+			}
+			for _, c := range b.chunks[j:] {
+				b.leftMaps = append(b.leftMaps, c.m)
 			}
 			b.dropChunks(j)
 			return err
@@ -825,9 +801,12 @@ func (b *Buffer) Close() error {
 	if b == nil {
 		return nil
 	}
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	b.closed = true
+	b.own.Lock()
+	defer b.own.Unlock()
+	if b.own.Closed() {
+		return nil
+	}
+	b.closing = true
 	var errs []error
 	if b.deferred != nil {
 		errs = append(errs, b.deferred)
@@ -839,12 +818,8 @@ func (b *Buffer) Close() error {
 			errs = append(errs, fmt.Errorf("growbuf: close: waiting for queued work: %w", err))
 		}
 	}
-	if len(b.chunks) > 0 {
-		if err := b.unmapFrom(0); err != nil {
-			errs = append(errs, fmt.Errorf("growbuf: close: %w", err))
-		}
-	}
-	b.length.Store(0)
+	// What an earlier failure left first: an old range's mappings still map allocations that the
+	// chunks own, which can be released only once those are unmapped.
 	left := b.leftMaps[:0]
 	for _, m := range b.leftMaps {
 		if err := m.Close(); err != nil {
@@ -852,7 +827,14 @@ func (b *Buffer) Close() error {
 			left = append(left, m)
 		}
 	}
+	clear(b.leftMaps[len(left):])
 	b.leftMaps = left
+	if len(b.chunks) > 0 {
+		if err := b.unmapFrom(0); err != nil {
+			errs = append(errs, fmt.Errorf("growbuf: close: %w", err))
+		}
+	}
+	b.length.Store(0)
 	for len(b.segs) > 0 && len(b.chunks) == 0 {
 		s := b.segs[len(b.segs)-1]
 		if err := s.res.Close(); err != nil {
@@ -874,6 +856,9 @@ func (b *Buffer) Close() error {
 		b.reserved.Store(0)
 	} else {
 		b.reserved.Store(b.segs[len(b.segs)-1].end())
+	}
+	if len(errs) == 0 && len(b.segs) == 0 && len(b.leftMaps) == 0 && len(b.leftRes) == 0 {
+		b.own.MarkClosed()
 	}
 	return errors.Join(errs...)
 }

@@ -3,26 +3,41 @@ package ipc
 import (
 	"errors"
 	"fmt"
+
+	"github.com/cuvmm/cuvmm/internal/unixsock"
+	"github.com/cuvmm/cuvmm/vmm"
 )
 
 // Sentinel errors of this package; match them with errors.Is.
 var (
 	// ErrProtocol: a message or descriptor that breaks the wire format (magic, version, kind,
 	// lengths, a descriptor count that disagrees with the descriptors received, truncated control
-	// data, descriptors nobody asked for).
-	ErrProtocol = errors.New("ipc: protocol error")
-	// ErrTooLarge: a message, name or chunk table above the limits (MaxPayload, MaxFDsPerMessage,
-	// MaxChunks, MaxNameLen). It also matches ErrProtocol.
-	ErrTooLarge = fmt.Errorf("%w: above the size limit", ErrProtocol)
+	// data, descriptors nobody asked for, a memfd its sender did not seal).
+	ErrProtocol = unixsock.ErrProtocol
+	// ErrMessageTooLarge: a message, name or chunk table above the limits (MaxPayload,
+	// MaxFDsPerMessage, MaxChunks, MaxNameLen). It also matches ErrProtocol.
+	ErrMessageTooLarge = unixsock.ErrMessageTooLarge
 	// ErrNotFound: the server has no buffer published under the name fetched.
 	ErrNotFound = errors.New("ipc: no such buffer")
 	// ErrExists: Publish of a name already published.
 	ErrExists = errors.New("ipc: name already published")
-	// ErrPermission: a peer whose credentials the server (or client) does not accept, or a socket
-	// directory that others may write to.
-	ErrPermission = errors.New("ipc: permission denied")
-	// ErrClosed: a server or client used after Close.
-	ErrClosed = errors.New("ipc: closed")
+	// ErrPermission: a peer whose credentials the server (or client) does not accept, a socket
+	// directory that group or others may write to or that another user owns, an abstract socket
+	// name, or a socket the filesystem does not let this process reach (EACCES).
+	ErrPermission = unixsock.ErrPermission
+	// ErrConnLimit: the server holds its maximum of connections (in total or for the peer's uid).
+	ErrConnLimit = unixsock.ErrConnLimit
+	// ErrIdle: the server dropped a peer that sent nothing for ServerOptions.IdleTimeout.
+	ErrIdle = unixsock.ErrIdle
+	// ErrTimeout: the server dropped a peer that left a message half-sent for
+	// ServerOptions.ReadTimeout.
+	ErrTimeout = unixsock.ErrTimeout
+	// ErrClosed is vmm.ErrClosed: a server, client or buffer used after Close.
+	ErrClosed = vmm.ErrClosed
+
+	// Deprecated: ErrTooLarge is ErrMessageTooLarge (a different meaning from growbuf.ErrTooLarge,
+	// a size above a buffer's limit).
+	ErrTooLarge = ErrMessageTooLarge
 )
 
 // Error codes carried by KindError messages.
@@ -31,21 +46,25 @@ const (
 	CodePermission uint16 = 2 // the peer's credentials are refused
 	CodeProtocol   uint16 = 3 // the request broke the protocol
 	CodeInternal   uint16 = 4 // the server failed (for example exporting the buffer)
+	CodeConnLimit  uint16 = 5 // the server holds its maximum of connections
 )
 
-// RemoteError is an error the peer reported in a KindError message. It matches ErrNotFound,
-// ErrPermission or ErrProtocol with errors.Is according to its code.
-type RemoteError struct {
+// ServerError is an error an ipc server reported in a KindError message. It matches ErrNotFound,
+// ErrPermission, ErrProtocol or ErrConnLimit with errors.Is according to its code.
+type ServerError struct {
 	Code    uint16
 	Message string
 }
 
-func (e *RemoteError) Error() string {
+// Deprecated: RemoteError is ServerError.
+type RemoteError = ServerError
+
+func (e *ServerError) Error() string {
 	return fmt.Sprintf("ipc: the server refused (code %d): %s", e.Code, e.Message)
 }
 
 // Is makes errors.Is(err, ErrNotFound) hold for CodeNotFound, and likewise for the other codes.
-func (e *RemoteError) Is(target error) bool {
+func (e *ServerError) Is(target error) bool {
 	switch e.Code {
 	case CodeNotFound:
 		return target == ErrNotFound
@@ -53,6 +72,21 @@ func (e *RemoteError) Is(target error) bool {
 		return target == ErrPermission
 	case CodeProtocol:
 		return target == ErrProtocol
+	case CodeConnLimit:
+		return target == ErrConnLimit
 	}
 	return false
+}
+
+// codeOf is the KindError code for a refusal made by the transport.
+func codeOf(err error) uint16 {
+	switch {
+	case errors.Is(err, ErrConnLimit):
+		return CodeConnLimit
+	case errors.Is(err, ErrPermission):
+		return CodePermission
+	case errors.Is(err, ErrProtocol):
+		return CodeProtocol
+	}
+	return CodeInternal
 }

@@ -140,3 +140,12 @@ func sameInode(t testing.TB, a, b *os.File) bool {
 	require.NoError(t, unix.Fstat(int(b.Fd()), &sb))
 	return sa.Ino == sb.Ino && sa.Dev == sb.Dev
 }
+
+// privateDir is a 0700 directory of this uid for sockets (t.TempDir's mode follows the umask).
+func privateDir(t testing.TB) string {
+	t.Helper()
+	d, err := os.MkdirTemp("", "ipc")
+	require.NoError(t, err)
+	t.Cleanup(func() { os.RemoveAll(d) })
+	return d
+}

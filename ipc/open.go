@@ -3,9 +3,11 @@ package ipc
 import (
 	"errors"
 	"fmt"
+	"os"
 	"sync"
 
 	"github.com/cuvmm/cuvmm/driver"
+	"github.com/cuvmm/cuvmm/internal/memfd"
 	"github.com/cuvmm/cuvmm/internal/units"
 	"github.com/cuvmm/cuvmm/vmm"
 )
@@ -64,6 +66,9 @@ func Open(dev *vmm.Device, r *Received, access ...vmm.Access) (*Buffer, error) {
 		return nil, err
 	}
 	for i, c := range desc.Chunks {
+		if err := checkSeals(r.Files[i], c.Size); err != nil {
+			return fail(i, "check seals", err)
+		}
 		a, err := dev.Import(r.Files[i], c.Size, c.HandleType)
 		if err != nil {
 			return fail(i, "import (cuMemImportFromShareableHandle)", err)
@@ -176,5 +181,30 @@ func (b *Buffer) Close() error {
 		return fmt.Errorf("ipc: close %s: %w", &b.desc, err)
 	}
 	b.closed = true
+	return nil
+}
+
+// checkSeals refuses a memfd (the simulator's handles, or a hostile peer's file) that its sender
+// could still resize, or whose size is not the chunk's: mapping it would let that process kill this
+// one with SIGBUS by truncating it. The real driver's handles are not memfds and pass untouched.
+func checkSeals(f *os.File, size uint64) error {
+	if f == nil {
+		return fmt.Errorf("nil file: %w", ErrProtocol)
+	}
+	rc, err := f.SyscallConn()
+	if err != nil {
+		return err
+	}
+	var cerr error
+	if err := rc.Control(func(fd uintptr) {
+		if memfd.IsMemfd(int(fd)) {
+			cerr = memfd.CheckSealedFD(int(fd), size)
+		}
+	}); err != nil {
+		return err
+	}
+	if cerr != nil {
+		return fmt.Errorf("%w: %w", ErrProtocol, cerr)
+	}
 	return nil
 }

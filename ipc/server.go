@@ -6,20 +6,19 @@ import (
 	"fmt"
 	"io"
 	"net"
-	"os"
-	"path/filepath"
 	"slices"
 	"sync"
 	"sync/atomic"
-	"syscall"
 	"time"
 
 	"golang.org/x/sys/unix"
 
+	"github.com/cuvmm/cuvmm/internal/unixsock"
 	"github.com/cuvmm/cuvmm/vmm"
 )
 
-// ServerOptions tunes Listen. The zero value serves peers of this process's uid.
+// ServerOptions tunes Listen. The zero value serves peers of this process's uid with the default
+// limits and timeouts; a negative limit or timeout turns it off.
 type ServerOptions struct {
 	// AllowUIDs are the uids whose processes may fetch buffers (checked with SO_PEERCRED). Empty
 	// means this process's uid only; when set, it is the whole list (add os.Getuid() to keep it).
@@ -30,7 +29,18 @@ type ServerOptions struct {
 	// Timeout bounds writing one reply (default 10 s), so a peer that stops reading cannot hold a
 	// buffer's files forever.
 	Timeout time.Duration
-	// Logf, when set, receives the connections' failures (refused peers, broken requests).
+	// MaxConns caps the connections served at once (default 256); one more is refused with
+	// CodeConnLimit (ErrConnLimit on the client) and closed.
+	MaxConns int
+	// MaxConnsPerUID caps the connections of one uid served at once (default 64).
+	MaxConnsPerUID int
+	// IdleTimeout drops a peer that sends no request for this long (default 5 min).
+	IdleTimeout time.Duration
+	// ReadTimeout drops a peer that starts a request and does not finish it within this long
+	// (default 10 s).
+	ReadTimeout time.Duration
+	// Logf, when set, receives the connections' failures (refused peers, broken requests, dropped
+	// peers; refusals and accept failures at most once a second each).
 	Logf func(format string, args ...any)
 }
 
@@ -38,16 +48,12 @@ type ServerOptions struct {
 // Serve (usually in its own goroutine), and Close it.
 type Server struct {
 	path string
-	ln   *net.UnixListener
+	ln   *unixsock.Listener
 	opts ServerOptions
-	// peerCred reads a connection's peer credentials (SO_PEERCRED); tests replace it.
-	peerCred func(*net.UnixConn) (unix.Ucred, error)
 
 	mu     sync.Mutex
 	bufs   map[string]*published
-	conns  map[*net.UnixConn]struct{}
 	closed bool
-	wg     sync.WaitGroup
 }
 
 // published is one buffer's export, shared by the fetches in flight.
@@ -58,108 +64,24 @@ type published struct {
 }
 
 // Listen creates the socket at path with mode 0600 and returns a server that is not serving yet.
-// The directory holding path must not be writable by others (mode o+w, sticky or not, is refused
-// with an error wrapping ErrPermission): use a private directory such as one made by os.MkdirTemp
-// or $XDG_RUNTIME_DIR. A stale socket left at path by a dead server of the same uid is replaced;
-// anything else at path is an error.
+// The directory holding path must be writable by its owner alone and belong to this uid or root
+// (else an error wrapping ErrPermission): use a private directory such as one made by os.MkdirTemp
+// or $XDG_RUNTIME_DIR. Abstract names ("@name") are refused (ErrPermission): they have no file
+// permissions. A stale socket left at path by a dead server of the same uid is replaced; anything
+// else at path is an error.
 func Listen(path string, opts ServerOptions) (*Server, error) {
-	if opts.Timeout <= 0 {
-		opts.Timeout = 10 * time.Second
+	if opts.Timeout == 0 {
+		opts.Timeout = unixsock.DefaultWriteTimeout
 	}
-	ln, err := ListenUnix(path)
+	s := &Server{path: path, opts: opts, bufs: map[string]*published{}}
+	ln, err := unixsock.Listen(path, unixsock.Options{AllowUIDs: opts.AllowUIDs, Authorize: opts.Authorize,
+		MaxConns: opts.MaxConns, MaxConnsPerUID: opts.MaxConnsPerUID, IdleTimeout: opts.IdleTimeout,
+		ReadTimeout: opts.ReadTimeout, WriteTimeout: opts.Timeout, Refuse: s.refuse, Logf: s.prefixedLogf})
 	if err != nil {
-		return nil, err
+		return nil, fmt.Errorf("ipc: %w", err)
 	}
-	return &Server{path: path, ln: ln, opts: opts, peerCred: peerCredentials,
-		bufs: map[string]*published{}, conns: map[*net.UnixConn]struct{}{}}, nil
-}
-
-// checkSocketDir refuses a socket directory that other users may write to.
-func checkSocketDir(path string) error {
-	if len(path) >= len(unix.RawSockaddrUnix{}.Path) {
-		return fmt.Errorf("ipc: listen on %s: the path is %d bytes, a Unix socket path must be under %d", path, len(path), len(unix.RawSockaddrUnix{}.Path))
-	}
-	dir := filepath.Dir(path)
-	st, err := os.Stat(dir)
-	if err != nil {
-		return fmt.Errorf("ipc: listen on %s: socket directory: %w", path, err)
-	}
-	if !st.IsDir() {
-		return fmt.Errorf("ipc: listen on %s: %s is not a directory", path, dir)
-	}
-	if st.Mode().Perm()&0o002 != 0 {
-		return fmt.Errorf("ipc: listen on %s: the directory %s is world-writable (mode %v): another user could put a socket of theirs there; use a private directory (os.MkdirTemp, $XDG_RUNTIME_DIR): %w", path, dir, st.Mode(), ErrPermission)
-	}
-	return nil
-}
-
-// listen0600 binds a Unix stream socket at path whose file is created with mode 0600: fchmod on the
-// socket before bind sets the mode bind gives the file (less the umask), so no other user can
-// connect in a window between bind and chmod.
-func listen0600(path string) (*net.UnixListener, error) {
-	lc := net.ListenConfig{Control: func(_, _ string, c syscall.RawConn) error {
-		var ferr error
-		if err := c.Control(func(fd uintptr) { ferr = unix.Fchmod(int(fd), 0o600) }); err != nil {
-			return err
-		}
-		if ferr != nil {
-			return fmt.Errorf("fchmod 0600 on the socket: %w", ferr)
-		}
-		return nil
-	}}
-	l, err := lc.Listen(context.Background(), "unix", path)
-	if err != nil {
-		return nil, err
-	}
-	return l.(*net.UnixListener), nil
-}
-
-// removeStale removes a socket at path that belongs to this uid and that nobody listens on.
-func removeStale(path string) bool {
-	st, err := os.Lstat(path)
-	if err != nil || st.Mode()&os.ModeSocket == 0 {
-		return false
-	}
-	if sys, ok := st.Sys().(*syscall.Stat_t); !ok || int(sys.Uid) != os.Getuid() {
-		return false
-	}
-	c, err := net.DialTimeout("unix", path, time.Second)
-	if err == nil {
-		c.Close()
-		return false
-	}
-	if !errors.Is(err, syscall.ECONNREFUSED) {
-		return false
-	}
-	return os.Remove(path) == nil
-}
-
-// peerCredentials reads the connected peer's pid, uid and gid (SO_PEERCRED: as they were at
-// connect time).
-func peerCredentials(conn *net.UnixConn) (unix.Ucred, error) {
-	rc, err := conn.SyscallConn()
-	if err != nil {
-		return unix.Ucred{}, err
-	}
-	var cred *unix.Ucred
-	var cerr error
-	if err := rc.Control(func(fd uintptr) {
-		cred, cerr = unix.GetsockoptUcred(int(fd), unix.SOL_SOCKET, unix.SO_PEERCRED)
-	}); err != nil {
-		return unix.Ucred{}, err
-	}
-	if cerr != nil {
-		return unix.Ucred{}, fmt.Errorf("getsockopt SO_PEERCRED: %w", cerr)
-	}
-	return *cred, nil
-}
-
-// allowUID checks uid against an allow-list (empty: this process's uid).
-func allowUID(allowed []int, uid uint32) bool {
-	if len(allowed) == 0 {
-		return int(uid) == os.Getuid()
-	}
-	return slices.Contains(allowed, int(uid))
+	s.ln = ln
+	return s, nil
 }
 
 // Path is the socket's path.
@@ -254,119 +176,83 @@ func (s *Server) release(p *published) {
 	}
 }
 
-func (s *Server) isClosed() bool {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.closed
-}
-
 func (s *Server) logf(format string, args ...any) {
 	if s.opts.Logf != nil {
 		s.opts.Logf(format, args...)
 	}
 }
 
+func (s *Server) prefixedLogf(format string, args ...any) { s.logf("ipc: "+format, args...) }
+
+// refuse tells a peer the transport refused why.
+func (s *Server) refuse(c *unixsock.Conn, err error) {
+	_ = c.Write(KindError, encodeRemoteError(codeOf(err), err.Error()), nil)
+}
+
 // Serve accepts connections until Close, serving each in its own goroutine. It returns nil after
 // Close, or the listener's error.
 func (s *Server) Serve() error {
-	for {
-		conn, err := Accept(s.ln, s.isClosed, s.logf)
-		if conn == nil {
-			if err != nil {
-				err = fmt.Errorf("ipc: %w", err)
-			}
-			return err
-		}
-		s.mu.Lock()
-		if s.closed {
-			s.mu.Unlock()
-			conn.Close()
-			return nil
-		}
-		s.conns[conn] = struct{}{}
-		s.wg.Add(1)
-		s.mu.Unlock()
-		go s.serveConn(conn)
+	if err := s.ln.Serve(s.serveConn); err != nil {
+		return fmt.Errorf("ipc: %w", err)
 	}
+	return nil
 }
 
-// serveConn checks the peer's credentials and answers its fetches until it hangs up.
-func (s *Server) serveConn(conn *net.UnixConn) {
-	defer s.wg.Done()
-	defer func() {
-		s.mu.Lock()
-		delete(s.conns, conn)
-		s.mu.Unlock()
-		conn.Close()
-	}()
-	cred, err := s.peerCred(conn)
-	if err != nil {
-		s.logf("ipc: %s: reading the peer's credentials: %v", s.path, err)
-		return
-	}
-	if !allowUID(s.opts.AllowUIDs, cred.Uid) {
-		msg := fmt.Sprintf("peer pid %d runs as uid %d, which this server (uid %d) does not allow", cred.Pid, cred.Uid, os.Getuid())
-		s.logf("ipc: %s: refused: %s", s.path, msg)
-		s.reply(conn, CodePermission, msg)
-		return
-	}
-	if s.opts.Authorize != nil {
-		if err := s.opts.Authorize(cred); err != nil {
-			msg := fmt.Sprintf("peer pid %d uid %d: %v", cred.Pid, cred.Uid, err)
-			s.logf("ipc: %s: refused: %s", s.path, msg)
-			s.reply(conn, CodePermission, msg)
-			return
-		}
-	}
+// serveConn answers one admitted peer's fetches until it hangs up, breaks the protocol or goes
+// silent.
+func (s *Server) serveConn(c *unixsock.Conn) {
+	pid := c.Peer().Pid
 	for {
-		kind, payload, files, err := ReadMessage(conn)
+		f, err := c.Read()
 		if err != nil {
 			if !errors.Is(err, io.EOF) && !errors.Is(err, net.ErrClosed) {
-				s.logf("ipc: %s: peer pid %d: %v", s.path, cred.Pid, err)
+				s.logf("ipc: %s: peer pid %d: %v (closing the connection)", s.path, pid, err)
 				if errors.Is(err, ErrProtocol) {
-					s.reply(conn, CodeProtocol, err.Error())
+					s.reply(c, CodeProtocol, err.Error())
 				}
 			}
 			return
 		}
-		if len(files) > 0 {
-			n := len(files)
-			_ = closeFiles(files)
-			s.reply(conn, CodeProtocol, fmt.Sprintf("a kind %d request carried %d descriptors nobody asked for (closed)", kind, n))
+		if len(f.Files) > 0 {
+			n := len(f.Files)
+			_ = closeFiles(f.Files)
+			s.reply(c, CodeProtocol, fmt.Sprintf("a kind %d request carried %d descriptors nobody asked for (closed)", f.Kind, n))
 			return
 		}
-		if kind != KindFetch {
-			s.reply(conn, CodeProtocol, fmt.Sprintf("unexpected message kind %d (want %d, a fetch)", kind, KindFetch))
+		if f.Kind != KindFetch {
+			s.reply(c, CodeProtocol, fmt.Sprintf("unexpected message kind %d (want %d, a fetch)", f.Kind, KindFetch))
 			return
 		}
-		name := string(payload)
-		if err := validName(name); err != nil {
-			s.reply(conn, CodeProtocol, err.Error())
-			return
-		}
-		p := s.acquire(name)
-		if p == nil {
-			if !s.reply(conn, CodeNotFound, fmt.Sprintf("no buffer named %q is published on %s", name, s.path)) {
-				return
-			}
-			continue
-		}
-		_ = conn.SetWriteDeadline(time.Now().Add(s.opts.Timeout))
-		err = Send(conn, p.exp)
-		_ = conn.SetWriteDeadline(time.Time{})
-		s.release(p)
-		if err != nil {
-			s.logf("ipc: %s: sending %q to pid %d: %v", s.path, name, cred.Pid, err)
+		if !s.fetch(c, string(f.Payload)) {
 			return
 		}
 	}
 }
 
+// fetch answers one fetch; it reports whether the connection stays usable.
+func (s *Server) fetch(c *unixsock.Conn, name string) bool {
+	if err := validName(name); err != nil {
+		s.reply(c, CodeProtocol, err.Error())
+		return false
+	}
+	p := s.acquire(name)
+	if p == nil {
+		return s.reply(c, CodeNotFound, fmt.Sprintf("no buffer named %q is published on %s", name, s.path))
+	}
+	c.Lock()
+	err := Send(c.Unix(), p.exp)
+	c.Unlock()
+	s.release(p)
+	if err != nil {
+		s.logf("ipc: %s: sending %q to pid %d: %v", s.path, name, c.Peer().Pid, err)
+		return false
+	}
+	return true
+}
+
 // reply sends a KindError message; it reports whether the write succeeded.
-func (s *Server) reply(conn *net.UnixConn, code uint16, msg string) bool {
-	_ = conn.SetWriteDeadline(time.Now().Add(s.opts.Timeout))
-	defer conn.SetWriteDeadline(time.Time{})
-	return WriteMessage(conn, KindError, encodeRemoteError(code, msg), nil) == nil
+func (s *Server) reply(c *unixsock.Conn, code uint16, msg string) bool {
+	return c.Write(KindError, encodeRemoteError(code, msg), nil) == nil
 }
 
 // Close stops serving: it closes the listener (removing the socket file) and the open connections,
@@ -382,20 +268,15 @@ func (s *Server) Close() error {
 		return nil
 	}
 	s.closed = true
-	err := s.ln.Close()
-	for c := range s.conns {
-		c.Close()
-	}
 	s.mu.Unlock()
-	s.wg.Wait()
+	var errs []error
+	if err := s.ln.Close(); err != nil {
+		errs = append(errs, fmt.Errorf("ipc: %w", err))
+	}
 	s.mu.Lock()
 	bufs := s.bufs
 	s.bufs = map[string]*published{}
 	s.mu.Unlock()
-	var errs []error
-	if err != nil {
-		errs = append(errs, fmt.Errorf("ipc: close listener %s: %w", s.path, err))
-	}
 	for _, p := range bufs {
 		if err := p.exp.Close(); err != nil {
 			errs = append(errs, err)
@@ -404,19 +285,22 @@ func (s *Server) Close() error {
 	return errors.Join(errs...)
 }
 
-// DialOptions tunes DialWithOptions.
+// DialOptions tunes DialContext.
 type DialOptions struct {
 	// AllowUIDs are the uids the server may run as (checked with SO_PEERCRED). Empty means this
 	// process's uid or root.
 	AllowUIDs []int
 	// Timeout bounds one Fetch (default 30 s).
 	Timeout time.Duration
+	// Retry keeps dialing while the socket does not exist or nobody listens on it (a server that is
+	// starting or restarting), until the context ends.
+	Retry bool
 }
 
 // Client fetches buffers from a Server. Its methods are safe for concurrent use (fetches are
 // serialized on the one connection).
 type Client struct {
-	conn   *net.UnixConn
+	conn   *unixsock.Conn
 	opts   DialOptions
 	server unix.Ucred
 
@@ -426,31 +310,27 @@ type Client struct {
 }
 
 // Dial connects to the server at path and checks that it runs as this process's uid or root.
-func Dial(path string) (*Client, error) { return DialWithOptions(path, DialOptions{}) }
+func Dial(path string) (*Client, error) {
+	return DialContext(context.Background(), path, DialOptions{})
+}
 
-// DialWithOptions is Dial with options.
+// Deprecated: DialWithOptions is DialContext with context.Background().
 func DialWithOptions(path string, opts DialOptions) (*Client, error) {
+	return DialContext(context.Background(), path, opts)
+}
+
+// DialContext is Dial with a context (bounding the connect, and the retries with opts.Retry) and
+// options. A server of a uid not allowed, a socket the filesystem does not let this process reach
+// (EACCES) and an abstract name ("@name") give errors wrapping ErrPermission.
+func DialContext(ctx context.Context, path string, opts DialOptions) (*Client, error) {
 	if opts.Timeout <= 0 {
 		opts.Timeout = 30 * time.Second
 	}
-	conn, err := net.DialUnix("unix", nil, &net.UnixAddr{Name: path, Net: "unix"})
+	c, err := unixsock.Dial(ctx, path, unixsock.DialOptions{AllowUIDs: opts.AllowUIDs, Retry: opts.Retry})
 	if err != nil {
-		return nil, fmt.Errorf("ipc: dial %s: %w", path, err)
+		return nil, fmt.Errorf("ipc: %w", err)
 	}
-	cred, err := peerCredentials(conn)
-	if err != nil {
-		conn.Close()
-		return nil, fmt.Errorf("ipc: dial %s: %w", path, err)
-	}
-	ok := allowUID(opts.AllowUIDs, cred.Uid)
-	if len(opts.AllowUIDs) == 0 && cred.Uid == 0 {
-		ok = true
-	}
-	if !ok {
-		conn.Close()
-		return nil, fmt.Errorf("ipc: dial %s: the server (pid %d) runs as uid %d, which this client (uid %d) does not allow: %w", path, cred.Pid, cred.Uid, os.Getuid(), ErrPermission)
-	}
-	return &Client{conn: conn, opts: opts, server: cred}, nil
+	return &Client{conn: c, opts: opts, server: c.Peer()}, nil
 }
 
 // Server is the server's pid, uid and gid as the kernel reported them at connect time.
@@ -471,18 +351,19 @@ func (c *Client) Fetch(name string) (*Received, error) {
 	if c.broken != nil {
 		return nil, fmt.Errorf("ipc: fetch %q: the connection failed earlier: %w", name, c.broken)
 	}
-	_ = c.conn.SetDeadline(time.Now().Add(c.opts.Timeout))
-	defer c.conn.SetDeadline(time.Time{})
-	werr := WriteMessage(c.conn, KindFetch, []byte(name), nil)
+	uc := c.conn.Unix()
+	_ = uc.SetDeadline(time.Now().Add(c.opts.Timeout))
+	defer uc.SetDeadline(time.Time{})
+	werr := c.conn.Write(KindFetch, []byte(name), nil)
 	// Read even when the write failed: a server that refused this peer has sent why and hung up.
-	r, err := Receive(c.conn)
+	r, err := Receive(uc)
 	if err == nil && werr != nil {
 		// Cannot happen with a well-behaved server; do not trust the reply.
 		_ = r.Close()
 		err = werr
 	}
 	if err != nil {
-		var re *RemoteError
+		var re *ServerError
 		if !errors.As(err, &re) || re.Code != CodeNotFound {
 			c.broken = err
 		}

@@ -21,7 +21,7 @@ import (
 // serve starts a server on a socket in a private directory; it is closed at the end of the test.
 func serve(t *testing.T, opts ipc.ServerOptions, setup ...func(*ipc.Server)) *ipc.Server {
 	t.Helper()
-	path := filepath.Join(t.TempDir(), "ipc.sock")
+	path := filepath.Join(privateDir(t), "ipc.sock")
 	s, err := ipc.Listen(path, opts)
 	require.NoError(t, err)
 	for _, f := range setup {
@@ -124,7 +124,7 @@ func TestServerSocketDirectory(t *testing.T) {
 		require.NoError(t, os.Chmod(dir, mode))
 		_, err := ipc.Listen(filepath.Join(dir, "s.sock"), ipc.ServerOptions{})
 		require.ErrorIs(t, err, ipc.ErrPermission, "mode %v", mode)
-		require.ErrorContains(t, err, "world-writable")
+		require.ErrorContains(t, err, "writable by group or others")
 	}
 	_, err := ipc.Listen(filepath.Join(t.TempDir(), "missing", "s.sock"), ipc.ServerOptions{})
 	require.ErrorIs(t, err, os.ErrNotExist)

@@ -4,48 +4,35 @@ import (
 	"errors"
 	"fmt"
 	"net"
-	"os"
 	"syscall"
 	"time"
 
 	"golang.org/x/sys/unix"
+
+	"github.com/cuvmm/cuvmm/internal/unixsock"
 )
 
-// The socket helpers of Listen, Serve and Dial, for packages that serve their own protocol over this
-// package's transport (the copy broker): the same 0600 socket, directory check, stale-socket
-// replacement and SO_PEERCRED checks, so that every server of the module applies one set of rules.
+// The socket helpers below were exported for packages that served their own protocol over this
+// package's transport. That transport now lives in one internal package, which this package's
+// Server and the copy broker share; these remain for existing callers.
 
-// ListenUnix creates a Unix stream socket at path exactly as Listen does: the directory holding path
-// must not be writable by others (an error wrapping ErrPermission), the socket file is created with
-// mode 0600 (fchmod before bind, chmod and a check after), and a stale socket left at path by a dead
-// server of the same uid is replaced. Closing the listener removes the socket file.
+// Deprecated: ListenUnix creates a Unix stream socket at path with Listen's rules (a private
+// directory, mode 0600, no abstract names, a stale socket replaced) and returns the bare listener.
+// Use Listen, whose server also caps connections and drops silent peers.
 func ListenUnix(path string) (*net.UnixListener, error) {
-	if err := checkSocketDir(path); err != nil {
-		return nil, err
-	}
-	ln, err := listen0600(path)
-	if err != nil && errors.Is(err, unix.EADDRINUSE) && removeStale(path) {
-		ln, err = listen0600(path)
-	}
+	ln, err := unixsock.ListenUnix(path)
 	if err != nil {
-		return nil, fmt.Errorf("ipc: listen on %s: %w", path, err)
-	}
-	if err := os.Chmod(path, 0o600); err != nil {
-		ln.Close()
-		return nil, fmt.Errorf("ipc: listen on %s: chmod 0600: %w", path, err)
-	}
-	if st, err := os.Lstat(path); err != nil || st.Mode().Perm()&0o077 != 0 {
-		ln.Close()
-		return nil, fmt.Errorf("ipc: listen on %s: socket mode is not 0600 (%v): %w", path, err, ErrPermission)
+		return nil, fmt.Errorf("ipc: %w", err)
 	}
 	return ln, nil
 }
 
-// Accept waits for the next connection on ln, retrying the transient accept errors (out of
-// descriptors, a connection aborted before it was accepted) after a short pause and reporting them
-// through logf. It returns (nil, nil) once closed() reports that the server was closed, and (nil,
-// err) for any other listener error.
+// Deprecated: Accept waits for the next connection on ln, pausing (5 ms to 1 s, growing) on the
+// transient accept errors (out of descriptors, a connection aborted before it was accepted) and
+// reporting them through logf. It returns (nil, nil) once closed() reports that the server was
+// closed, and (nil, err) for any other listener error. Listen's server has its own accept loop.
 func Accept(ln *net.UnixListener, closed func() bool, logf func(format string, args ...any)) (*net.UnixConn, error) {
+	delay := 5 * time.Millisecond
 	for {
 		conn, err := ln.AcceptUnix()
 		if err == nil {
@@ -55,18 +42,19 @@ func Accept(ln *net.UnixListener, closed func() bool, logf func(format string, a
 			return nil, nil
 		}
 		if errors.Is(err, syscall.EMFILE) || errors.Is(err, syscall.ENFILE) || errors.Is(err, syscall.ECONNABORTED) {
-			logf("accept on %s: %v (retrying)", ln.Addr(), err)
-			time.Sleep(10 * time.Millisecond)
+			logf("accept on %s: %v (pausing %v)", ln.Addr(), err, delay)
+			time.Sleep(delay)
+			delay = min(2*delay, time.Second)
 			continue
 		}
 		return nil, fmt.Errorf("accept on %s: %w", ln.Addr(), err)
 	}
 }
 
-// PeerCredentials reads the connected peer's pid, uid and gid (SO_PEERCRED, as they were at connect
-// time).
-func PeerCredentials(conn *net.UnixConn) (unix.Ucred, error) { return peerCredentials(conn) }
+// Deprecated: PeerCredentials reads the connected peer's pid, uid and gid (SO_PEERCRED, as they
+// were at connect time).
+func PeerCredentials(conn *net.UnixConn) (unix.Ucred, error) { return unixsock.PeerCred(conn) }
 
-// UIDAllowed reports whether uid is in allowed; an empty list allows this process's uid only (the
-// rule of ServerOptions.AllowUIDs).
-func UIDAllowed(allowed []int, uid uint32) bool { return allowUID(allowed, uid) }
+// Deprecated: UIDAllowed reports whether uid is in allowed; an empty list allows this process's uid
+// only (the rule of ServerOptions.AllowUIDs).
+func UIDAllowed(allowed []int, uid uint32) bool { return unixsock.UIDAllowed(allowed, uid) }

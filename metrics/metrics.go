@@ -12,6 +12,7 @@
 package metrics
 
 import (
+	"slices"
 	"strconv"
 
 	"github.com/prometheus/client_golang/prometheus"
@@ -63,7 +64,7 @@ func NewFunc(stats func() vmm.Stats, opts Options) *Collector {
 		plain:      desc("plain_bytes", "Device memory from cuMemAlloc not freed.", dev),
 		visible:    desc("host_visible_bytes", "Host memory the GPU can reach in this process (registered, cuMemHostAlloc, granted host-NUMA mappings).", dev),
 		pageTables: desc("page_table_bytes", "Estimated GPU memory taken by page tables for host memory visible to the GPU: 2 MiB per GiB.", dev),
-		owners:     desc("live_owners", "vmm owners of the device not yet closed.", dev),
+		owners:     desc("live_owners", "vmm owners of the device not yet closed, by kind.", dev, "kind"),
 		objects:    desc("live_objects", "Driver objects made through the device's context and not yet freed, by type.", dev, "type"),
 		pinned:     desc("pinned_host_bytes", "Page-locked host memory made by this process, by how it was pinned.", "source"),
 		numaMapped: desc("host_numa_mapped_bytes", "Host-NUMA memory mapped into reservations, by kind; each mapping counted once.", "kind"),
@@ -112,7 +113,9 @@ func (c *Collector) collectDevice(ch chan<- prometheus.Metric, d vmm.DeviceStats
 	gauge(ch, c.d.plain, float64(d.PlainBytes), o)
 	gauge(ch, c.d.visible, float64(d.HostVisibleBytes), o)
 	gauge(ch, c.d.pageTables, float64(d.PageTableBytes), o)
-	gauge(ch, c.d.owners, float64(d.LiveOwners), o)
+	for _, k := range ownerKinds(d.LiveOwnersByKind) {
+		gauge(ch, c.d.owners, float64(d.LiveOwnersByKind[k]), o, k)
+	}
 	l := d.Live
 	for typ, n := range map[string]int{"allocation": l.Allocations, "reservation": l.Reservations, "mapping": l.Mappings,
 		"stream": l.Streams, "event": l.Events, "plain_buffer": l.PlainBuffers, "host_buffer": l.HostBuffers,
@@ -134,6 +137,18 @@ func kinds(m map[string]uint64) []string {
 	out := []string{vmm.KindVMM, vmm.KindImported}
 	for k := range m {
 		if k != vmm.KindVMM && k != vmm.KindImported {
+			out = append(out, k)
+		}
+	}
+	return out
+}
+
+// ownerKinds lists the owner kinds vmm has, and any other the map holds, so that every series exists
+// from the first scrape.
+func ownerKinds(m map[string]int) []string {
+	out := []string{"allocation", "reservation", "stream", "event", "plain buffer", "host buffer", "host registration"}
+	for k := range m {
+		if !slices.Contains(out, k) {
 			out = append(out, k)
 		}
 	}

@@ -13,6 +13,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/cuvmm/cuvmm/driver"
+	"github.com/cuvmm/cuvmm/internal/memfd"
 	"github.com/cuvmm/cuvmm/internal/units"
 	"github.com/cuvmm/cuvmm/ipc"
 	"github.com/cuvmm/cuvmm/vmm"
@@ -274,14 +275,10 @@ func newSharedMemory(dev *vmm.Device, size uint64, opts Options) (*Region, error
 	if name == "" {
 		name = "cuvmm-pinned"
 	}
-	fd, err := unix.MemfdCreate(name, unix.MFD_CLOEXEC)
+	// Sealed against resizing: the memfd is what Share hands to other processes.
+	f, err := memfd.Create(name, int64(total))
 	if err != nil {
-		return nil, fmt.Errorf("pinned: memfd_create %q: %w", name, err)
-	}
-	f := os.NewFile(uintptr(fd), "memfd:"+name)
-	if err := unix.Ftruncate(fd, int64(total)); err != nil {
-		f.Close()
-		return nil, fmt.Errorf("pinned: ftruncate memfd to %s: %w", units.FormatSize(total), err)
+		return nil, fmt.Errorf("pinned: %w", err)
 	}
 	mem, err := mapMemfd(f, total)
 	if err != nil {

@@ -7,9 +7,8 @@ import (
 	"net"
 	"os"
 
-	"golang.org/x/sys/unix"
-
 	"github.com/cuvmm/cuvmm/driver"
+	"github.com/cuvmm/cuvmm/internal/memfd"
 	"github.com/cuvmm/cuvmm/internal/units"
 	"github.com/cuvmm/cuvmm/ipc"
 	"github.com/cuvmm/cuvmm/vmm"
@@ -160,14 +159,15 @@ func receiveHostNUMA(conn *net.UnixConn, dev *vmm.Device, size uint64, grants []
 
 // openSharedMemory maps a received memfd (taking f over) and registers it when devices are granted.
 func openSharedMemory(f *os.File, dev *vmm.Device, sys *vmm.System, size uint64, grants []*vmm.Device, readOnly bool) (*Region, error) {
-	var st unix.Stat_t
-	if err := unix.Fstat(int(f.Fd()), &st); err != nil {
+	if size%pageSize != 0 {
 		f.Close()
-		return nil, fmt.Errorf("pinned: open shared-memory region: fstat: %w", err)
+		return nil, fmt.Errorf("pinned: open shared-memory region: size %s is not a multiple of the page: %w", units.FormatSize(size), ipc.ErrProtocol)
 	}
-	if uint64(st.Size) < size || size%pageSize != 0 {
+	// The sender must have sealed the file at exactly size bytes: a file it could still truncate
+	// would kill this process (SIGBUS) at the next access past the new end.
+	if err := memfd.CheckSealed(f, size); err != nil {
 		f.Close()
-		return nil, fmt.Errorf("pinned: open shared-memory region: the file holds %d bytes, the header says %s: %w", st.Size, units.FormatSize(size), ipc.ErrProtocol)
+		return nil, fmt.Errorf("pinned: open shared-memory region of %s: %w: %w", units.FormatSize(size), err, ipc.ErrProtocol)
 	}
 	mem, err := mapMemfd(f, size)
 	if err != nil {

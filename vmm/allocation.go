@@ -4,10 +4,11 @@ import (
 	"errors"
 	"fmt"
 	"os"
-	"sync"
+	"runtime"
 	"sync/atomic"
 
 	"github.com/cuvmm/cuvmm/driver"
+	"github.com/cuvmm/cuvmm/internal/lifetime"
 	"github.com/cuvmm/cuvmm/internal/units"
 )
 
@@ -36,8 +37,7 @@ type Allocation struct {
 	imported bool
 
 	mappings atomic.Int64 // live Mappings of this allocation
-	mu       sync.Mutex
-	closed   bool
+	own      lifetime.Owner
 }
 
 func (o AllocOptions) prop(d *Device) driver.AllocationProp {
@@ -75,21 +75,27 @@ func (d *Device) Allocate(size uint64, opts AllocOptions) (*Allocation, error) {
 	if err != nil {
 		return nil, err
 	}
-	var h driver.MemHandle
+	var a *Allocation
 	err = d.do(func(api driver.API) error {
-		var err error
-		h, err = api.MemCreate(rounded, &p, 0)
+		h, err := api.MemCreate(rounded, &p, 0)
+		if err == nil {
+			a = d.newAllocation(h, rounded, p, false)
+		}
 		return err
 	})
 	if err != nil {
 		return nil, fmt.Errorf("vmm: device %d: create %s at %s (handle types %s): %w", d.ordinal, units.FormatSize(rounded), p.Location, p.RequestedHandleTypes, err)
 	}
-	return d.newAllocation(h, rounded, p, false), nil
+	return a, nil
 }
 
+// newAllocation makes the owner of handle h, counted as the device's child. It is called with the
+// device's context bound (inside do), so that System.Close cannot miss it.
 func (d *Device) newAllocation(h driver.MemHandle, size uint64, p driver.AllocationProp, imported bool) *Allocation {
-	d.children.Add(1)
-	return &Allocation{dev: d, handle: h, size: size, prop: p, imported: imported}
+	a := &Allocation{dev: d, handle: h, size: size, prop: p, imported: imported}
+	a.own.Init(&d.own, "allocation")
+	lifetime.Track(a, &a.own)
+	return a
 }
 
 // Device is the device the allocation was made or imported through.
@@ -122,9 +128,7 @@ func (a *Allocation) check(op string) error {
 	if a == nil {
 		return fmt.Errorf("vmm: %s: nil allocation: %w", op, ErrInvalidValue)
 	}
-	a.mu.Lock()
-	defer a.mu.Unlock()
-	if a.closed {
+	if a.own.IsClosed() {
 		return fmt.Errorf("vmm: %s: %s: %w", op, a, ErrClosed)
 	}
 	return nil
@@ -193,54 +197,60 @@ func (d *Device) Import(f *os.File, size uint64, typ driver.HandleType) (*Alloca
 	if size == 0 {
 		return nil, fmt.Errorf("vmm: import %s: size 0: %w", f.Name(), ErrInvalidValue)
 	}
-	var h driver.MemHandle
-	var prop driver.AllocationProp
+	var a *Allocation
 	err := d.do(func(api driver.API) error {
-		var err error
-		if h, err = api.MemImportFromShareableHandle(int(f.Fd()), typ); err != nil {
+		h, err := api.MemImportFromShareableHandle(int(f.Fd()), typ)
+		if err != nil {
 			return err
 		}
-		if prop, err = api.MemGetAllocationPropertiesFromHandle(h); err != nil {
-			if rerr := api.MemRelease(h); rerr != nil {
-				return errors.Join(err, fmt.Errorf("release after failed property query: %w", rerr))
-			}
+		prop, err := api.MemGetAllocationPropertiesFromHandle(h)
+		a = d.newAllocation(h, size, prop, true)
+		if err != nil {
 			return fmt.Errorf("cuMemGetAllocationPropertiesFromHandle: %w", err)
 		}
 		return nil
 	})
-	if err != nil {
-		return nil, fmt.Errorf("vmm: import %s (%s, %s): %w", f.Name(), typ, units.FormatSize(size), err)
+	// f.Fd() is a raw descriptor: f must stay open (not finalized) until the driver has used it.
+	runtime.KeepAlive(f)
+	if err == nil {
+		g, gerr := d.Granularity(a.prop.Location, driver.GranularityMinimum)
+		if err = gerr; err == nil && size%g != 0 {
+			err = fmt.Errorf("vmm: import %s: size %d is not a multiple of the granularity %s: %w", f.Name(), size, units.FormatSize(g), ErrInvalidValue)
+		}
 	}
-	g, err := d.Granularity(prop.Location, driver.GranularityMinimum)
-	if err == nil && size%g != 0 {
-		err = fmt.Errorf("vmm: import %s: size %d is not a multiple of the granularity %s: %w", f.Name(), size, units.FormatSize(g), ErrInvalidValue)
-	}
 	if err != nil {
-		_ = d.do(func(api driver.API) error { return api.MemRelease(h) })
+		err = fmt.Errorf("vmm: import %s (%s, %s): %w", f.Name(), typ, units.FormatSize(size), err)
+		if a != nil {
+			err = errors.Join(err, a.undo())
+		}
 		return nil, err
 	}
-	return d.newAllocation(h, size, prop, true), nil
+	return a, nil
+}
+
+// undo closes an allocation an operation made and is giving up; when that fails the System keeps it
+// (to retry in its Close) and the error says so.
+func (a *Allocation) undo() error {
+	if err := a.Close(); err != nil {
+		return errors.Join(fmt.Errorf("undo: %w", err), a.dev.sys.adopt(a.String(), a.Close))
+	}
+	return nil
 }
 
 // Close releases the allocation (cuMemRelease). It fails with ErrInUse while the allocation is
-// mapped: close the mappings first. Close is idempotent and safe on nil.
+// mapped: close the mappings first. Close is idempotent and safe on nil; when the release fails the
+// allocation stays open and a later Close retries.
 func (a *Allocation) Close() error {
 	if a == nil {
 		return nil
 	}
-	a.mu.Lock()
-	defer a.mu.Unlock()
-	if a.closed {
+	return a.own.Close("vmm: close "+a.String(), func() error {
+		if n := a.mappings.Load(); n > 0 {
+			return fmt.Errorf("vmm: close %s: %d mappings still use it: %w", a, n, ErrInUse)
+		}
+		if err := a.dev.do(func(api driver.API) error { return api.MemRelease(a.handle) }); err != nil {
+			return fmt.Errorf("vmm: release %s: %w", a, err)
+		}
 		return nil
-	}
-	if n := a.mappings.Load(); n > 0 {
-		return fmt.Errorf("vmm: close %s: %d mappings still use it: %w", a, n, ErrInUse)
-	}
-	err := a.dev.do(func(api driver.API) error { return api.MemRelease(a.handle) })
-	if err != nil {
-		return fmt.Errorf("vmm: release %s: %w", a, err)
-	}
-	a.closed = true
-	a.dev.children.Add(-1)
-	return nil
+	})
 }

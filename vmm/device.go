@@ -7,7 +7,7 @@ import (
 	"sync/atomic"
 
 	"github.com/cuvmm/cuvmm/driver"
-	"github.com/cuvmm/cuvmm/internal/units"
+	"github.com/cuvmm/cuvmm/internal/lifetime"
 )
 
 // Device is one GPU with its retained primary context. Devices are owned by their System and released
@@ -21,16 +21,21 @@ type Device struct {
 	total   uint64
 	uuid    [16]byte
 
-	// children counts the live objects that belong to this device (allocations made on it,
-	// reservations, streams, events, registrations, plain buffers); System.Close refuses while > 0.
-	children atomic.Int64
+	// own counts the live objects that belong to this device (allocations made on it,
+	// reservations, streams, events, registrations, plain buffers) by kind; System.Close refuses
+	// while any remain.
+	own      lifetime.Owner
 	released atomic.Bool
 
 	granMu sync.Mutex
 	gran   map[granKey]uint64
 
-	kernMu  sync.Mutex
-	kernels *kernelSet
+	featMu sync.Mutex
+	feats  map[Feature]error // capability checks, cached
+
+	kernMu  sync.Mutex // serializes loading the kernels, never held across a launch
+	kernels atomic.Pointer[kernelSet]
+	lanes   lanePool
 
 	counted countingAPI // the API do hands out: the driver, counted for Stats
 }
@@ -63,34 +68,41 @@ func openDevice(s *System, ordinal int) (*Device, error) {
 		return nil, fmt.Errorf("vmm: device %d: cuDevicePrimaryCtxRetain: %w", ordinal, err)
 	}
 	return &Device{sys: s, ordinal: ordinal, dev: dev, ctx: ctx, name: name, total: total, uuid: uuid,
-		gran: map[granKey]uint64{}, counted: newCountingAPI(api, &s.stats, ordinal)}, nil
+		gran: map[granKey]uint64{}, feats: map[Feature]error{},
+		counted: newCountingAPI(api, &s.stats, ordinal)}, nil
 }
 
+// release frees the kernels and releases the primary context; the caller (System.Close) holds the
+// System's gate for writing, so no call is in flight on the device.
 func (d *Device) release() error {
 	if d.released.Swap(true) {
 		return nil
 	}
 	var errs []error
-	d.kernMu.Lock()
-	if d.kernels != nil {
-		ks := d.kernels
-		// d.do refuses once released is set, so bind directly.
-		if err := bind(d.sys.api, d.ctx, func(api driver.API) error {
-			return errors.Join(api.MemFree(ks.counter), api.ModuleUnload(ks.module))
-		}); err != nil {
-			errs = append(errs, fmt.Errorf("vmm: device %d: cuModuleUnload: %w", d.ordinal, err))
+	// d.do refuses once released is set, so bind directly.
+	if err := bind(d.sys.api, d.ctx, func(api driver.API) error {
+		var errs []error
+		if err := d.lanes.free(api); err != nil {
+			errs = append(errs, err)
 		}
-		d.kernels = nil
+		if ks := d.kernels.Swap(nil); ks != nil {
+			errs = append(errs, ks.Unload(api))
+		}
+		return errors.Join(errs...)
+	}); err != nil {
+		errs = append(errs, fmt.Errorf("vmm: device %d: unload kernels: %w", d.ordinal, err))
 	}
-	d.kernMu.Unlock()
 	if err := d.sys.api.DevicePrimaryCtxRelease(d.dev); err != nil {
 		errs = append(errs, fmt.Errorf("vmm: device %d: cuDevicePrimaryCtxRelease: %w", d.ordinal, err))
 	}
 	return errors.Join(errs...)
 }
 
-// do runs fn with this device's primary context bound on a locked OS thread.
+// do runs fn with this device's primary context bound on a locked OS thread, holding the System's
+// gate for reading (System.Close waits for it). fn must not call do again.
 func (d *Device) do(fn func(api driver.API) error) error {
+	d.sys.gate.RLock()
+	defer d.sys.gate.RUnlock()
 	if d.released.Load() {
 		return fmt.Errorf("vmm: device %d: %w", d.ordinal, ErrClosed)
 	}
@@ -99,7 +111,8 @@ func (d *Device) do(fn func(api driver.API) error) error {
 
 // Raw runs fn with this device's primary context bound on a locked OS thread and gives it the driver
 // API. It is the escape hatch for baselines (the raw driver sequence a benchmark compares with) and
-// for calls this package does not wrap; objects fn creates are fn's to free.
+// for calls this package does not wrap; objects fn creates are fn's to free. fn must not call this
+// package's methods (System.Close waits for Raw to return).
 func (d *Device) Raw(fn func(api driver.API) error) error { return d.do(fn) }
 
 // System is the system the device belongs to.
@@ -138,12 +151,14 @@ func (d *Device) Attribute(attr driver.DeviceAttribute) (int, error) {
 }
 
 // Supports reads a boolean attribute; an attribute the driver does not know counts as unsupported.
+// Prefer Check, which tells a missing feature from a failed query.
 func (d *Device) Supports(attr driver.DeviceAttribute) bool {
 	v, err := d.Attribute(attr)
 	return err == nil && v != 0
 }
 
-// HostNUMAID is the NUMA node of the host memory closest to the device (attribute 134), or -1.
+// HostNUMAID is the NUMA node of the host memory closest to the device (attribute 134), or -1 (also
+// when the query fails: use HostNUMANode to tell).
 func (d *Device) HostNUMAID() int {
 	v, err := d.Attribute(driver.AttrHostNUMAID)
 	if err != nil {
@@ -151,6 +166,10 @@ func (d *Device) HostNUMAID() int {
 	}
 	return v
 }
+
+// HostNUMANode is the NUMA node of the host memory closest to the device (attribute 134): -1 when
+// the device has none, an error when the query fails.
+func (d *Device) HostNUMANode() (int, error) { return d.Attribute(driver.AttrHostNUMAID) }
 
 // Granularity is the allocation granularity (cuMemGetAllocationGranularity) for a PINNED allocation
 // at loc made through this device. It is cached.
@@ -220,17 +239,4 @@ func (d *Device) CanAccessPeer(peer *Device) (bool, error) {
 		return false, fmt.Errorf("vmm: cuDeviceCanAccessPeer(%d, %d): %w", d.ordinal, peer.ordinal, err)
 	}
 	return ok, nil
-}
-
-// roundUp rounds size to a multiple of g and reports the rounded size; size 0 and overflow are
-// errors. It is the one place sizes are rounded (decision 6 of the design).
-func roundUp(what string, size, g uint64) (uint64, error) {
-	if size == 0 {
-		return 0, fmt.Errorf("vmm: %s: size 0: %w", what, ErrInvalidValue)
-	}
-	r, ok := units.RoundUp(size, g)
-	if !ok {
-		return 0, fmt.Errorf("vmm: %s: size %d overflows when rounded to the granularity %s: %w", what, size, units.FormatSize(g), ErrInvalidValue)
-	}
-	return r, nil
 }

@@ -1,93 +1,147 @@
 package vmm
 
 import (
-	"encoding/binary"
+	"errors"
 	"fmt"
+	"sync"
 
 	"github.com/cuvmm/cuvmm/driver"
-	"github.com/cuvmm/cuvmm/internal/kernels"
+	"github.com/cuvmm/cuvmm/internal/pattern"
 	"github.com/cuvmm/cuvmm/internal/units"
 )
 
 // kernelSet is the project's kernel module loaded into one device's primary context, with a small
-// device buffer for the verify kernel's mismatch counter.
+// device buffer of counterSlots words: the read kernel's sink (word 0) and the lanes' counters.
 type kernelSet struct {
-	module             driver.Module
-	fill, verify, read driver.Function
-	counter            driver.DevicePtr // 8 bytes from cuMemAlloc, freed with the set
-	blocks             uint32           // grid size for grid-stride kernels
+	*pattern.Kernels
+	words driver.DevicePtr // counterSlots*8 bytes from cuMemAlloc, freed with the set
 }
 
-const kernelThreads = 256
+// counterSlots is the number of 8-byte words in kernelSet.words; lanes past it allocate their own.
+const counterSlots = 64
 
-// loadKernels loads internal/kernels' PTX on first use. The caller holds d.kernMu.
+func (ks *kernelSet) sink() driver.DevicePtr { return ks.words }
+
+// Unload frees the words and unloads the module.
+func (ks *kernelSet) Unload(api driver.API) error {
+	return errors.Join(api.MemFree(ks.words), ks.Kernels.Unload(api))
+}
+
+// lanePool keeps the lanes (a stream and a counter each) of finished pattern checks for the next
+// ones, so that checks on one device run concurrently without a stream or allocation per call.
+type lanePool struct {
+	mu    sync.Mutex
+	idle  []*pattern.Lane
+	slots int // counter words of the kernel set handed out (word 0 is the sink)
+}
+
+func (p *lanePool) get(api driver.API, ks *kernelSet) (*pattern.Lane, error) {
+	p.mu.Lock()
+	if n := len(p.idle); n > 0 {
+		l := p.idle[n-1]
+		p.idle = p.idle[:n-1]
+		p.mu.Unlock()
+		return l, nil
+	}
+	var counter driver.DevicePtr
+	if p.slots+1 < counterSlots {
+		p.slots++
+		counter = ks.words + driver.DevicePtr(8*p.slots)
+	}
+	p.mu.Unlock()
+	return pattern.NewLane(api, counter) // on failure the word stays unused
+
+}
+
+func (p *lanePool) put(l *pattern.Lane) {
+	p.mu.Lock()
+	p.idle = append(p.idle, l)
+	p.mu.Unlock()
+}
+
+// free frees every idle lane (the device is being released: none is in use).
+func (p *lanePool) free(api driver.API) error {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	var errs []error
+	for _, l := range p.idle {
+		errs = append(errs, l.Free(api))
+	}
+	p.idle = nil
+	p.slots = 0
+	return errors.Join(errs...)
+}
+
+// loadKernels loads internal/kernels' PTX on first use; only loading is serialized.
 func (d *Device) loadKernels() (*kernelSet, error) {
-	if d.kernels != nil {
-		return d.kernels, nil
+	if ks := d.kernels.Load(); ks != nil {
+		return ks, nil
+	}
+	d.kernMu.Lock()
+	defer d.kernMu.Unlock()
+	if ks := d.kernels.Load(); ks != nil {
+		return ks, nil
 	}
 	mp, err := d.Attribute(driver.AttrMultiprocessorCount)
 	if err != nil || mp <= 0 {
 		mp = 1
 	}
-	ks := &kernelSet{blocks: uint32(mp) * 8}
+	var ks *kernelSet
 	err = d.do(func(api driver.API) error {
-		var err error
-		if ks.module, err = api.ModuleLoadData(kernels.PTX); err != nil {
-			return fmt.Errorf("cuModuleLoadData: %w", err)
+		k, err := pattern.Load(api, mp)
+		if err != nil {
+			return err
 		}
-		for name, f := range map[string]*driver.Function{kernels.Fill: &ks.fill, kernels.Verify: &ks.verify, kernels.Read: &ks.read} {
-			if *f, err = api.ModuleGetFunction(ks.module, name); err != nil {
-				_ = api.ModuleUnload(ks.module)
-				return fmt.Errorf("cuModuleGetFunction(%s): %w", name, err)
-			}
+		words, err := api.MemAlloc(8 * counterSlots)
+		if err != nil {
+			return errors.Join(fmt.Errorf("cuMemAlloc for the counters: %w", err), k.Unload(api))
 		}
-		if ks.counter, err = api.MemAlloc(8); err != nil {
-			_ = api.ModuleUnload(ks.module)
-			return fmt.Errorf("cuMemAlloc for the mismatch counter: %w", err)
-		}
+		ks = &kernelSet{Kernels: k, words: words}
+		d.kernels.Store(ks) // inside the gate: System.Close sees it
 		return nil
 	})
 	if err != nil {
 		return nil, fmt.Errorf("vmm: device %d: load kernels: %w", d.ordinal, err)
 	}
-	d.kernels = ks
 	return ks, nil
 }
 
-func (ks *kernelSet) grid(n uint64) driver.Dim3 {
-	b := (n + kernelThreads - 1) / kernelThreads
-	b = min(max(b, 1), uint64(ks.blocks))
-	return driver.Dim3{X: uint32(b), Y: 1, Z: 1}
-}
-
-var block = driver.Dim3{X: kernelThreads, Y: 1, Z: 1}
-
 func checkPattern(op string, ptr driver.DevicePtr, size, patternOffset uint64) error {
-	if size == 0 || size%kernels.WordSize != 0 || uint64(ptr)%kernels.WordSize != 0 || patternOffset%kernels.WordSize != 0 {
-		return fmt.Errorf("vmm: %s %s at %#x (pattern offset %#x): address, size and offset must be non-zero multiples of 8: %w", op, units.FormatSize(size), uint64(ptr), patternOffset, ErrInvalidValue)
+	if why := pattern.Check(ptr, size, patternOffset); why != "" {
+		return fmt.Errorf("vmm: %s %s at %#x (pattern offset %#x): %s: %w", op, units.FormatSize(size), uint64(ptr), patternOffset, why, ErrInvalidValue)
 	}
 	return nil
 }
 
-// Fill writes the project's test pattern (internal/kernels.Pattern) over [ptr, ptr+size) with a
-// kernel on this device and waits. patternOffset is the byte offset the range has in the pattern
-// (so a buffer filled in pieces holds one continuous pattern); seed varies the pattern.
-func (d *Device) Fill(ptr driver.DevicePtr, size, patternOffset, seed uint64) error {
-	if err := checkPattern("fill", ptr, size, patternOffset); err != nil {
-		return err
-	}
-	d.kernMu.Lock()
-	defer d.kernMu.Unlock()
+// withLane runs fn with the kernels and a lane of their own, with the context bound. No lock is held
+// while fn launches and waits, so pattern checks on one device run concurrently.
+func (d *Device) withLane(fn func(api driver.API, ks *kernelSet, l *pattern.Lane) error) error {
 	ks, err := d.loadKernels()
 	if err != nil {
 		return err
 	}
-	n := size / kernels.WordSize
-	err = d.do(func(api driver.API) error {
-		if err := api.LaunchKernel(ks.fill, ks.grid(n), block, 0, 0, uint64(ptr), n, patternOffset/kernels.WordSize, seed); err != nil {
+	return d.do(func(api driver.API) error {
+		l, err := d.lanes.get(api, ks)
+		if err != nil {
 			return err
 		}
-		return api.CtxSynchronize()
+		err = fn(api, ks, l)
+		d.lanes.put(l)
+		return err
+	})
+}
+
+// Fill writes the project's test pattern (internal/pattern) over [ptr, ptr+size) with a kernel on
+// this device and waits. patternOffset is the byte offset the range has in the pattern (so a buffer
+// filled in pieces holds one continuous pattern); seed varies the pattern. The kernel runs on a
+// stream of its own (which waits for work queued on the legacy default stream), so concurrent
+// Fill and Verify calls on one device do not wait for each other.
+func (d *Device) Fill(ptr driver.DevicePtr, size, patternOffset, seed uint64) error {
+	if err := checkPattern("fill", ptr, size, patternOffset); err != nil {
+		return err
+	}
+	err := d.withLane(func(api driver.API, ks *kernelSet, l *pattern.Lane) error {
+		return ks.Fill(api, l, ptr, size/pattern.WordSize, patternOffset/pattern.WordSize, seed)
 	})
 	if err != nil {
 		return fmt.Errorf("vmm: device %d: fill %s at %#x: %w", d.ordinal, units.FormatSize(size), uint64(ptr), err)
@@ -101,27 +155,15 @@ func (d *Device) Verify(ptr driver.DevicePtr, size, patternOffset, seed uint64) 
 	if err := checkPattern("verify", ptr, size, patternOffset); err != nil {
 		return 0, err
 	}
-	d.kernMu.Lock()
-	defer d.kernMu.Unlock()
-	ks, err := d.loadKernels()
-	if err != nil {
-		return 0, err
-	}
-	n := size / kernels.WordSize
-	var out [8]byte
-	err = d.do(func(api driver.API) error {
-		if err := api.MemsetD8(ks.counter, 0, 8); err != nil {
-			return err
-		}
-		if err := api.LaunchKernel(ks.verify, ks.grid(n), block, 0, 0, uint64(ptr), n, patternOffset/kernels.WordSize, seed, uint64(ks.counter)); err != nil {
-			return err
-		}
-		return api.MemcpyDtoH(ptrOf(out[:]), ks.counter, 8)
+	err = d.withLane(func(api driver.API, ks *kernelSet, l *pattern.Lane) error {
+		var err error
+		mismatches, err = ks.Verify(api, l, ptr, size/pattern.WordSize, patternOffset/pattern.WordSize, seed)
+		return err
 	})
 	if err != nil {
 		return 0, fmt.Errorf("vmm: device %d: verify %s at %#x: %w", d.ordinal, units.FormatSize(size), uint64(ptr), err)
 	}
-	return binary.LittleEndian.Uint64(out[:]), nil
+	return mismatches, nil
 }
 
 // LaunchRead queues the read kernel over [ptr, ptr+size) on s (nil: the default stream): every
@@ -134,17 +176,12 @@ func (d *Device) LaunchRead(ptr driver.DevicePtr, size uint64, s *Stream) error 
 	if err := s.use("read kernel"); err != nil {
 		return err
 	}
-	d.kernMu.Lock()
-	defer d.kernMu.Unlock()
 	ks, err := d.loadKernels()
 	if err != nil {
 		return err
 	}
-	n := size / kernels.WordSize
-	// One vector of 16 bytes per thread per iteration, four iterations unrolled.
-	g := ks.grid(n / 8)
 	err = d.do(func(api driver.API) error {
-		return api.LaunchKernel(ks.read, g, block, 0, s.Handle(), uint64(ptr), n, uint64(ks.counter))
+		return ks.Read(api, s.Handle(), ptr, size/pattern.WordSize, ks.sink())
 	})
 	if err != nil {
 		return fmt.Errorf("vmm: device %d: read %s at %#x: %w", d.ordinal, units.FormatSize(size), uint64(ptr), err)
@@ -155,8 +192,6 @@ func (d *Device) LaunchRead(ptr driver.DevicePtr, size uint64, s *Stream) error 
 // LoadKernels loads the project's kernels into the device now rather than on first use (so that
 // timing and memory measurements do not include the load).
 func (d *Device) LoadKernels() error {
-	d.kernMu.Lock()
-	defer d.kernMu.Unlock()
 	_, err := d.loadKernels()
 	return err
 }

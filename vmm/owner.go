@@ -1,25 +1,24 @@
 package vmm
 
 import (
+	"errors"
 	"fmt"
-	"sync"
+	"strings"
 
 	"github.com/cuvmm/cuvmm/driver"
+	"github.com/cuvmm/cuvmm/internal/lifetime"
 )
 
 // owner is the close-once state of the simple owning types (streams, events, plain and host buffers,
 // host registrations): one driver object freed by one call, counted as a child of its device.
 type owner struct {
-	dev    *Device
-	mu     sync.Mutex
-	closed bool
+	dev *Device
+	own lifetime.Owner
 }
 
 // use reports ErrClosed, naming op, once the owner is closed.
 func (o *owner) use(op string) error {
-	o.mu.Lock()
-	defer o.mu.Unlock()
-	if o.closed {
+	if o.own.IsClosed() {
 		return fmt.Errorf("vmm: %s: %w", op, ErrClosed)
 	}
 	return nil
@@ -28,15 +27,86 @@ func (o *owner) use(op string) error {
 // close frees the object with free (run with the device's context bound) the first time it succeeds;
 // what names the object in the error. A failed free leaves the owner open so Close can be retried.
 func (o *owner) close(what string, free func(api driver.API) error) error {
-	o.mu.Lock()
-	defer o.mu.Unlock()
-	if o.closed {
+	return o.own.Close("vmm: device "+fmt.Sprint(o.dev.ordinal)+": free "+what, func() error {
+		if err := o.dev.do(free); err != nil {
+			return fmt.Errorf("vmm: device %d: free %s: %w", o.dev.ordinal, what, err)
+		}
 		return nil
+	})
+}
+
+// create runs fn with the device's context bound and, when it succeeds, counts o (of kind) as the
+// device's child before the context is let go, so that System.Close, which waits for calls in flight,
+// never misses an object being made.
+func (d *Device) create(o *lifetime.Owner, kind string, fn func(api driver.API) error) error {
+	return d.do(func(api driver.API) error {
+		if err := fn(api); err != nil {
+			return err
+		}
+		o.Init(&d.own, kind)
+		return nil
+	})
+}
+
+// adoptee is an object whose clean-up failed during an undo: the System keeps it and retries its
+// Close in System.Close, so that no failure leaves an object no API can free.
+type adoptee struct {
+	what  string
+	close func() error
+}
+
+// adopt hands an object whose clean-up failed to the System. what names it; close is its idempotent
+// Close. The returned error names it for the caller's error message.
+func (s *System) adopt(what string, close func() error) error {
+	s.adoptMu.Lock()
+	s.adopted = append(s.adopted, adoptee{what, close})
+	s.adoptMu.Unlock()
+	return fmt.Errorf("vmm: %s is kept by the System, and its Close retries freeing it", what)
+}
+
+// retryAdopted closes the adopted objects, pass after pass while a pass frees something (a mapping
+// must go before its reservation), and keeps those that still fail.
+func (s *System) retryAdopted() error {
+	s.adoptMu.Lock()
+	defer s.adoptMu.Unlock()
+	var errs []error
+	for progress := true; progress && len(s.adopted) > 0; {
+		progress = false
+		errs = errs[:0]
+		left := s.adopted[:0]
+		for _, a := range s.adopted {
+			if err := a.close(); err != nil {
+				errs = append(errs, err)
+				left = append(left, a)
+				continue
+			}
+			progress = true
+		}
+		clear(s.adopted[len(left):])
+		s.adopted = left
 	}
-	if err := o.dev.do(free); err != nil {
-		return fmt.Errorf("vmm: device %d: free %s: %w", o.dev.ordinal, what, err)
+	return errors.Join(errs...)
+}
+
+// Orphans lists the objects whose clean-up failed during an undo and that the System keeps to retry
+// in Close (empty when every undo succeeded or the retries worked).
+func (s *System) Orphans() []string {
+	s.adoptMu.Lock()
+	defer s.adoptMu.Unlock()
+	out := make([]string, len(s.adopted))
+	for i, a := range s.adopted {
+		out[i] = a.what
 	}
-	o.closed = true
-	o.dev.children.Add(-1)
-	return nil
+	return out
+}
+
+// remaining describes what the opened devices still own; the caller holds s.mu.
+func (s *System) remaining() string {
+	var parts []string
+	for _, d := range s.devices {
+		if d != nil && d.own.Children() > 0 {
+			parts = append(parts, fmt.Sprintf("device %d: %s", d.ordinal, d.own.Remaining()))
+		}
+	}
+	return strings.Join(parts, "; ")
 }

@@ -1,10 +1,13 @@
 package vmm
 
 import (
+	"errors"
 	"fmt"
+	"runtime"
 	"unsafe"
 
 	"github.com/cuvmm/cuvmm/driver"
+	"github.com/cuvmm/cuvmm/internal/lifetime"
 	"github.com/cuvmm/cuvmm/internal/units"
 )
 
@@ -21,16 +24,16 @@ func (d *Device) AllocPlain(size uint64) (*PlainBuffer, error) {
 	if size == 0 {
 		return nil, fmt.Errorf("vmm: device %d: cuMemAlloc: size 0: %w", d.ordinal, ErrInvalidValue)
 	}
-	var p driver.DevicePtr
-	if err := d.do(func(api driver.API) error {
+	b := &PlainBuffer{owner: owner{dev: d}, size: size}
+	if err := d.create(&b.own, "plain buffer", func(api driver.API) error {
 		var err error
-		p, err = api.MemAlloc(size)
+		b.ptr, err = api.MemAlloc(size)
 		return err
 	}); err != nil {
 		return nil, fmt.Errorf("vmm: device %d: cuMemAlloc %s: %w", d.ordinal, units.FormatSize(size), err)
 	}
-	d.children.Add(1)
-	return &PlainBuffer{owner: owner{dev: d}, ptr: p, size: size}, nil
+	lifetime.Track(b, &b.own)
+	return b, nil
 }
 
 // Ptr is the buffer's device address.
@@ -60,16 +63,16 @@ func (d *Device) HostAlloc(size uint64, flags uint32) (*HostBuffer, error) {
 	if size == 0 {
 		return nil, fmt.Errorf("vmm: cuMemHostAlloc: size 0: %w", ErrInvalidValue)
 	}
-	var p unsafe.Pointer
-	if err := d.do(func(api driver.API) error {
+	b := &HostBuffer{owner: owner{dev: d}, size: size}
+	if err := d.create(&b.own, "host buffer", func(api driver.API) error {
 		var err error
-		p, err = api.MemHostAlloc(size, flags)
+		b.p, err = api.MemHostAlloc(size, flags)
 		return err
 	}); err != nil {
 		return nil, fmt.Errorf("vmm: cuMemHostAlloc %s: %w", units.FormatSize(size), err)
 	}
-	d.children.Add(1)
-	return &HostBuffer{owner: owner{dev: d}, p: p, size: size}, nil
+	lifetime.Track(b, &b.own)
+	return b, nil
 }
 
 // Bytes is the buffer as a byte slice; it must not be used after Close.
@@ -114,26 +117,35 @@ func (d *Device) HostRegister(mem []byte, flags uint32) (*HostRegistration, erro
 		return nil, fmt.Errorf("vmm: host register %#x+%d: start and length must be multiples of the 4 KiB page: %w", uintptr(p), len(mem), ErrInvalidValue)
 	}
 	size := uint64(len(mem))
-	var dptr driver.DevicePtr
+	r := &HostRegistration{owner: owner{dev: d}, p: p, size: size}
+	unregFailed := false
 	err := d.do(func(api driver.API) error {
 		if err := api.MemHostRegister(p, size, flags); err != nil {
 			return fmt.Errorf("cuMemHostRegister: %w", err)
 		}
 		var err error
-		if dptr, err = api.MemHostGetDevicePointer(p, 0); err != nil {
+		if r.dptr, err = api.MemHostGetDevicePointer(p, 0); err != nil {
 			err = fmt.Errorf("cuMemHostGetDevicePointer: %w", err)
 			if uerr := api.MemHostUnregister(p); uerr != nil {
-				err = fmt.Errorf("%w (undo cuMemHostUnregister: %v)", err, uerr)
+				// Still registered: the registration is kept (by the System) so that it can be undone.
+				unregFailed = true
+				r.own.Init(&d.own, "host registration")
+				err = errors.Join(err, fmt.Errorf("undo cuMemHostUnregister: %w", uerr))
 			}
 			return err
 		}
+		r.own.Init(&d.own, "host registration")
 		return nil
 	})
+	runtime.KeepAlive(mem)
 	if err != nil {
+		if unregFailed {
+			err = errors.Join(err, d.sys.adopt(r.what(), r.Close))
+		}
 		return nil, fmt.Errorf("vmm: host register %s at %#x: %w", units.FormatSize(size), uintptr(p), err)
 	}
-	d.children.Add(1)
-	return &HostRegistration{owner: owner{dev: d}, p: p, size: size, dptr: dptr}, nil
+	lifetime.Track(r, &r.own)
+	return r, nil
 }
 
 // Ptr is the registration's device address.
@@ -142,11 +154,30 @@ func (r *HostRegistration) Ptr() driver.DevicePtr { return r.dptr }
 // Size is the registered length.
 func (r *HostRegistration) Size() uint64 { return r.size }
 
+func (r *HostRegistration) what() string {
+	return fmt.Sprintf("host registration of %s at %#x", units.FormatSize(r.size), uintptr(r.p))
+}
+
 // Close unregisters the memory (cuMemHostUnregister). Idempotent, nil-safe.
 func (r *HostRegistration) Close() error {
 	if r == nil {
 		return nil
 	}
-	return r.close(fmt.Sprintf("host registration of %s at %#x (cuMemHostUnregister)", units.FormatSize(r.size), uintptr(r.p)),
-		func(api driver.API) error { return api.MemHostUnregister(r.p) })
+	return r.close(r.what()+" (cuMemHostUnregister)", func(api driver.API) error { return api.MemHostUnregister(r.p) })
+}
+
+// HostUnregister unregisters host memory that other code registered (cuMemHostUnregister): for
+// example a C library sharing the process. mem must start where a registration starts. Memory
+// registered through HostRegister is unregistered by closing its HostRegistration instead.
+func (d *Device) HostUnregister(mem []byte) error {
+	if len(mem) == 0 {
+		return fmt.Errorf("vmm: host unregister: empty range: %w", ErrInvalidValue)
+	}
+	p := unsafe.Pointer(&mem[0])
+	err := d.do(func(api driver.API) error { return api.MemHostUnregister(p) })
+	runtime.KeepAlive(mem)
+	if err != nil {
+		return fmt.Errorf("vmm: device %d: cuMemHostUnregister %#x: %w", d.ordinal, uintptr(p), err)
+	}
+	return nil
 }

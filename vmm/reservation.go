@@ -6,9 +6,10 @@ import (
 	"os"
 	"slices"
 	"sort"
-	"sync"
+	"sync/atomic"
 
 	"github.com/cuvmm/cuvmm/driver"
+	"github.com/cuvmm/cuvmm/internal/lifetime"
 	"github.com/cuvmm/cuvmm/internal/units"
 )
 
@@ -69,14 +70,14 @@ type Reservation struct {
 	size uint64
 	gran uint64
 
-	mu       sync.Mutex
+	own      lifetime.Owner      // its lock guards mappings and offsets; mappings are its children
 	mappings map[uint64]*Mapping // by offset
 	offsets  []uint64            // the keys of mappings, sorted, for overlap checks in O(log n)
-	closed   bool
+	pending  []*Mapping          // unmapped, their allocations' release failed: retried by Close
 }
 
-// Granularity is the granularity the system uses for reservations: the largest minimum granularity
-// of device memory among the devices opened so far (device 0 is opened when none is). On every known
+// Granularity is the granularity the system uses for reservations: the least common multiple of the
+// minimum granularities of device memory among the devices opened so far (device 0 is opened when none is). On every known
 // GPU it is 2 MiB. Opening only the devices in use matters: each opened device retains its primary
 // context, which costs GPU memory.
 func (s *System) Granularity() (uint64, error) {
@@ -101,7 +102,7 @@ func (s *System) Granularity() (uint64, error) {
 		if err != nil {
 			return 0, err
 		}
-		g = max(g, dg)
+		g = lcm(g, dg)
 	}
 	return g, nil
 }
@@ -127,23 +128,25 @@ func (s *System) Reserve(size uint64, opts ReserveOptions) (*Reservation, error)
 	if uint64(opts.Hint)%g != 0 {
 		return nil, fmt.Errorf("vmm: reserve %s: hint %#x is not a multiple of the granularity %s: %w", units.FormatSize(rounded), opts.Hint, units.FormatSize(g), ErrInvalidValue)
 	}
-	var ptr driver.DevicePtr
-	err = d.do(func(api driver.API) error {
+	r := &Reservation{dev: d, size: rounded, gran: g, mappings: map[uint64]*Mapping{}}
+	err = d.create(&r.own, "reservation", func(api driver.API) error {
 		var err error
-		ptr, err = api.MemAddressReserve(rounded, opts.Alignment, opts.Hint, 0)
-		if err != nil || !opts.RequireHint || ptr == opts.Hint {
-			return err
-		}
-		if ferr := api.MemAddressFree(ptr, rounded); ferr != nil {
-			return fmt.Errorf("%w (and freeing the misplaced range failed: %v)", ErrHintNotGranted, ferr)
-		}
-		return fmt.Errorf("%w: got %#x", ErrHintNotGranted, ptr)
+		r.ptr, err = api.MemAddressReserve(rounded, opts.Alignment, opts.Hint, 0)
+		return err
 	})
 	if err != nil {
 		return nil, fmt.Errorf("vmm: reserve %s (hint %#x): %w", units.FormatSize(rounded), opts.Hint, err)
 	}
-	d.children.Add(1)
-	return &Reservation{dev: d, ptr: ptr, size: rounded, gran: g, mappings: map[uint64]*Mapping{}}, nil
+	lifetime.Track(r, &r.own)
+	if opts.RequireHint && r.ptr != opts.Hint {
+		err := fmt.Errorf("vmm: reserve %s (hint %#x): %w: got %#x", units.FormatSize(rounded), opts.Hint, ErrHintNotGranted, uint64(r.ptr))
+		if ferr := r.Close(); ferr != nil {
+			// The misplaced range stays owned: the System retries freeing it.
+			err = errors.Join(err, fmt.Errorf("freeing the misplaced range: %w", ferr), s.adopt(r.String(), r.Close))
+		}
+		return nil, err
+	}
+	return r, nil
 }
 
 // Ptr is the first address of the range.
@@ -164,7 +167,7 @@ func (r *Reservation) String() string {
 
 // checkRange validates [off, off+size) against the reservation; the caller holds r.mu.
 func (r *Reservation) checkRange(op string, off, size uint64) error {
-	if r.closed {
+	if r.own.Closed() {
 		return fmt.Errorf("vmm: %s: %s: %w", op, r, ErrClosed)
 	}
 	if size == 0 {
@@ -209,8 +212,8 @@ func (r *Reservation) MapAccess(off uint64, a *Allocation, access ...Access) (*M
 	if err := a.check("map"); err != nil {
 		return nil, err
 	}
-	r.mu.Lock()
-	defer r.mu.Unlock()
+	r.own.Lock()
+	defer r.own.Unlock()
 	if err := r.checkRange("map "+a.String(), off, a.size); err != nil {
 		return nil, err
 	}
@@ -219,6 +222,7 @@ func (r *Reservation) MapAccess(off uint64, a *Allocation, access ...Access) (*M
 	}
 	ptr := r.ptr + driver.DevicePtr(off)
 	descs := accessDescs(access)
+	unmapFailed := false
 	err := a.dev.do(func(api driver.API) error {
 		if err := api.MemMap(ptr, a.size, 0, a.handle, 0); err != nil {
 			return fmt.Errorf("cuMemMap: %w", err)
@@ -229,6 +233,7 @@ func (r *Reservation) MapAccess(off uint64, a *Allocation, access ...Access) (*M
 		if err := api.MemSetAccess(ptr, a.size, descs); err != nil {
 			err = fmt.Errorf("cuMemSetAccess %v: %w", access, err)
 			if uerr := api.MemUnmap(ptr, a.size); uerr != nil {
+				unmapFailed = true
 				err = errors.Join(err, fmt.Errorf("undo cuMemMap: %w", uerr))
 			}
 			return err
@@ -236,6 +241,10 @@ func (r *Reservation) MapAccess(off uint64, a *Allocation, access ...Access) (*M
 		return nil
 	})
 	if err != nil {
+		if unmapFailed {
+			// Still mapped: the mapping stays owned, by the System, which retries unmapping it.
+			err = errors.Join(err, r.keepOrphan(off, a, false))
+		}
 		return nil, fmt.Errorf("vmm: map %s at offset %#x of %s: %w", a, off, r, err)
 	}
 	return r.addMapping(off, a, false), nil
@@ -244,6 +253,8 @@ func (r *Reservation) MapAccess(off uint64, a *Allocation, access ...Access) (*M
 // addMapping records a mapping; the caller holds r.mu.
 func (r *Reservation) addMapping(off uint64, a *Allocation, owns bool) *Mapping {
 	m := &Mapping{res: r, alloc: a, off: off, size: a.size, ownsAlloc: owns}
+	m.own.Init(&r.own, "mapping")
+	lifetime.Track(m, &m.own)
 	a.mappings.Add(1)
 	r.mappings[off] = m
 	i, _ := slices.BinarySearch(r.offsets, off)
@@ -268,8 +279,8 @@ func (r *Reservation) MapNew(off, size uint64, d *Device, opts AllocOptions, acc
 	if size%g != 0 {
 		return nil, fmt.Errorf("vmm: map new %s at offset %#x: size is not a multiple of the granularity %s: %w", units.FormatSize(size), off, units.FormatSize(g), ErrInvalidValue)
 	}
-	r.mu.Lock()
-	defer r.mu.Unlock()
+	r.own.Lock()
+	defer r.own.Unlock()
 	if err := r.checkRange("map new", off, size); err != nil {
 		return nil, err
 	}
@@ -278,33 +289,41 @@ func (r *Reservation) MapNew(off, size uint64, d *Device, opts AllocOptions, acc
 	}
 	ptr := r.ptr + driver.DevicePtr(off)
 	descs := accessDescs(access)
-	var h driver.MemHandle
+	var a *Allocation
+	mapped := false
 	err = d.do(func(api driver.API) error {
-		var err error
-		if h, err = api.MemCreate(size, &p, 0); err != nil {
+		h, err := api.MemCreate(size, &p, 0)
+		if err != nil {
 			return fmt.Errorf("cuMemCreate: %w", err)
 		}
+		a = d.newAllocation(h, size, p, false)
 		if err = api.MemMap(ptr, size, 0, h, 0); err != nil {
-			err = fmt.Errorf("cuMemMap: %w", err)
-		} else if len(descs) > 0 {
-			if err = api.MemSetAccess(ptr, size, descs); err != nil {
-				err = fmt.Errorf("cuMemSetAccess %v: %w", access, err)
-				if uerr := api.MemUnmap(ptr, size); uerr != nil {
-					err = errors.Join(err, fmt.Errorf("undo cuMemMap: %w", uerr))
-				}
-			}
+			return fmt.Errorf("cuMemMap: %w", err)
 		}
-		if err != nil {
-			if rerr := api.MemRelease(h); rerr != nil {
-				err = errors.Join(err, fmt.Errorf("undo cuMemCreate: %w", rerr))
+		mapped = true
+		if len(descs) == 0 {
+			return nil
+		}
+		if err = api.MemSetAccess(ptr, size, descs); err != nil {
+			err = fmt.Errorf("cuMemSetAccess %v: %w", access, err)
+			if uerr := api.MemUnmap(ptr, size); uerr != nil {
+				return errors.Join(err, fmt.Errorf("undo cuMemMap: %w", uerr))
 			}
+			mapped = false
 		}
 		return err
 	})
 	if err != nil {
-		return nil, fmt.Errorf("vmm: map new %s at %s, offset %#x of %s: %w", units.FormatSize(size), p.Location, off, r, err)
+		err = fmt.Errorf("vmm: map new %s at %s, offset %#x of %s: %w", units.FormatSize(size), p.Location, off, r, err)
+		switch {
+		case mapped:
+			// Still mapped: the System keeps the mapping (and its allocation) and retries.
+			err = errors.Join(err, r.keepOrphan(off, a, true))
+		case a != nil:
+			err = errors.Join(err, a.undo())
+		}
+		return nil, err
 	}
-	a := d.newAllocation(h, size, p, false)
 	return r.addMapping(off, a, true), nil
 }
 
@@ -317,8 +336,8 @@ func (r *Reservation) SetAccess(off, size uint64, access ...Access) error {
 	if len(access) == 0 {
 		return fmt.Errorf("vmm: set access at offset %#x: no access descriptors: %w", off, ErrInvalidValue)
 	}
-	r.mu.Lock()
-	defer r.mu.Unlock()
+	r.own.Lock()
+	defer r.own.Unlock()
 	if err := r.checkRange("set access", off, size); err != nil {
 		return err
 	}
@@ -349,8 +368,8 @@ func (r *Reservation) coveredByMappings(off, size uint64) error {
 
 // Mappings are the live mappings, ordered by offset.
 func (r *Reservation) Mappings() []*Mapping {
-	r.mu.Lock()
-	defer r.mu.Unlock()
+	r.own.Lock()
+	defer r.own.Unlock()
 	out := make([]*Mapping, 0, len(r.offsets))
 	for _, off := range r.offsets {
 		out = append(out, r.mappings[off])
@@ -365,8 +384,8 @@ func (r *Reservation) ExportDMABuf(off, size uint64) (*os.File, error) {
 	if r == nil {
 		return nil, fmt.Errorf("vmm: export dma-buf: nil reservation: %w", ErrInvalidValue)
 	}
-	r.mu.Lock()
-	defer r.mu.Unlock()
+	r.own.Lock()
+	defer r.own.Unlock()
 	if err := r.checkRange("export dma-buf", off, size); err != nil {
 		return nil, err
 	}
@@ -392,8 +411,8 @@ func (r *Reservation) UnmapRange(off, size uint64) error {
 	if r == nil {
 		return nil
 	}
-	r.mu.Lock()
-	defer r.mu.Unlock()
+	r.own.Lock()
+	defer r.own.Unlock()
 	if err := r.checkRange("unmap", off, size); err != nil {
 		return err
 	}
@@ -419,43 +438,77 @@ func (r *Reservation) UnmapRange(off, size uint64) error {
 	return errors.Join(errs...)
 }
 
-// forget drops an unmapped mapping and releases its allocation when it owns it; the caller holds
-// r.mu.
+// forget drops an unmapped mapping from the reservation and, when it owns its allocation,
+// releases it; the caller holds r's lock. Should the release fail, the mapping stays open (and still
+// counts as the reservation's child) so that its Close retries the release.
 func (r *Reservation) forget(m *Mapping) error {
 	delete(r.mappings, m.off)
 	if i, ok := slices.BinarySearch(r.offsets, m.off); ok {
 		r.offsets = slices.Delete(r.offsets, i, i+1)
 	}
-	m.mu.Lock()
-	m.closed = true
-	m.mu.Unlock()
+	m.unmapped.Store(true)
 	m.alloc.mappings.Add(-1)
-	if m.ownsAlloc {
-		return m.alloc.Close()
+	if err := m.finish(); err != nil {
+		r.pending = append(r.pending, m)
+		return err
 	}
 	return nil
 }
 
-// Close frees the address range (cuMemAddressFree). It fails with ErrInUse while mappings remain.
-// Close is idempotent and safe on nil.
+// finish releases an unmapped mapping's allocation when it owns it, then closes the mapping.
+func (m *Mapping) finish() error {
+	if m.ownsAlloc {
+		if err := m.alloc.Close(); err != nil {
+			return err
+		}
+	}
+	m.own.Lock()
+	m.own.MarkClosed()
+	m.own.Unlock()
+	return nil
+}
+
+// Close frees the address range (cuMemAddressFree). It fails with ErrInUse while mappings remain
+// (including an unmapped one whose allocation could not be released yet). Mappings that a failed
+// undo left in the range (System.Orphans) are closed first. Close is idempotent and safe on nil.
 func (r *Reservation) Close() error {
 	if r == nil {
 		return nil
 	}
-	r.mu.Lock()
-	defer r.mu.Unlock()
-	if r.closed {
+	if err := r.closeOrphans(); err != nil {
+		return fmt.Errorf("vmm: close %s: %w", r, err)
+	}
+	return r.own.Close("vmm: close "+r.String(), func() error {
+		if err := r.dev.do(func(api driver.API) error { return api.MemAddressFree(r.ptr, r.size) }); err != nil {
+			return fmt.Errorf("vmm: free %s: %w", r, err)
+		}
 		return nil
+	})
+}
+
+// closeOrphans retries closing the mappings a failed undo left in the range, and the releases that
+// failed after an unmap.
+func (r *Reservation) closeOrphans() error {
+	r.own.Lock()
+	defer r.own.Unlock()
+	var errs []error
+	for _, m := range slices.Clone(r.pending) {
+		errs = append(errs, m.closeLocked())
 	}
-	if n := len(r.mappings); n > 0 {
-		return fmt.Errorf("vmm: close %s: %d mappings remain: %w", r, n, ErrInUse)
+	for _, off := range slices.Clone(r.offsets) {
+		if m := r.mappings[off]; m.orphan.Load() {
+			errs = append(errs, m.closeLocked())
+		}
 	}
-	if err := r.dev.do(func(api driver.API) error { return api.MemAddressFree(r.ptr, r.size) }); err != nil {
-		return fmt.Errorf("vmm: free %s: %w", r, err)
-	}
-	r.closed = true
-	r.dev.children.Add(-1)
-	return nil
+	return errors.Join(errs...)
+}
+
+// keepOrphan records a mapping that a failed undo could not unmap and hands it to the System; the
+// caller holds r's lock.
+func (r *Reservation) keepOrphan(off uint64, a *Allocation, owns bool) error {
+	m := r.addMapping(off, a, owns)
+	m.orphan.Store(true)
+	return r.dev.sys.adopt(m.String(), m.Close)
 }
 
 // Mapping is an allocation mapped into a reservation at an offset (cuMemMap).
@@ -463,11 +516,15 @@ type Mapping struct {
 	res       *Reservation
 	alloc     *Allocation
 	off, size uint64
-	ownsAlloc bool
+	ownsAlloc bool // guarded by res's lock
 
-	mu     sync.Mutex
-	closed bool
+	own      lifetime.Owner
+	unmapped atomic.Bool // unmapped, its allocation's release still pending
+	orphan   atomic.Bool // left by a failed undo, never handed to a caller: the System keeps it
 }
+
+// gone reports whether the mapping is unmapped or closed.
+func (m *Mapping) gone() bool { return m.unmapped.Load() || m.own.IsClosed() }
 
 // Ptr is the mapping's first address.
 func (m *Mapping) Ptr() driver.DevicePtr { return m.res.ptr + driver.DevicePtr(m.off) }
@@ -493,10 +550,7 @@ func (m *Mapping) SetAccess(access ...Access) error {
 	if m == nil {
 		return fmt.Errorf("vmm: set access: nil mapping: %w", ErrInvalidValue)
 	}
-	m.mu.Lock()
-	closed := m.closed
-	m.mu.Unlock()
-	if closed {
+	if m.gone() {
 		return fmt.Errorf("vmm: set access on %s: %w", m, ErrClosed)
 	}
 	return m.res.SetAccess(m.off, m.size, access...)
@@ -504,10 +558,7 @@ func (m *Mapping) SetAccess(access ...Access) error {
 
 // Access reads the access flags loc has on the mapping (cuMemGetAccess).
 func (m *Mapping) Access(loc driver.Location) (driver.AccessFlags, error) {
-	m.mu.Lock()
-	closed := m.closed
-	m.mu.Unlock()
-	if closed {
+	if m.gone() {
 		return 0, fmt.Errorf("vmm: get access on %s: %w", m, ErrClosed)
 	}
 	var f driver.AccessFlags
@@ -523,18 +574,29 @@ func (m *Mapping) Access(loc driver.Location) (driver.AccessFlags, error) {
 }
 
 // Close unmaps the mapping (cuMemUnmap) and, when the mapping owns its allocation (MapNew),
-// releases it. Close is idempotent and safe on nil.
+// releases it. Close is idempotent and safe on nil. When a step fails the mapping stays open and a
+// later Close retries what is left (the unmap, or only the release).
 func (m *Mapping) Close() error {
 	if m == nil {
 		return nil
 	}
 	r := m.res
-	r.mu.Lock()
-	defer r.mu.Unlock()
-	m.mu.Lock()
-	closed := m.closed
-	m.mu.Unlock()
-	if closed {
+	r.own.Lock()
+	defer r.own.Unlock()
+	return m.closeLocked()
+}
+
+// closeLocked is Close; the caller holds the reservation's lock.
+func (m *Mapping) closeLocked() error {
+	r := m.res
+	if m.own.IsClosed() {
+		return nil
+	}
+	if m.unmapped.Load() {
+		if err := m.finish(); err != nil {
+			return err
+		}
+		r.pending = slices.DeleteFunc(r.pending, func(x *Mapping) bool { return x == m })
 		return nil
 	}
 	ptr := m.Ptr()

@@ -110,8 +110,10 @@ type DeviceStats struct {
 	HostVisibleBytes uint64
 	PageTableBytes   uint64
 	// LiveOwners counts the vmm owners (allocations, reservations, streams, events, buffers,
-	// registrations) that belong to this device and are not closed.
-	LiveOwners int64
+	// registrations) that belong to this device and are not closed; LiveOwnersByKind splits them
+	// by kind ("allocation", "reservation", "stream", ...). System.Close refuses while any remain.
+	LiveOwners       int
+	LiveOwnersByKind map[string]int
 	// Live counts the driver objects made through this device's context and not yet freed.
 	Live LiveObjects
 	// Ops counts and times the driver calls made through this device's context, by operation.
@@ -182,7 +184,8 @@ func (s *System) Stats() Stats {
 		ds := &st.Devices[i]
 		ds.Ordinal, ds.MappedByKind, ds.Ops = i, map[string]uint64{}, map[Op]OpStats{}
 		if d := opened[i]; d != nil {
-			ds.Name, ds.Opened, ds.LiveOwners = d.name, true, d.children.Load()
+			ds.Name, ds.Opened = d.name, true
+			ds.LiveOwners, ds.LiveOwnersByKind = d.own.Children(), d.own.ChildrenByKind()
 			d.counted.ops.read(ds.Ops)
 		}
 	}

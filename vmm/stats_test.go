@@ -74,6 +74,8 @@ func TestStatsDeviceMemory(t *testing.T) {
 		require.Equal(t, before.Devices[1].Live.PlainBuffers+1, mid.Devices[1].Live.PlainBuffers)
 		require.Equal(t, before.Devices[0].LiveOwners+3, mid.Devices[0].LiveOwners, "the reservation, the allocation MapNew made, the stream")
 		require.Equal(t, before.Devices[1].LiveOwners+2, mid.Devices[1].LiveOwners, "the allocation and the plain buffer")
+		require.Equal(t, before.Devices[0].LiveOwnersByKind["stream"]+1, mid.Devices[0].LiveOwnersByKind["stream"])
+		require.Equal(t, before.Devices[1].LiveOwnersByKind["plain buffer"]+1, mid.Devices[1].LiveOwnersByKind["plain buffer"])
 		require.Equal(t, calls(before, 0, vmm.OpCreate)+1, calls(mid, 0, vmm.OpCreate))
 		require.Equal(t, calls(before, 1, vmm.OpCreate)+1, calls(mid, 1, vmm.OpCreate))
 		require.Equal(t, calls(before, 1, vmm.OpMap)+1, calls(mid, 1, vmm.OpMap), "a mapping is counted on the device of its allocation")

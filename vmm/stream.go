@@ -6,6 +6,7 @@ import (
 	"unsafe"
 
 	"github.com/cuvmm/cuvmm/driver"
+	"github.com/cuvmm/cuvmm/internal/lifetime"
 	"github.com/cuvmm/cuvmm/internal/units"
 )
 
@@ -15,23 +16,36 @@ type Stream struct {
 	s driver.Stream
 }
 
-// NewStream creates a stream; nonBlocking streams do not synchronise with the legacy default stream
-// (CU_STREAM_NON_BLOCKING), which is what copy streams want.
-func (d *Device) NewStream(nonBlocking bool) (*Stream, error) {
+// StreamOptions describe a stream made by CreateStream. The zero value is a blocking stream.
+type StreamOptions struct {
+	// NonBlocking makes a stream that does not synchronise with the legacy default stream
+	// (CU_STREAM_NON_BLOCKING), which is what copy streams want.
+	NonBlocking bool
+}
+
+// CreateStream creates a stream (cuStreamCreate).
+func (d *Device) CreateStream(opts StreamOptions) (*Stream, error) {
 	flags := driver.StreamDefault
-	if nonBlocking {
+	if opts.NonBlocking {
 		flags = driver.StreamNonBlocking
 	}
-	var s driver.Stream
-	if err := d.do(func(api driver.API) error {
+	s := &Stream{owner: owner{dev: d}}
+	if err := d.create(&s.own, "stream", func(api driver.API) error {
 		var err error
-		s, err = api.StreamCreate(flags)
+		s.s, err = api.StreamCreate(flags)
 		return err
 	}); err != nil {
 		return nil, fmt.Errorf("vmm: device %d: cuStreamCreate: %w", d.ordinal, err)
 	}
-	d.children.Add(1)
-	return &Stream{owner: owner{dev: d}, s: s}, nil
+	lifetime.Track(s, &s.own)
+	return s, nil
+}
+
+// NewStream creates a stream, non-blocking when nonBlocking is true.
+//
+// Deprecated: use CreateStream(StreamOptions{NonBlocking: ...}), which names what the flag means.
+func (d *Device) NewStream(nonBlocking bool) (*Stream, error) {
+	return d.CreateStream(StreamOptions{NonBlocking: nonBlocking})
 }
 
 // Handle is the raw CUstream; nil (*Stream)(nil) means the legacy default stream 0.
@@ -83,16 +97,16 @@ func (d *Device) NewEvent(timing bool) (*Event, error) {
 	if !timing {
 		flags = driver.EventDisableTiming
 	}
-	var e driver.Event
-	if err := d.do(func(api driver.API) error {
+	e := &Event{owner: owner{dev: d}}
+	if err := d.create(&e.own, "event", func(api driver.API) error {
 		var err error
-		e, err = api.EventCreate(flags)
+		e.e, err = api.EventCreate(flags)
 		return err
 	}); err != nil {
 		return nil, fmt.Errorf("vmm: device %d: cuEventCreate: %w", d.ordinal, err)
 	}
-	d.children.Add(1)
-	return &Event{owner: owner{dev: d}, e: e}, nil
+	lifetime.Track(e, &e.own)
+	return e, nil
 }
 
 func (e *Event) use(op string) error {

@@ -23,6 +23,7 @@ import (
 	"sync"
 
 	"github.com/cuvmm/cuvmm/driver"
+	"github.com/cuvmm/cuvmm/internal/lifetime"
 )
 
 // Sentinel errors of this package. Driver failures keep their driver sentinel (driver.ErrOutOfMemory,
@@ -30,9 +31,9 @@ import (
 // driver.ErrInvalidValue, so one errors.Is covers both.
 var (
 	// ErrClosed: a method was called on an object after its Close.
-	ErrClosed = errors.New("vmm: use after Close")
+	ErrClosed = lifetime.ErrClosed
 	// ErrInUse: Close of a parent that still has live children (mappings, buffers, registrations).
-	ErrInUse = errors.New("vmm: still in use")
+	ErrInUse = lifetime.ErrInUse
 	// ErrInvalidValue is driver.ErrInvalidValue.
 	ErrInvalidValue = driver.ErrInvalidValue
 	// ErrNoDevice is driver.ErrNoDevice: an ordinal out of range.
@@ -48,6 +49,15 @@ type System struct {
 	mu      sync.Mutex
 	devices []*Device // opened lazily, index = ordinal
 	closed  bool
+
+	// gate is read-held by every call that runs with a device's context bound (Device.do) and
+	// write-held by Close while it checks what the devices own and releases them, so that no object
+	// can be made between the check and the release.
+	gate    sync.RWMutex
+	closeMu sync.Mutex // serializes Close
+
+	adoptMu sync.Mutex
+	adopted []adoptee // objects whose undo failed, retried by Close
 
 	stats statsTable // what the devices' counting APIs recorded (Stats)
 }
@@ -130,23 +140,33 @@ func (s *System) anyDevice() (*Device, error) {
 	return s.Device(0)
 }
 
-// Close releases the primary contexts of the open devices. It fails with ErrInUse, releasing
-// nothing, while any device still owns allocations, reservations, streams or other objects.
+// Close releases the primary contexts of the open devices. It first retries the clean-ups that
+// failed during undos (Orphans). It fails with ErrInUse, releasing nothing and naming what remains
+// per device, while any device still owns allocations, reservations, streams or other objects.
+// Calls in flight on other goroutines finish before the check; later calls fail with ErrClosed.
 func (s *System) Close() error {
 	if s == nil {
 		return nil
 	}
+	s.closeMu.Lock()
+	defer s.closeMu.Unlock()
 	s.mu.Lock()
-	defer s.mu.Unlock()
-	if s.closed {
+	closed := s.closed
+	s.mu.Unlock()
+	if closed {
 		return nil
 	}
-	for _, d := range s.devices {
-		if d != nil {
-			if n := d.children.Load(); n > 0 {
-				return fmt.Errorf("vmm: close system: device %d still owns %d objects: %w", d.ordinal, n, ErrInUse)
-			}
+	retryErr := s.retryAdopted()
+	s.gate.Lock()
+	defer s.gate.Unlock()
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if left := s.remaining(); left != "" {
+		err := fmt.Errorf("vmm: close system: still owned: %s: %w", left, ErrInUse)
+		if retryErr != nil {
+			err = fmt.Errorf("%w (retrying failed clean-ups: %w)", err, retryErr)
 		}
+		return err
 	}
 	var errs []error
 	for _, d := range s.devices {

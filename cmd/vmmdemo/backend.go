@@ -5,11 +5,11 @@ import (
 	"flag"
 	"fmt"
 	"io"
+	"os"
 
-	"github.com/cuvmm/cuvmm/driver"
-	"github.com/cuvmm/cuvmm/driver/sim"
 	"github.com/cuvmm/cuvmm/internal/units"
-	"github.com/cuvmm/cuvmm/vmm"
+	"github.com/cuvmm/cuvmm/internal/worker"
+	"github.com/cuvmm/cuvmm/measure"
 )
 
 // common holds the flags every subcommand takes.
@@ -21,26 +21,52 @@ type common struct {
 
 func (c *common) register(fs *flag.FlagSet, defaultSimDevices int) {
 	fs.StringVar(&c.backend, "backend", "auto", "driver: auto (the real one if it loads, else the simulator), cuda, or sim")
-	fs.IntVar(&c.simDevices, "sim-devices", defaultSimDevices, "number of simulated devices")
+	fs.IntVar(&c.simDevices, "sim-devices", defaultSimDevices, fmt.Sprintf("number of simulated devices (at most %d)", measure.MaxSimDevices))
 	fs.BoolVar(&c.json, "json", false, "print the result as JSON")
+}
+
+// flagOut is a flag set's output: silent while flags are parsed (a parse error is returned and
+// printed once, with the subcommand's name and a hint), the help text when asked for.
+type flagOut struct {
+	w     io.Writer
+	quiet bool
+}
+
+func (o *flagOut) Write(p []byte) (int, error) {
+	if o.quiet {
+		return len(p), nil
+	}
+	return o.w.Write(p)
 }
 
 // newFlags makes a flag set that reports errors instead of exiting.
 func newFlags(e *env, name string) *flag.FlagSet {
 	fs := flag.NewFlagSet("vmmdemo "+name, flag.ContinueOnError)
-	fs.SetOutput(e.stderr)
+	fs.SetOutput(&flagOut{w: e.stderr})
+	fs.Usage = func() {}
 	return fs
 }
 
+// parse parses args; -h prints the flags, an error comes back with a hint instead of the usage.
 func parse(fs *flag.FlagSet, args []string) error {
-	if err := fs.Parse(args); err != nil {
-		if err == flag.ErrHelp {
-			return err
-		}
-		return fmt.Errorf("%v: %w", err, errUsage)
+	out, _ := fs.Output().(*flagOut)
+	if out != nil {
+		out.quiet = true
+	}
+	err := fs.Parse(args)
+	if out != nil {
+		out.quiet = false
+	}
+	if err == flag.ErrHelp {
+		fmt.Fprintf(fs.Output(), "usage: %s [flags]\n", fs.Name())
+		fs.PrintDefaults()
+		return err
+	}
+	if err != nil {
+		return fmt.Errorf("%v (%s -h lists its flags): %w", err, fs.Name(), errUsage)
 	}
 	if fs.NArg() > 0 {
-		return fmt.Errorf("unexpected arguments %q: %w", fs.Args(), errUsage)
+		return fmt.Errorf("unexpected arguments %q (%s -h lists its flags): %w", fs.Args(), fs.Name(), errUsage)
 	}
 	return nil
 }
@@ -58,57 +84,70 @@ func (s *sizeFlag) Set(v string) error {
 	return nil
 }
 
-// backend is an opened driver.
-type backend struct {
-	name string // "cuda" or "sim"
-	sys  *vmm.System
-	sim  *sim.Sim
-}
-
 // open opens the backend the flags ask for. auto falls back to the simulator with a notice on stderr.
-func (c *common) open(e *env) (*backend, error) {
-	switch c.backend {
-	case "cuda", "auto":
-		api, err := driver.Open()
-		var sys *vmm.System
-		if err == nil {
-			sys, err = vmm.Open(api)
-			if err == nil && sys.DeviceCount() == 0 {
-				err = fmt.Errorf("the driver reports no devices: %w", driver.ErrNoDevice)
-			}
-		}
-		if err == nil {
-			return &backend{name: "cuda", sys: sys}, nil
-		}
-		if c.backend == "cuda" {
-			return nil, fmt.Errorf("real driver: %w", err)
-		}
+func (c *common) open(e *env) (*measure.Backend, error) {
+	return measure.OpenBackend(c.backend, c.simDevices, func(err error) {
 		fmt.Fprintf(e.stderr, "vmmdemo: no usable CUDA driver (%v); using the simulator\n", err)
-		fallthrough
-	case "sim":
-		if c.simDevices < 1 {
-			return nil, fmt.Errorf("--sim-devices %d: need at least 1: %w", c.simDevices, errUsage)
-		}
-		s := sim.New(sim.Devices(c.simDevices))
-		sys, err := vmm.Open(s)
-		if err != nil {
-			s.Close()
-			return nil, err
-		}
-		return &backend{name: "sim", sys: sys, sim: s}, nil
-	}
-	return nil, fmt.Errorf("--backend %q: want auto, cuda or sim: %w", c.backend, errUsage)
+	})
 }
 
-// Close closes the system (and the simulator).
-func (b *backend) Close() error {
-	err := b.sys.Close()
-	if b.sim != nil {
-		if serr := b.sim.Close(); err == nil {
-			err = serr
-		}
+// measureEnv is what a measurement runs with: the backend, a progress bar on a terminal (not with
+// --json), notes on stderr.
+func (c *common) measureEnv(e *env, b *measure.Backend) measure.Env {
+	// Worker processes write to the log too: one lock for all of them.
+	me := measure.Env{Backend: b, Log: e.stderr}
+	if _, isFile := e.stderr.(*os.File); !isFile {
+		me.Log = worker.SyncWriter(e.stderr)
 	}
-	return err
+	if e.interactive && !c.json {
+		me.Progress = e
+	}
+	return me
+}
+
+// textResult is a measurement's result: its JSON is what --json prints, Text what is printed
+// otherwise.
+type textResult interface{ Text(w io.Writer) }
+
+// checked is a result that can report a failed verification as an error.
+type checked interface{ Check() error }
+
+// measureAndShow opens the backend, runs fn on it, closes it and renders the result.
+func measureAndShow[T any, P interface {
+	*T
+	textResult
+}](e *env, c *common, fn func(measure.Env) (P, error)) error {
+	b, err := c.open(e)
+	if err != nil {
+		return err
+	}
+	res, runErr := fn(c.measureEnv(e, b))
+	if cerr := b.Close(); runErr == nil {
+		runErr = cerr
+	}
+	return show(e, c, res, runErr)
+}
+
+// show renders res (JSON or text; nothing when it is nil) and returns runErr, or else the
+// verification failure the result reports.
+func show[T any, P interface {
+	*T
+	textResult
+}](e *env, c *common, res P, runErr error) error {
+	if res == nil {
+		return runErr
+	}
+	if c.json {
+		if err := writeJSON(e.stdout, res); err != nil && runErr == nil {
+			runErr = err
+		}
+	} else {
+		res.Text(e.stdout)
+	}
+	if ch, ok := any(res).(checked); ok && runErr == nil {
+		runErr = ch.Check()
+	}
+	return runErr
 }
 
 func writeJSON(w io.Writer, v any) error {

@@ -220,7 +220,7 @@ func runBroker(e *env, args []string) (err error) {
 	if size.v == 0 || *workers < 1 || *depth < 1 || *streams < 1 || *samples < 1 {
 		return fmt.Errorf("--size must be above 0; --workers, --depth, --streams and --rtt-samples at least 1: %w", errUsage)
 	}
-	b, err := c.open(e)
+	b, err := c.openLegacy(e)
 	if err != nil {
 		return err
 	}
@@ -818,7 +818,7 @@ func runBrokerWorker(e *env, args []string) error {
 		}
 		return err
 	}
-	b, err := c.open(e)
+	b, err := c.openLegacy(e)
 	if err != nil {
 		return report(err)
 	}

@@ -7,6 +7,8 @@ import (
 	"testing"
 
 	"github.com/stretchr/testify/require"
+
+	"github.com/cuvmm/cuvmm/measure"
 )
 
 // runCmd runs vmmdemo with args in-process and returns its exit code, stdout and stderr.
@@ -20,7 +22,7 @@ func runCmd(t *testing.T, args ...string) (int, string, string) {
 func TestInfoSimJSON(t *testing.T) {
 	code, out, stderr := runCmd(t, "info", "--backend", "sim", "--sim-devices", "2", "--json")
 	require.Equal(t, 0, code, stderr)
-	var res infoResult
+	var res measure.InfoResult
 	require.NoError(t, json.Unmarshal([]byte(out), &res))
 	require.Equal(t, "sim", res.Backend)
 	require.Len(t, res.Devices, 2)

@@ -21,6 +21,12 @@ import (
 	"io"
 	"os"
 	"sort"
+	"strings"
+
+	"golang.org/x/term"
+
+	"github.com/cuvmm/cuvmm/internal/worker"
+	"github.com/cuvmm/cuvmm/measure"
 )
 
 // command is one subcommand.
@@ -44,7 +50,8 @@ type env struct {
 }
 
 func main() {
-	e := &env{stdout: os.Stdout, stderr: os.Stderr, interactive: isTerminal(os.Stderr)}
+	worker.Main() // a measurement's worker process runs its role here and exits
+	e := &env{stdout: os.Stdout, stderr: os.Stderr, interactive: term.IsTerminal(int(os.Stderr.Fd()))}
 	os.Exit(run(e, os.Args[1:]))
 }
 
@@ -66,7 +73,7 @@ func run(e *env, args []string) int {
 		if errors.Is(err, flag.ErrHelp) {
 			return 0
 		}
-		fmt.Fprintf(e.stderr, "vmmdemo %s: %v\n", c.name, err)
+		fmt.Fprintf(e.stderr, "vmmdemo %s: %s\n", c.name, strings.TrimSuffix(err.Error(), ": "+errUsage.Error()))
 		if errors.Is(err, errUsage) {
 			return 2
 		}
@@ -75,7 +82,8 @@ func run(e *env, args []string) int {
 	return 0
 }
 
-var errUsage = errors.New("usage")
+// errUsage marks a bad command line (exit status 2); measure's option errors count as one.
+var errUsage = measure.ErrInvalidOption
 
 func usage(w io.Writer) {
 	fmt.Fprintln(w, "usage: vmmdemo <subcommand> [flags]   (vmmdemo <subcommand> -h for its flags)")
@@ -88,9 +96,4 @@ func usage(w io.Writer) {
 	for _, n := range names {
 		fmt.Fprintf(w, "  %-10s %s\n", n, commands[n].summary)
 	}
-}
-
-func isTerminal(f *os.File) bool {
-	st, err := f.Stat()
-	return err == nil && st.Mode()&os.ModeCharDevice != 0
 }

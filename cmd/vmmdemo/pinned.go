@@ -185,7 +185,7 @@ func runPinned(e *env, args []string) error {
 		}
 		runModes = append(runModes, m)
 	}
-	b, err := c.open(e)
+	b, err := c.openLegacy(e)
 	if err != nil {
 		return err
 	}
@@ -634,7 +634,7 @@ func runPinnedWorker(e *env, args []string) error {
 		}
 		return err
 	}
-	b, err := c.open(e)
+	b, err := c.openLegacy(e)
 	if err != nil {
 		return send(pinMsgReady, err)
 	}

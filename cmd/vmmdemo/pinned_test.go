@@ -7,6 +7,8 @@ import (
 	"testing"
 
 	"github.com/stretchr/testify/require"
+
+	"github.com/cuvmm/cuvmm/measure"
 )
 
 // `vmmdemo pinned` re-executes its own binary as `pinned-worker`; under `go test` that binary is the
@@ -77,17 +79,17 @@ func TestPinnedCommandText(t *testing.T) {
 func TestBandwidthCommand(t *testing.T) {
 	code, out, errOut := runPinnedCmd(t, "bandwidth", "--backend", "sim", "--max-size", "1MiB", "--staging", "4MiB", "--staging-chunk", "1MiB", "--json")
 	require.Equal(t, 0, code, errOut)
-	var res bwResult
+	var res measure.BandwidthResult
 	require.NoError(t, json.Unmarshal([]byte(out), &res))
 	require.True(t, res.Verified)
-	kinds := []string{bwPageable, bwHostAlloc, bwRegistered, bwHostNUMA, bwSharedMemory}
+	kinds := []string{measure.HostPageable, measure.HostAlloc, measure.HostRegistered, measure.HostNUMA, measure.HostSharedMemory}
 	require.Len(t, res.Setup, len(kinds))
 	require.Len(t, res.Rows, len(kinds)*2*2, "kinds × directions × sizes (64 KiB, 1 MiB)")
 	for _, r := range res.Rows {
 		require.Positive(t, r.MedianGBs)
 		require.GreaterOrEqual(t, r.BestGBs, r.MedianGBs)
 		require.Positive(t, r.VsHostAlloc)
-		if r.Kind == bwHostAlloc {
+		if r.Kind == measure.HostAlloc {
 			require.Equal(t, 1.0, r.VsHostAlloc)
 		}
 	}

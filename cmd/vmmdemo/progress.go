@@ -6,26 +6,28 @@ import (
 	"time"
 
 	"github.com/cuvmm/cuvmm/internal/units"
+	"github.com/cuvmm/cuvmm/measure"
 )
 
-// progress draws a one-line bar on stderr while long work runs. It draws nothing unless stderr is a
-// terminal and the output is not JSON, so logs and pipes stay clean.
+// progress draws a one-line bar on stderr while long work runs. The command hands it to a
+// measurement only when stderr is a terminal and the output is not JSON, so logs and pipes stay
+// clean.
 type progress struct {
-	e       *env
-	label   string
-	total   uint64
-	enabled bool
-	last    time.Time
-	drawn   bool
+	e     *env
+	label string
+	total uint64
+	last  time.Time
+	drawn bool
 }
 
-func newProgress(e *env, label string, total uint64, jsonOut bool) *progress {
-	return &progress{e: e, label: label, total: total, enabled: e.interactive && !jsonOut && total > 0}
+// Begin starts a bar (env is the measurements' measure.Progress).
+func (e *env) Begin(label string, total uint64) measure.Bar {
+	return &progress{e: e, label: label, total: total}
 }
 
 // Update redraws the bar for done of total bytes, at most ten times a second.
 func (p *progress) Update(done uint64) {
-	if !p.enabled || (time.Since(p.last) < 100*time.Millisecond && done < p.total) {
+	if p.total == 0 || (time.Since(p.last) < 100*time.Millisecond && done < p.total) {
 		return
 	}
 	p.last = time.Now()

@@ -7,6 +7,8 @@ import (
 	"testing"
 
 	"github.com/stretchr/testify/require"
+
+	"github.com/cuvmm/cuvmm/measure"
 )
 
 func runStripeCmd(t *testing.T, args ...string) (code int, stdout, stderr string) {
@@ -27,7 +29,7 @@ func TestStripeCommandJSON(t *testing.T) {
 		for _, k := range keys {
 			require.Contains(t, raw, k)
 		}
-		var res stripeResult
+		var res measure.StripeResult
 		require.NoError(t, json.Unmarshal([]byte(out), &res))
 		require.Equal(t, []int{0, 1}, res.Devices)
 		require.Equal(t, layout, res.Layout)

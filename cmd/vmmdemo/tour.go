@@ -26,7 +26,7 @@ func runTour(e *env, args []string) error {
 		if err != nil {
 			return err
 		}
-		c.backend = b.name
+		c.backend = b.Name
 		if err := b.Close(); err != nil {
 			return err
 		}

@@ -140,8 +140,8 @@ func (s *Sim) memcpy(c copyArgs) error {
 		}
 	}
 	var pins []*allocation
-	dbufs, dhost, ok1 := s.resolve(dd, c.dst, c.n, true, anyHost, &pins)
-	sbufs, shost, ok2 := s.resolve(sd, c.src, c.n, false, anyHost, &pins)
+	dbufs, _, ok1 := s.resolve(dd, c.dst, c.n, true, anyHost, &pins)
+	sbufs, _, ok2 := s.resolve(sd, c.src, c.n, false, anyHost, &pins)
 	if !ok1 || !ok2 {
 		s.unpin(pins)
 		s.mu.Unlock()
@@ -149,12 +149,9 @@ func (s *Sim) memcpy(c copyArgs) error {
 	}
 	s.mu.Unlock()
 
-	ok := true
-	if dhost || shost {
-		ok = guard(func() { copyBufs(dbufs, sbufs) })
-	} else {
-		copyBufs(dbufs, sbufs)
-	}
+	// Always guarded: host memory may be unreadable, and an allocation imported from another
+	// process is a file that process could have truncated (a fault past its end is SIGBUS).
+	ok := guard(func() { copyBufs(dbufs, sbufs) })
 
 	s.mu.Lock()
 	s.unpin(pins)
@@ -229,7 +226,7 @@ func (s *Sim) memset(fn string, ptr driver.DevicePtr, pattern []byte, count uint
 		return driver.ErrorInvalidValue
 	}
 	var pins []*allocation
-	bufs, host, ok := s.resolve(d, uint64(ptr), n, true, pinnedHost, &pins)
+	bufs, _, ok := s.resolve(d, uint64(ptr), n, true, pinnedHost, &pins)
 	if !ok {
 		s.unpin(pins)
 		s.mu.Unlock()
@@ -242,12 +239,7 @@ func (s *Sim) memset(fn string, ptr driver.DevicePtr, pattern []byte, count uint
 			fillPattern(b, pattern)
 		}
 	}
-	ok = true
-	if host {
-		ok = guard(fill)
-	} else {
-		fill()
-	}
+	ok = guard(fill) // guarded whatever the memory, as in memcpy
 
 	s.mu.Lock()
 	s.unpin(pins)

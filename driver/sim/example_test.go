@@ -22,8 +22,8 @@ func Example() {
 	m, _ := res.MapNew(0, 4<<20, dev, vmm.AllocOptions{}, vmm.ReadWrite(dev))
 	_ = dev.Fill(m.Ptr(), m.Size(), 0, 7)
 	bad, _ := dev.Verify(m.Ptr(), m.Size(), 0, 7)
-	// Fill loaded the pattern kernels: a module and a small cuMemAlloc scratch buffer.
-	fmt.Println("mismatches:", bad, "live:", s.Live())
+	l := s.Live() // also counts what Fill loaded: the pattern kernels, their scratch memory and stream
+	fmt.Println("mismatches:", bad, "allocations:", l.Allocations, "reservations:", l.Reservations, "mappings:", l.Mappings)
 
 	_ = m.Close()
 	_ = res.Close()
@@ -31,7 +31,7 @@ func Example() {
 	fmt.Println("after Close:", s.Live(), s.Live().Zero())
 	// Output:
 	// 2 devices; Simulated H200 (cuvmm sim)
-	// mismatches: 0 live: contexts=1 allocations=1 reservations=1 mappings=1 legacy-allocs=1 modules=1
+	// mismatches: 0 allocations: 1 reservations: 1 mappings: 1
 	// after Close: none true
 }
 

@@ -322,6 +322,19 @@ func (s *Sim) Calls(function string) int {
 	return s.calls[fn]
 }
 
+// CallCounts reports how many calls of each function were made so far (C base names; functions never
+// called are absent). The difference of two snapshots is what an operation called, which is how a
+// fault-injection test finds every call it can make fail.
+func (s *Sim) CallCounts() map[string]int {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	out := make(map[string]int, len(s.calls))
+	for k, v := range s.calls {
+		out[k] = v
+	}
+	return out
+}
+
 func (s *Sim) fire(fn string) (driver.Result, bool) {
 	hit := -1
 	for i, f := range s.faults {

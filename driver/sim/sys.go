@@ -7,6 +7,8 @@ import (
 	"unsafe"
 
 	"golang.org/x/sys/unix"
+
+	"github.com/cuvmm/cuvmm/internal/memfd"
 )
 
 // currentThread identifies the calling OS thread: the driver's current context is per thread, so the
@@ -115,14 +117,8 @@ func guard(f func()) (ok bool) {
 const memfdPrefix = "cuvmm-sim "
 
 // newMemfd makes a close-on-exec memfd of size bytes (sparse: it takes memory only where written).
+// It is sealed against shrinking and growing: the exported descriptor goes to other processes, and
+// none of them may resize memory this one has mapped.
 func newMemfd(name string, size uint64) (int, error) {
-	fd, err := unix.MemfdCreate(name, unix.MFD_CLOEXEC)
-	if err != nil {
-		return -1, err
-	}
-	if err := unix.Ftruncate(fd, int64(size)); err != nil {
-		unix.Close(fd)
-		return -1, err
-	}
-	return fd, nil
+	return memfd.CreateFD(name, int64(size))
 }

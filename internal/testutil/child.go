@@ -18,6 +18,7 @@ import (
 
 	"github.com/cuvmm/cuvmm/driver"
 	"github.com/cuvmm/cuvmm/driver/sim"
+	"github.com/cuvmm/cuvmm/internal/worker"
 	"github.com/cuvmm/cuvmm/vmm"
 )
 
@@ -30,11 +31,11 @@ const (
 	EnvChildSimDevices = "CUVMM_TEST_CHILD_SIM_DEVICES" // devices of the child's simulator
 )
 
-// Child is this test binary running as a second process. It talks line by line: the parent reads
-// the child's stdout with Line and writes to its stdin with Send.
+// Child is this test binary running as a second process (started with internal/worker). It talks
+// line by line: the parent reads the child's stdout with Line and writes to its stdin with Send.
 type Child struct {
 	t      testing.TB
-	cmd    *exec.Cmd
+	proc   *worker.Process
 	stdin  io.WriteCloser
 	lines  chan string
 	stderr *lockedBuffer
@@ -60,44 +61,46 @@ func (b *lockedBuffer) String() string {
 }
 
 // StartChild starts this test binary (running no tests) with b's backend, the extra environment
-// env (the child's role among it) and files as descriptors 3 onwards. The child is killed at the end
-// of the test if it is still running.
+// env (the child's role among it) and files as descriptors 3 onwards. The child inherits the
+// environment. It is killed at the end of the test if it is still running.
 func StartChild(t testing.TB, b *Backend, env []string, files ...*os.File) *Child {
 	t.Helper()
-	cmd := exec.Command(os.Args[0], "-test.run=^$")
-	cmd.Env = append(os.Environ(), EnvChildBackend+"="+b.Name, EnvChildSimDevices+"="+strconv.Itoa(b.Sys.DeviceCount()))
-	cmd.Env = append(cmd.Env, env...)
-	if os.Getenv("GORACE") == "" {
-		// Under -race the child would otherwise sleep a second at exit (TSan's atexit_sleep_ms).
-		cmd.Env = append(cmd.Env, "GORACE=atexit_sleep_ms=0")
+	inR, inW, err := os.Pipe()
+	require.NoError(t, err)
+	outR, outW, err := os.Pipe()
+	if err != nil {
+		inR.Close()
+		inW.Close()
+		require.NoError(t, err)
 	}
-	cmd.ExtraFiles = files
-	c := &Child{t: t, cmd: cmd, lines: make(chan string, 16), stderr: &lockedBuffer{}}
-	cmd.Stderr = c.stderr
-	var err error
-	c.stdin, err = cmd.StdinPipe()
-	require.NoError(t, err)
-	stdout, err := cmd.StdoutPipe()
-	require.NoError(t, err)
-	require.NoError(t, cmd.Start())
+	c := &Child{t: t, stdin: inW, lines: make(chan string, 16), stderr: &lockedBuffer{}}
+	env = append([]string{EnvChildBackend + "=" + b.Name, EnvChildSimDevices + "=" + strconv.Itoa(b.Sys.DeviceCount())}, env...)
+	c.proc, err = worker.Start("", worker.Options{Args: []string{"-test.run=^$"}, Env: env,
+		Stdin: inR, Stdout: outW, Stderr: c.stderr, Files: files, NoControl: true})
+	inR.Close()
+	outW.Close()
+	if err != nil {
+		inW.Close()
+		outR.Close()
+		require.NoError(t, err)
+	}
 	go func() {
-		sc := bufio.NewScanner(stdout)
+		defer outR.Close()
+		sc := bufio.NewScanner(outR)
 		for sc.Scan() {
 			c.lines <- sc.Text()
 		}
 		close(c.lines)
 	}()
 	t.Cleanup(func() {
-		if c.cmd.ProcessState == nil {
-			_ = c.cmd.Process.Kill()
-			_ = c.cmd.Wait()
-		}
+		_ = c.proc.Kill()
+		inW.Close()
 	})
 	return c
 }
 
 // Pid is the child's process id.
-func (c *Child) Pid() int { return c.cmd.Process.Pid }
+func (c *Child) Pid() int { return c.proc.Pid() }
 
 // Stderr is what the child wrote to its stderr so far.
 func (c *Child) Stderr() string { return c.stderr.String() }
@@ -108,7 +111,7 @@ func (c *Child) Line() string {
 	select {
 	case l, ok := <-c.lines:
 		if !ok {
-			_ = c.cmd.Wait()
+			_ = c.proc.Wait()
 			c.t.Fatalf("the child ended without a line; stderr:\n%s", c.stderr)
 		}
 		return l
@@ -131,14 +134,13 @@ func (c *Child) Wait() {
 	c.stdin.Close()
 	for range c.lines {
 	}
-	require.NoError(c.t, c.cmd.Wait(), "child stderr:\n%s", c.stderr)
+	require.NoError(c.t, c.proc.Wait(), "child stderr:\n%s", c.stderr)
 }
 
 // Kill sends SIGKILL and reaps the child, checking that the signal is what ended it.
 func (c *Child) Kill() {
 	c.t.Helper()
-	require.NoError(c.t, c.cmd.Process.Signal(syscall.SIGKILL))
-	err := c.cmd.Wait()
+	err := c.proc.Kill()
 	var ee *exec.ExitError
 	require.ErrorAs(c.t, err, &ee)
 	require.Equal(c.t, syscall.SIGKILL, ee.Sys().(syscall.WaitStatus).Signal())

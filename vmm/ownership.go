@@ -30,22 +30,19 @@ func TransferOwnership(dst, src *Mapping) error {
 	if err := ownershipCheck(dst, false); err != nil {
 		return err
 	}
-	src.res.mu.Lock()
+	src.res.own.Lock()
 	src.ownsAlloc = false
-	src.res.mu.Unlock()
-	dst.res.mu.Lock()
+	src.res.own.Unlock()
+	dst.res.own.Lock()
 	dst.ownsAlloc = true
-	dst.res.mu.Unlock()
+	dst.res.own.Unlock()
 	return nil
 }
 
 func ownershipCheck(m *Mapping, wantOwner bool) error {
-	m.res.mu.Lock()
-	defer m.res.mu.Unlock()
-	m.mu.Lock()
-	closed := m.closed
-	m.mu.Unlock()
-	if closed {
+	m.res.own.Lock()
+	defer m.res.own.Unlock()
+	if m.gone() {
 		return fmt.Errorf("vmm: transfer ownership: %s: %w", m, ErrClosed)
 	}
 	if m.ownsAlloc != wantOwner {
@@ -60,7 +57,7 @@ func ownershipCheck(m *Mapping, wantOwner bool) error {
 // OwnsAllocation reports whether closing the mapping also releases its allocation (MapNew, or
 // ownership received with TransferOwnership).
 func (m *Mapping) OwnsAllocation() bool {
-	m.res.mu.Lock()
-	defer m.res.mu.Unlock()
+	m.res.own.Lock()
+	defer m.res.own.Unlock()
 	return m.ownsAlloc
 }

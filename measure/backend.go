@@ -1,0 +1,149 @@
+package measure
+
+import (
+	"errors"
+	"fmt"
+	"io"
+
+	"github.com/cuvmm/cuvmm/driver"
+	"github.com/cuvmm/cuvmm/driver/sim"
+	"github.com/cuvmm/cuvmm/vmm"
+)
+
+// ErrInvalidOption is wrapped by every error about a measurement's options.
+var ErrInvalidOption = errors.New("invalid option")
+
+// MaxSimDevices is the most devices a simulated backend may have. The measurements that look at
+// every pair of devices (Info's peer matrix) grow with the square of the count.
+const MaxSimDevices = 64
+
+// Backend is an opened driver: the real one ("cuda") or the simulator ("sim").
+type Backend struct {
+	Name string // "cuda" or "sim"
+	Sys  *vmm.System
+	sim  *sim.Sim
+}
+
+// Sim reports whether the backend is the simulator. Its times are of Go code, and each process
+// has its own simulated devices (so per-process figures are added up).
+func (b *Backend) Sim() bool { return b.Name == "sim" }
+
+// OpenBackend opens the backend kind names: "cuda", "sim" (with simDevices devices), or "auto",
+// the real driver when it loads and has devices, else the simulator; fallback, when not nil, is
+// told why the real driver was not used.
+func OpenBackend(kind string, simDevices int, fallback func(error)) (*Backend, error) {
+	switch kind {
+	case "cuda", "auto":
+		b, err := openCUDA()
+		if err == nil {
+			return b, nil
+		}
+		if kind == "cuda" {
+			return nil, fmt.Errorf("real driver: %w", err)
+		}
+		if fallback != nil {
+			fallback(err)
+		}
+		return OpenSim(simDevices)
+	case "sim":
+		return OpenSim(simDevices)
+	}
+	return nil, fmt.Errorf("--backend %q: want auto, cuda or sim: %w", kind, ErrInvalidOption)
+}
+
+func openCUDA() (*Backend, error) {
+	api, err := driver.Open()
+	if err != nil {
+		return nil, err
+	}
+	sys, err := vmm.Open(api)
+	if err != nil {
+		return nil, err
+	}
+	if sys.DeviceCount() == 0 {
+		return nil, errors.Join(fmt.Errorf("the driver reports no devices: %w", driver.ErrNoDevice), sys.Close())
+	}
+	return &Backend{Name: "cuda", Sys: sys}, nil
+}
+
+// OpenSim opens a simulator with n devices (1 to MaxSimDevices).
+func OpenSim(n int) (*Backend, error) {
+	if n < 1 || n > MaxSimDevices {
+		return nil, fmt.Errorf("--sim-devices %d: want 1 to %d: %w", n, MaxSimDevices, ErrInvalidOption)
+	}
+	s := sim.New(sim.Devices(n))
+	sys, err := vmm.Open(s)
+	if err != nil {
+		return nil, errors.Join(err, s.Close())
+	}
+	return &Backend{Name: "sim", Sys: sys, sim: s}, nil
+}
+
+// Close closes the system (and the simulator).
+func (b *Backend) Close() error {
+	if b == nil {
+		return nil
+	}
+	err := b.Sys.Close()
+	if b.sim != nil {
+		err = errors.Join(err, b.sim.Close())
+	}
+	return err
+}
+
+// Progress is told about long work: Begin starts a bar of total units (bytes, or steps), the bar
+// follows. A nil Progress reports nothing.
+type Progress interface {
+	Begin(label string, total uint64) Bar
+}
+
+// Bar is one piece of long work in progress.
+type Bar interface {
+	Update(done uint64)
+	Done()
+}
+
+type noBar struct{}
+
+func (noBar) Update(uint64) {}
+func (noBar) Done()         {}
+
+func begin(p Progress, label string, total uint64) Bar {
+	if p == nil {
+		return noBar{}
+	}
+	return p.Begin(label, total)
+}
+
+// Env is what every measurement runs with.
+type Env struct {
+	// Backend is the opened driver (required).
+	Backend *Backend
+	// Progress, when not nil, is told about long work.
+	Progress Progress
+	// Log, when not nil, receives notes (a device the measurement cannot use fully, a mismatch)
+	// and the output of worker processes; nil means the process's standard error for workers and
+	// nothing for notes.
+	Log io.Writer
+}
+
+func (e *Env) logf(format string, args ...any) {
+	if e.Log != nil {
+		fmt.Fprintf(e.Log, format, args...)
+	}
+}
+
+func (e *Env) check() error {
+	if e.Backend == nil || e.Backend.Sys == nil {
+		return fmt.Errorf("no backend: %w", ErrInvalidOption)
+	}
+	return nil
+}
+
+// yesNo is how the text output writes a bool.
+func yesNo(b bool) string {
+	if b {
+		return "yes"
+	}
+	return "no"
+}

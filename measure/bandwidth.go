@@ -1,0 +1,340 @@
+package measure
+
+import (
+	"errors"
+	"fmt"
+	"sort"
+	"time"
+	"unsafe"
+
+	"github.com/cuvmm/cuvmm/internal/kernels"
+	"github.com/cuvmm/cuvmm/internal/units"
+	"github.com/cuvmm/cuvmm/vmm"
+)
+
+// BandwidthOptions are Bandwidth's options.
+type BandwidthOptions struct {
+	Env
+	// Device is the device's ordinal.
+	Device int
+	// MaxSize is the largest copy measured (0: 1 GiB on a GPU, 64 MiB on the simulator); it must
+	// be at least the smallest size measured, 64 KiB.
+	MaxSize uint64
+	// Staging is the bytes moved through async staging (0: 8 GiB on a GPU, 64 MiB on the
+	// simulator), in StagingBuffers (at least 2) of StagingChunk bytes (0: 32 MiB). NoStaging
+	// skips the staging measurement.
+	Staging, StagingChunk uint64
+	StagingBuffers        int
+	NoStaging             bool
+	// Iters is the timed iterations per size (0: 5 to 50, fewer for large sizes).
+	Iters int
+}
+
+// bwSizes are the copy sizes measured (those up to --max-size).
+var bwSizes = []uint64{64 << 10, 1 << 20, 16 << 20, 256 << 20, 1 << 30}
+
+// The kinds of host memory Bandwidth measures, in table order (BandwidthRow.Kind). host-alloc with
+// the raw driver call is the baseline.
+const (
+	HostPageable     = "pageable"
+	HostAlloc        = "host-alloc"
+	HostRegistered   = "registered"
+	HostNUMA         = "host-numa"
+	HostSharedMemory = "shared-memory"
+)
+
+// BandwidthRow is one kind, direction and size.
+type BandwidthRow struct {
+	Kind      string  `json:"kind"`
+	Direction string  `json:"direction"` // "h2d" or "d2h"
+	SizeBytes uint64  `json:"size_bytes"`
+	Iters     int     `json:"iterations"`
+	MedianGBs float64 `json:"median_gbps"`
+	BestGBs   float64 `json:"best_gbps"`
+	// VsHostAlloc is this row's median over the raw cuMemcpy on cuMemHostAlloc memory at the same
+	// size and direction, measured in the same run.
+	VsHostAlloc float64 `json:"vs_host_alloc"`
+}
+
+// BandwidthSetup is the time to make one kind of host memory ready.
+type BandwidthSetup struct {
+	Kind    string  `json:"kind"`
+	Seconds float64 `json:"seconds"` // time to make max-size bytes of this kind ready
+	Note    string  `json:"note,omitempty"`
+}
+
+// BandwidthStaging is async staging through pinned buffers against raw copies.
+type BandwidthStaging struct {
+	SizeBytes   uint64  `json:"size_bytes"`
+	ChunkBytes  uint64  `json:"chunk_bytes"`
+	Buffers     int     `json:"buffers"`
+	D2HGBs      float64 `json:"d2h_gbps"`       // device → discarding io.Writer, wall clock
+	H2DGBs      float64 `json:"h2d_gbps"`       // non-copying io.Reader → device, wall clock
+	RawD2HGBs   float64 `json:"raw_d2h_gbps"`   // baseline: host-alloc D2H at the largest size
+	RawH2DGBs   float64 `json:"raw_h2d_gbps"`   // baseline: host-alloc H2D at the largest size
+	D2HVsRaw    float64 `json:"d2h_vs_raw"`     // target on the GPU host: ≥ 0.9
+	H2DVsRaw    float64 `json:"h2d_vs_raw"`     //
+	BaselineLen uint64  `json:"baseline_bytes"` // the size the baseline was measured at
+}
+
+// BandwidthResult is host↔device copy bandwidth by host memory kind against cuMemHostAlloc.
+type BandwidthResult struct {
+	Backend  string            `json:"backend"`
+	Device   int               `json:"device"`
+	Name     string            `json:"device_name"`
+	Timing   string            `json:"timing"`
+	Setup    []BandwidthSetup  `json:"setup"`
+	Rows     []BandwidthRow    `json:"rows"`
+	Verified bool              `json:"verified"`
+	Staging  *BandwidthStaging `json:"staging,omitempty"`
+	// MinPinnedVsHostAlloc is the lowest VsHostAlloc of the pinned kinds at 16 MiB and above
+	// (target on the GPU host: ≥ 0.97).
+	MinPinnedVsHostAlloc float64 `json:"min_pinned_vs_host_alloc"`
+
+	sizes []uint64
+}
+
+// defaults fills in the sizes left 0 and checks the options; it returns the copy sizes measured.
+func (o *BandwidthOptions) defaults() ([]uint64, error) {
+	if err := o.Env.check(); err != nil {
+		return nil, err
+	}
+	if o.Iters < 0 || o.StagingBuffers < 2 {
+		return nil, fmt.Errorf("--iters must be ≥ 0 and --staging-buffers ≥ 2: %w", ErrInvalidOption)
+	}
+	sim := o.Backend.Sim()
+	if o.MaxSize == 0 {
+		o.MaxSize = pick[uint64](sim, 64<<20, 1<<30)
+	}
+	switch {
+	case o.NoStaging:
+		o.Staging = 0
+	case o.Staging == 0:
+		o.Staging = pick[uint64](sim, 64<<20, 8<<30)
+	}
+	if o.StagingChunk == 0 {
+		o.StagingChunk = 32 << 20
+	}
+	var sizes []uint64
+	for _, s := range bwSizes {
+		if s <= o.MaxSize {
+			sizes = append(sizes, s)
+		}
+	}
+	if len(sizes) == 0 {
+		return nil, fmt.Errorf("--max-size %s is below the smallest size measured (64KiB): %w", units.FormatSize(o.MaxSize), ErrInvalidOption)
+	}
+	return sizes, nil
+}
+
+func pick[T any](sim bool, onSim, onGPU T) T {
+	if sim {
+		return onSim
+	}
+	return onGPU
+}
+
+// Bandwidth times host↔device copies for each kind of host memory (pageable, cuMemHostAlloc with
+// raw copies as the baseline, registered, host-NUMA and shared-memory regions) at each size up to
+// MaxSize, checks the data both ways, and times async staging against the raw copies.
+func Bandwidth(opts BandwidthOptions) (*BandwidthResult, error) {
+	sizes, err := opts.defaults()
+	if err != nil {
+		return nil, err
+	}
+	d, err := device(opts.Backend, opts.Device, "device")
+	if err != nil {
+		return nil, err
+	}
+	res, err := measureBandwidth(&opts, d, sizes)
+	if err != nil {
+		return nil, err
+	}
+	if opts.Staging > 0 {
+		if res.Staging, err = measureStaging(&opts, d, res); err != nil {
+			return nil, err
+		}
+	}
+	return res, nil
+}
+
+func bwIters(size uint64, fixed int) int {
+	if fixed > 0 {
+		return fixed
+	}
+	return int(min(max((1<<30)/size, 5), 50))
+}
+
+// bwBench is the device side of the copies: a buffer of the largest size, a stream and two events.
+type bwBench struct {
+	d          *vmm.Device
+	dev        *vmm.PlainBuffer
+	s          *vmm.Stream
+	start, end *vmm.Event
+	hosts      []bwHost
+}
+
+func newBWBench(d *vmm.Device, size uint64) (b *bwBench, err error) {
+	b = &bwBench{d: d}
+	if b.dev, err = d.AllocPlain(size); err != nil {
+		return nil, err
+	}
+	if b.s, err = d.NewStream(true); err == nil {
+		if b.start, err = d.NewEvent(true); err == nil {
+			b.end, err = d.NewEvent(true)
+		}
+	}
+	if err != nil {
+		return nil, errors.Join(err, b.close())
+	}
+	return b, nil
+}
+
+func (b *bwBench) close() error {
+	var errs []error
+	for _, h := range b.hosts {
+		errs = append(errs, h.close())
+	}
+	errs = append(errs, b.end.Close(), b.start.Close(), b.s.Close(), b.dev.Close())
+	return errors.Join(errs...)
+}
+
+// timeIt times fn between two events on the stream.
+func (b *bwBench) timeIt(fn func() error) (time.Duration, error) {
+	if err := b.start.Record(b.s); err != nil {
+		return 0, err
+	}
+	if err := fn(); err != nil {
+		return 0, err
+	}
+	if err := b.end.Record(b.s); err != nil {
+		return 0, err
+	}
+	if err := b.end.Synchronize(); err != nil {
+		return 0, err
+	}
+	el, err := b.end.Elapsed(b.start)
+	return max(el, time.Nanosecond), err
+}
+
+// bwSeed is the pattern the device buffer holds.
+const bwSeed = 0xb4
+
+func measureBandwidth(o *BandwidthOptions, d *vmm.Device, sizes []uint64) (res *BandwidthResult, err error) {
+	top := sizes[len(sizes)-1]
+	res = &BandwidthResult{Backend: o.Backend.Name, Device: d.Ordinal(), Name: d.Name(), sizes: sizes,
+		Timing: "CUDA events around each copy on a non-blocking stream; GB/s = 1e9 bytes/s; median and best of the iterations"}
+	if o.Backend.Sim() {
+		res.Timing += " (simulator: wall time of Go copies, not GPU figures)"
+	}
+	b, err := newBWBench(d, top)
+	if err != nil {
+		return nil, err
+	}
+	defer func() { err = errors.Join(err, b.close()) }()
+	if res.Setup, err = b.makeHosts(o, top); err != nil {
+		return nil, err
+	}
+	// The device holds a pattern; each kind copies it down (checked on the CPU) and back up
+	// (checked on the GPU) at the largest size.
+	if err := d.Fill(b.dev.Ptr(), top, 0, bwSeed); err != nil {
+		return nil, err
+	}
+	res.Verified = true
+	bar := begin(o.Progress, "bandwidth", uint64(2*len(sizes)))
+	defer bar.Done()
+	for _, dir := range []string{"d2h", "h2d"} {
+		for _, size := range sizes {
+			rows, err := b.rows(dir, size, bwIters(size, o.Iters))
+			if err != nil {
+				return nil, err
+			}
+			res.Rows = append(res.Rows, rows...)
+			bar.Update(uint64(len(res.Rows) / len(b.hosts)))
+		}
+		ok, err := b.verify(dir, top)
+		if err != nil {
+			return nil, err
+		}
+		res.Verified = res.Verified && ok
+	}
+	bwRatios(res)
+	return res, nil
+}
+
+// rows times n copies of size bytes in direction dir for every kind. The kinds take turns,
+// iteration by iteration, so that noise that comes and goes over the run (other copies, the host's
+// page handling) falls on all of them alike and the ratios compare like with like.
+func (b *bwBench) rows(dir string, size uint64, n int) ([]BandwidthRow, error) {
+	copyFns := make([]func() error, len(b.hosts))
+	times := make([][]time.Duration, len(b.hosts))
+	for k, h := range b.hosts {
+		copyFns[k] = func() error { return h.d2h(b.dev.Ptr(), size, b.s) }
+		if dir == "h2d" {
+			copyFns[k] = func() error { return h.h2d(b.dev.Ptr(), size, b.s) }
+		}
+		if _, err := b.timeIt(copyFns[k]); err != nil { // warm-up
+			return nil, fmt.Errorf("%s %s %s: %w", h.kind, dir, units.FormatSize(size), err)
+		}
+		times[k] = make([]time.Duration, n)
+	}
+	for i := 0; i < n; i++ {
+		for k, h := range b.hosts {
+			var err error
+			if times[k][i], err = b.timeIt(copyFns[k]); err != nil {
+				return nil, fmt.Errorf("%s %s %s: %w", h.kind, dir, units.FormatSize(size), err)
+			}
+		}
+	}
+	gbs := func(t time.Duration) float64 { return float64(size) / t.Seconds() / 1e9 }
+	var rows []BandwidthRow
+	for k, h := range b.hosts {
+		ts := times[k]
+		sort.Slice(ts, func(i, j int) bool { return ts[i] < ts[j] })
+		rows = append(rows, BandwidthRow{Kind: h.kind, Direction: dir, SizeBytes: size, Iters: n, MedianGBs: gbs(ts[n/2]), BestGBs: gbs(ts[0])})
+	}
+	return rows, nil
+}
+
+// verify checks, after the copies of dir, that every host copy holds the device's pattern (d2h) or
+// that the device still holds it after every kind copied it back up (h2d).
+func (b *bwBench) verify(dir string, top uint64) (bool, error) {
+	if dir == "h2d" {
+		bad, err := b.d.Verify(b.dev.Ptr(), top, 0, bwSeed)
+		return bad == 0, err
+	}
+	ok := true
+	for _, h := range b.hosts {
+		w := unsafe.Slice((*uint64)(unsafe.Pointer(&h.mem[0])), top/8)
+		for _, i := range []uint64{0, 1, top/16 + 3, top/8 - 1} {
+			if w[i] != kernels.Pattern(i, bwSeed) {
+				ok = false
+			}
+		}
+	}
+	return ok, nil
+}
+
+// bwRatios sorts the rows by kind and sets each one's ratio to host-alloc and the lowest ratio of
+// the pinned kinds at 16 MiB and above.
+func bwRatios(res *BandwidthResult) {
+	sort.SliceStable(res.Rows, func(i, j int) bool { return res.Rows[i].Kind < res.Rows[j].Kind })
+	base := map[string]float64{}
+	for _, r := range res.Rows {
+		if r.Kind == HostAlloc {
+			base[fmt.Sprint(r.Direction, r.SizeBytes)] = r.MedianGBs
+		}
+	}
+	res.MinPinnedVsHostAlloc = 0
+	for i := range res.Rows {
+		r := &res.Rows[i]
+		if b := base[fmt.Sprint(r.Direction, r.SizeBytes)]; b > 0 {
+			r.VsHostAlloc = r.MedianGBs / b
+		}
+		if r.Kind != HostPageable && r.Kind != HostAlloc && r.SizeBytes >= 16<<20 {
+			if res.MinPinnedVsHostAlloc == 0 || r.VsHostAlloc < res.MinPinnedVsHostAlloc {
+				res.MinPinnedVsHostAlloc = r.VsHostAlloc
+			}
+		}
+	}
+}

@@ -1,0 +1,25 @@
+// Package measure holds cuvmm's measurements: each is one function that takes an options struct,
+// runs on a Backend (the real driver or the simulator), verifies what it did, measures against the
+// obvious baseline in the same run, and returns a typed result. A result's JSON encoding is what
+// `vmmdemo <subcommand> --json` prints, and its Text method what the command prints otherwise; the
+// command only parses flags, calls the function and renders the result.
+//
+//	Info       driver version, devices, VMM features, granularity, peer matrix
+//	Grow       growbuf growing in place against realloc-and-copy
+//	Stripe     a range striped over several GPUs: build against the raw driver sequence, reads
+//	Share      a buffer shared with a second process: export, send, import and map, round trip
+//	Bandwidth  host↔device copies by host memory kind against cuMemHostAlloc, async staging
+//	Pinned     GPU page-table cost of a pinned region shared by N processes, by sharing mode
+//	Broker     the pinned copy broker against raw pinned copies, round trip, GPU memory
+//
+// Options are checked before anything is allocated; a bad one is an error wrapping
+// ErrInvalidOption that names it. Long measurements report progress through the optional
+// Progress in their options.
+//
+// The measurements with a second process (Share, Pinned, Broker) re-execute the running binary as
+// the worker (package internal/worker): a program that calls them must call worker.Main at the top
+// of main (a test binary, at the top of TestMain). The workers inherit the environment.
+//
+// Times from the simulator measure the Go simulation, not a GPU: each result says so, and only the
+// ratios' shape, not their values, carries over.
+package measure
