@@ -2,6 +2,7 @@ package main
 
 import (
 	"bytes"
+	"encoding/json"
 	"os"
 	"path/filepath"
 	"strings"
@@ -72,4 +73,38 @@ func TestPlotBadInput(t *testing.T) {
 	entries, err := os.ReadDir(dir)
 	require.NoError(t, err)
 	require.Len(t, entries, 1, "only the input file: no figure and no temporary file was left")
+}
+
+// The sample results the plot tests draw have only keys that the subcommands print (the golden list
+// of TestJSONKeysGolden), so the figures are drawn from what the command really writes.
+func TestPlotSamplesMatchCommandKeys(t *testing.T) {
+	golden, err := os.ReadFile(filepath.Join("testdata", "json_keys.golden"))
+	require.NoError(t, err)
+	known := map[string]map[string]bool{}
+	for _, line := range strings.Split(strings.TrimSpace(string(golden)), "\n") {
+		sub, key, _ := strings.Cut(line, " ")
+		if known[sub] == nil {
+			known[sub] = map[string]bool{}
+		}
+		known[sub][key] = true
+	}
+	checked := 0
+	for _, k := range plot.Kinds() {
+		want := known[string(k)]
+		if want == nil {
+			t.Logf("%s: the command's keys are not in the golden list yet; its sample follows the specified keys", k)
+			continue
+		}
+		data, err := os.ReadFile(filepath.Join(plotSamples, string(k)+".json"))
+		require.NoError(t, err)
+		var v any
+		require.NoError(t, json.Unmarshal(data, &v))
+		keys := map[string]bool{}
+		jsonKeys("", v, keys)
+		for key := range keys {
+			require.True(t, want[key], "%s sample: key %q is not printed by vmmdemo %s --json", k, key, k)
+		}
+		checked++
+	}
+	require.GreaterOrEqual(t, checked, 4)
 }
