@@ -255,49 +255,69 @@ func (t *statsTable) delEvent(e driver.Event) {
 func (t *statsTable) fill(st *Stats, ids map[int32]int) {
 	t.lock()
 	defer t.mu.Unlock()
-	dev := func(ordinal int) *DeviceStats {
-		if ordinal >= 0 && ordinal < len(st.Devices) {
-			return &st.Devices[ordinal]
-		}
-		return nil
-	}
-	onDevice := func(loc driver.Location) *DeviceStats {
-		if loc.Type != driver.LocationDevice {
-			return nil
-		}
-		if o, ok := ids[loc.ID]; ok {
-			return dev(o)
-		}
-		return nil
-	}
-	isHost := func(loc driver.Location) bool {
-		return loc.Type == driver.LocationHostNUMA || loc.Type == driver.LocationHost || loc.Type == driver.LocationHostNUMACurrent
-	}
+	f := filler{st: st, ids: ids}
 	for _, r := range t.reserved {
-		if d := dev(r.ordinal); d != nil {
+		if d := f.dev(r.ordinal); d != nil {
 			d.ReservedBytes += r.size
 			d.Live.Reservations++
 		}
 	}
 	for _, h := range t.handles {
-		if d := dev(h.ordinal); d != nil {
+		if d := f.dev(h.ordinal); d != nil {
 			d.Live.Allocations++
 		}
 		if !h.counted {
 			continue
 		}
-		if d := onDevice(h.loc); d != nil {
+		if d := f.onDevice(h.loc); d != nil {
 			d.CreatedBytes += h.size
 		} else if isHost(h.loc) {
 			st.Host.NUMACreatedBytes += h.size
 		}
 	}
-	st.Host.NUMAMappedByKind = map[string]uint64{}
+	t.fillMapped(f)
+	t.fillHost(st, f.dev)
+}
+
+// filler finds the DeviceStats that a figure belongs to.
+type filler struct {
+	st  *Stats
+	ids map[int32]int // CUdevice to ordinal
+}
+
+// dev is the entry of a device ordinal, nil when out of range.
+func (f filler) dev(ordinal int) *DeviceStats {
+	if ordinal >= 0 && ordinal < len(f.st.Devices) {
+		return &f.st.Devices[ordinal]
+	}
+	return nil
+}
+
+// onDevice is the entry of the device memory at loc lives on, nil for host memory.
+func (f filler) onDevice(loc driver.Location) *DeviceStats {
+	if loc.Type != driver.LocationDevice {
+		return nil
+	}
+	if o, ok := f.ids[loc.ID]; ok {
+		return f.dev(o)
+	}
+	return nil
+}
+
+func isHost(loc driver.Location) bool {
+	return loc.Type == driver.LocationHostNUMA || loc.Type == driver.LocationHost || loc.Type == driver.LocationHostNUMACurrent
+}
+
+// fillMapped adds the mappings: device memory to its device, host memory to the host and to the
+// devices granted access to it.
+func (t *statsTable) fillMapped(f filler) {
+	host := &f.st.Host
+	host.NUMAMappedByKind = map[string]uint64{}
 	for _, r := range t.mapped {
-		if d := dev(r.ordinal); d != nil {
+		if d := f.dev(r.ordinal); d != nil {
 			d.Live.Mappings++
 		}
-		if d := onDevice(r.loc); d != nil {
+		if d := f.onDevice(r.loc); d != nil {
 			d.MappedBytes += r.size
 			d.MappedByKind[r.kind] += r.size
 			continue
@@ -305,15 +325,14 @@ func (t *statsTable) fill(st *Stats, ids map[int32]int) {
 		if !isHost(r.loc) {
 			continue
 		}
-		st.Host.NUMAMappedBytes += r.size
-		st.Host.NUMAMappedByKind[r.kind] += r.size
+		host.NUMAMappedBytes += r.size
+		host.NUMAMappedByKind[r.kind] += r.size
 		for _, id := range r.granted {
-			if d := onDevice(driver.Location{Type: driver.LocationDevice, ID: id}); d != nil {
+			if d := f.onDevice(driver.Location{Type: driver.LocationDevice, ID: id}); d != nil {
 				d.HostVisibleBytes += r.size
 			}
 		}
 	}
-	t.fillHost(st, dev)
 }
 
 // fillHost adds registrations, cuMemHostAlloc buffers, cuMemAlloc buffers, streams and events.
