@@ -203,3 +203,47 @@ func TestStatsPinnedAndPageTables(t *testing.T) {
 		require.Zero(t, deltaOf(before, after, 0).pageTables)
 	}, testutil.Devices(2))
 }
+
+// Stats may be taken while other goroutines map and unmap; the figures return to where they were.
+func TestStatsConcurrent(t *testing.T) {
+	testutil.Run(t, func(t *testing.T, b *testutil.Backend) {
+		d := b.Device(t, 0)
+		before := b.Sys.Stats()
+		done := make(chan struct{})
+		go func() {
+			defer close(done)
+			for range 50 {
+				_ = b.Sys.Stats()
+			}
+		}()
+		errs := make(chan error, 4)
+		for range 4 {
+			go func() {
+				r, err := b.Sys.Reserve(8*mib, vmm.ReserveOptions{})
+				if err != nil {
+					errs <- err
+					return
+				}
+				for i := range 10 {
+					m, err := r.MapNew(uint64(i%4)*2*mib, 2*mib, d, vmm.AllocOptions{}, vmm.ReadWrite(d))
+					if err == nil {
+						err = m.Close()
+					}
+					if err != nil {
+						errs <- err
+						return
+					}
+				}
+				errs <- r.Close()
+			}()
+		}
+		for range 4 {
+			require.NoError(t, <-errs)
+		}
+		<-done
+		after := b.Sys.Stats()
+		require.Equal(t, statsDelta{byKind: map[string]int64{}}, deltaOf(before, after, 0))
+		require.Equal(t, calls(before, 0, vmm.OpCreate)+40, calls(after, 0, vmm.OpCreate))
+		require.Equal(t, before.Devices[0].Live, after.Devices[0].Live)
+	})
+}
