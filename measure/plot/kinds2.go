@@ -113,20 +113,29 @@ type sleepResult struct {
 	PerDevice            []sleepFigures `json:"per_device"`
 }
 
-// drawSleep: sleep and wake GB/s against the raw pinned copies of the same run, per device and for
-// all devices together.
+// drawSleep: sleep and wake GB/s against the raw pinned copies of the same run, for all devices
+// together and per device (the groups whose result has no bandwidth are left out).
 func drawSleep(data []byte) ([]*plot.Plot, error) {
 	var r sleepResult
 	if err := json.Unmarshal(data, &r); err != nil {
 		return nil, err
 	}
-	groups, figs := []string{"all devices"}, []sleepFigures{r.sleepFigures}
-	for i, d := range r.PerDevice {
-		name := fmt.Sprintf("device %d", i)
-		if d.Device != nil {
-			name = fmt.Sprintf("device %d", *d.Device)
+	var groups []string
+	var figs []sleepFigures
+	add := func(name string, f sleepFigures) {
+		if f.SleepGBps > 0 || f.WakeGBps > 0 {
+			groups, figs = append(groups, name), append(figs, f)
 		}
-		groups, figs = append(groups, name), append(figs, d)
+	}
+	add("all devices", r.sleepFigures)
+	for i, d := range r.PerDevice {
+		if d.Device != nil {
+			i = *d.Device
+		}
+		add(fmt.Sprintf("device %d", i), d)
+	}
+	if len(figs) == 0 {
+		return nil, fmt.Errorf("no sleep_gbps or wake_gbps figures")
 	}
 	names := []string{"sleep (device to host)", "raw D2H copy", "wake (host to device)", "raw H2D copy"}
 	values := make([][]float64, len(names))

@@ -39,13 +39,14 @@ func Kinds() []Kind { return []Kind{Bandwidth, Pinned, Grow, Broker, Sleep} }
 // ErrUnknownResult: the JSON is not a result this package can draw.
 var ErrUnknownResult = errors.New("plot: not a known vmmdemo result")
 
-// keys lists the top-level keys that identify each kind; every one of them must be present.
-var keys = map[Kind][]string{
-	Bandwidth: {"rows", "setup"},
-	Pinned:    {"modes", "ready"},
-	Grow:      {"growbuf_seconds", "realloc_seconds"},
-	Broker:    {"bandwidth", "round_trip"},
-	Sleep:     {"sleep_gbps", "wake_gbps"},
+// keys lists, per kind, the sets of top-level keys that identify it: a result is of the kind when
+// every key of one of its sets is present.
+var keys = map[Kind][][]string{
+	Bandwidth: {{"rows", "setup"}},
+	Pinned:    {{"modes", "ready"}},
+	Grow:      {{"growbuf_seconds", "realloc_seconds"}},
+	Broker:    {{"bandwidth", "round_trip"}},
+	Sleep:     {{"sleep_gbps", "wake_gbps"}, {"first_sleep_seconds", "baseline_sleep_seconds"}},
 }
 
 // Detect tells the kind of a vmmdemo JSON result from its keys.
@@ -54,18 +55,22 @@ func Detect(data []byte) (Kind, error) {
 	if err := json.Unmarshal(data, &top); err != nil {
 		return "", fmt.Errorf("%w: %v", ErrUnknownResult, err)
 	}
-next:
-	for _, k := range Kinds() {
-		for _, key := range keys[k] {
+	has := func(set []string) bool {
+		for _, key := range set {
 			if _, ok := top[key]; !ok {
-				continue next
+				return false
 			}
 		}
-		return k, nil
+		return true
 	}
 	var want []string
 	for _, k := range Kinds() {
-		want = append(want, fmt.Sprintf("%s (%s)", strings.Join(keys[k], "+"), k))
+		for _, set := range keys[k] {
+			if has(set) {
+				return k, nil
+			}
+			want = append(want, fmt.Sprintf("%s (%s)", strings.Join(set, "+"), k))
+		}
 	}
 	return "", fmt.Errorf("%w: it has none of the key sets %s", ErrUnknownResult, strings.Join(want, ", "))
 }

@@ -95,6 +95,7 @@ func TestDrawRejectsEmptyResults(t *testing.T) {
 		"grow without steps":     `{"growbuf_seconds": 1, "realloc_seconds": 2, "steps": 0}`,
 		"broker without rows":    `{"bandwidth": [], "round_trip": {}}`,
 		"bandwidth of strings":   `{"rows": "x", "setup": []}`,
+		"sleep without GB/s":     `{"first_sleep_seconds": 1, "baseline_sleep_seconds": 2, "per_device": [{"device": 0}]}`,
 	} {
 		_, err := plot.Draw([]byte(doc))
 		require.Error(t, err, name)
