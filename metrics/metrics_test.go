@@ -159,3 +159,21 @@ cuvmm_reserved_bytes{device="0"} 6.7108864e+07
 	require.NoError(t, promtest.CollectAndCompare(c, strings.NewReader(want),
 		"cuvmm_mapped_bytes", "cuvmm_page_table_bytes", "cuvmm_pinned_host_bytes", "cuvmm_reserved_bytes"))
 }
+
+func TestHandler(t *testing.T) {
+	testutil.Run(t, func(t *testing.T, b *testutil.Backend) {
+		b.Device(t, 0)
+		srv := httptest.NewServer(metrics.Handler(b.Sys, metrics.Options{Namespace: "svc"}))
+		defer srv.Close()
+		resp, err := srv.Client().Get(srv.URL)
+		require.NoError(t, err)
+		defer resp.Body.Close()
+		require.Equal(t, 200, resp.StatusCode)
+		parser := expfmt.NewTextParser(model.UTF8Validation)
+		fams, err := parser.TextToMetricFamilies(resp.Body)
+		require.NoError(t, err)
+		require.Contains(t, fams, "svc_page_table_bytes")
+		require.Contains(t, fams, "svc_driver_calls_total")
+		require.NotContains(t, fams, "cuvmm_page_table_bytes")
+	}, testutil.SimOnly())
+}
