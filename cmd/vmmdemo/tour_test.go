@@ -39,7 +39,7 @@ func normalizeTour(out string) string {
 	return strings.Join(keep, "\n") + "\n"
 }
 
-// TestTourGolden: the tour on the simulator prints what it printed before the measurements moved
+// TestTourGolden: the tour on the simulator runs every subcommand and prints what it printed before the measurements moved
 // to package measure, but for the figures themselves.
 func TestTourGolden(t *testing.T) {
 	golden := filepath.Join("testdata", "tour.golden")
@@ -49,7 +49,8 @@ func TestTourGolden(t *testing.T) {
 		require.NoError(t, os.WriteFile(golden, []byte(normalizeTour(string(b))), 0o644))
 	}
 	code, out, stderr := runPinnedCmd(t, "tour", "--backend", "sim")
-	require.Equal(t, 0, code, stderr)
+	require.Equal(t, 0, code, "stdout:\n%s\nstderr:\n%s", out, stderr)
+	require.True(t, strings.HasSuffix(strings.TrimSpace(out), "tour complete"), out)
 	want, err := os.ReadFile(golden)
 	require.NoError(t, err)
 	require.Equal(t, string(want), normalizeTour(out))
