@@ -68,6 +68,14 @@ const (
 	symMemAlloc
 	symMemFree
 
+	// Graphs
+	symStreamBeginCapture
+	symStreamEndCapture
+	symGraphInstantiate
+	symGraphLaunch
+	symGraphExecDestroy
+	symGraphDestroy
+
 	numSymbols
 )
 
@@ -148,4 +156,14 @@ var symbols = [numSymbols]symbolInfo{
 	symLaunchKernel:                         {name: "cuLaunchKernel", since: "4.0"},
 	symMemAlloc:                             {name: "cuMemAlloc_v2", since: "3.2"},
 	symMemFree:                              {name: "cuMemFree_v2", since: "3.2"},
+
+	// Graphs. cuStreamBeginCapture_v2 takes the capture mode (the plain name is the 10.0 form
+	// without it); cuGraphInstantiateWithFlags is what cuGraphInstantiate means since CUDA 12 (the
+	// plain symbol is the 11.x form with an error-log buffer).
+	symStreamBeginCapture: {name: "cuStreamBeginCapture_v2", since: "10.1"},
+	symStreamEndCapture:   {name: "cuStreamEndCapture", since: "10.0"},
+	symGraphInstantiate:   {name: "cuGraphInstantiateWithFlags", since: "11.4"},
+	symGraphLaunch:        {name: "cuGraphLaunch", since: "10.0"},
+	symGraphExecDestroy:   {name: "cuGraphExecDestroy", since: "10.0"},
+	symGraphDestroy:       {name: "cuGraphDestroy", since: "10.0"},
 }

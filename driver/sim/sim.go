@@ -129,6 +129,8 @@ type Sim struct {
 	modules    map[driver.Module]*module
 	funcs      map[driver.Function]*function
 	fds        int // file descriptors the simulator holds open
+
+	graphs graphTables // stream captures, graphs and executable graphs (graph.go)
 }
 
 // handleCounter makes every opaque value (allocation handles, contexts, streams, events, modules,
@@ -268,6 +270,9 @@ func init() {
 		"cuStreamSynchronize", "cuEventCreate", "cuEventRecord", "cuEventSynchronize",
 		"cuEventElapsedTime", "cuEventDestroy", "cuModuleLoadData", "cuModuleGetFunction",
 		"cuModuleUnload", "cuLaunchKernel",
+		// Graphs
+		"cuStreamBeginCapture", "cuStreamEndCapture", "cuGraphInstantiateWithFlags", "cuGraphLaunch",
+		"cuGraphExecDestroy", "cuGraphDestroy",
 	} {
 		functions[n] = true
 	}
@@ -369,6 +374,7 @@ type Live struct {
 	Events            int
 	Modules           int
 	OpenFDs           int // file descriptors the simulator holds beyond one per live allocation (0 unless it leaks)
+	Graphs            int // graphs (cuStreamEndCapture) and executable graphs (cuGraphInstantiateWithFlags); open captures count too
 }
 
 // Zero reports whether nothing is live.
@@ -393,6 +399,7 @@ func (l Live) String() string {
 	add("events", l.Events)
 	add("modules", l.Modules)
 	add("open-fds", l.OpenFDs)
+	add("graphs", l.Graphs)
 	if len(parts) == 0 {
 		return "none"
 	}
@@ -432,6 +439,7 @@ func (s *Sim) Live() Live {
 	l.Events = len(s.events)
 	l.Modules = len(s.modules)
 	l.OpenFDs = s.fds - len(s.allocs)
+	l.Graphs = len(s.graphs.captures) + len(s.graphs.graphs) + len(s.graphs.execs)
 	return l
 }
 
@@ -472,6 +480,7 @@ func (s *Sim) Close() error {
 	clear(s.modules)
 	clear(s.funcs)
 	clear(s.threads)
+	s.graphs = graphTables{}
 	if err := errors.Join(errs...); err != nil {
 		return fmt.Errorf("sim: close: %w", err)
 	}
