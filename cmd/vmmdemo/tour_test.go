@@ -21,7 +21,8 @@ var goldenTourSections = []string{"info", "grow", "stripe", "share", "bandwidth"
 var tourNumber = regexp.MustCompile(`-?[0-9]+(\.[0-9]+)?`)
 
 // normalizeTour keeps the tour's sections of goldenTourSections with every number replaced by N
-// and runs of spaces collapsed (figures, pids and column widths vary from run to run).
+// and runs of spaces collapsed, blank lines left out (figures, pids and column widths vary from run
+// to run).
 func normalizeTour(out string) string {
 	var keep []string
 	in := false
@@ -30,7 +31,7 @@ func normalizeTour(out string) string {
 			name, _, _ = strings.Cut(name, " ")
 			in = slices.Contains(goldenTourSections, name)
 		}
-		if in || line == "tour complete" {
+		if (in || line == "tour complete") && strings.TrimSpace(line) != "" {
 			line = tourNumber.ReplaceAllString(line, "N")
 			line = strings.Join(strings.Fields(strings.ReplaceAll(line, " - ", " N ")), " ")
 			keep = append(keep, line)
