@@ -93,7 +93,6 @@ func TestDiscardAndFile(t *testing.T) {
 		require.NoError(t, set.Add("scratch", scratch, offload.Discard, offload.EntryOptions{NoZero: true}))
 		require.NoError(t, set.Add("ckpt", ckpt, offload.File, offload.EntryOptions{File: f, FileOffset: 4096}))
 		require.NoError(t, set.Sleep(bg))
-		require.Zero(t, set.BackupBytes()-set.BackupBytes()) // no panic while asleep
 		st, err := f.Stat()
 		require.NoError(t, err)
 		require.Equal(t, int64(4096+12*mib), st.Size())
