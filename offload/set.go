@@ -144,7 +144,34 @@ func (s *Set) Add(tag string, buf vmm.Chunked, policy Policy, opts EntryOptions)
 	if s.find(tag) != nil {
 		return fmt.Errorf("offload: add %q: the tag is taken: %w", tag, ErrInvalidValue)
 	}
+	if other := s.sharing(buf); other != nil {
+		return fmt.Errorf("offload: add %q: it shares memory with %s, already in the set: %w", tag, other, ErrInvalidValue)
+	}
 	s.entries = append(s.entries, &entry{tag: tag, buf: buf, policy: policy, opts: opts})
+	return nil
+}
+
+// sharing returns the entry that holds one of buf's allocations, if any; the caller holds s.mu.
+func (s *Set) sharing(buf vmm.Chunked) *entry {
+	mine := map[*vmm.Allocation]bool{}
+	for _, c := range buf.Chunks() {
+		mine[c.Allocation] = true
+	}
+	for _, e := range s.entries {
+		if e.asleep {
+			for _, cs := range e.chunks {
+				if mine[cs.alloc] {
+					return e
+				}
+			}
+			continue
+		}
+		for _, c := range e.buf.Chunks() {
+			if mine[c.Allocation] {
+				return e
+			}
+		}
+	}
 	return nil
 }
 
