@@ -340,9 +340,10 @@ func (s *Set) onChunkClosed(e *entry) func() {
 	}
 }
 
-// Close wakes nothing: it frees the backups of sleeping buffers (whose content is then lost), the
-// pooled slots and the copy streams. The buffers stay the caller's; sleeping ones keep their
-// reservations, and closing them frees those. Close is idempotent and safe on nil.
+// Close frees the pooled slots and the copy streams. It fails with an error wrapping vmm.ErrInUse,
+// freeing nothing, while a buffer of the set sleeps: wake it, or close the buffer (which frees its
+// backup), first, so that no content is dropped by accident. The buffers stay the caller's. Close is
+// idempotent and safe on nil.
 func (s *Set) Close() error {
 	if s == nil {
 		return nil
@@ -353,12 +354,12 @@ func (s *Set) Close() error {
 		return nil
 	}
 	s.reap()
-	var errs []error
 	for _, e := range s.entries {
-		s.pool.free(e.backup)
-		e.backup = nil
+		if e.asleep {
+			return fmt.Errorf("offload: close: %s is asleep (wake it or close it first): %w", e, vmm.ErrInUse)
+		}
 	}
-	errs = append(errs, s.pool.trim())
+	errs := []error{s.pool.trim()}
 	for d, st := range s.streams {
 		errs = append(errs, st.Close())
 		delete(s.streams, d)
