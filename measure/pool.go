@@ -21,7 +21,7 @@ import (
 // The allocators Pool replays a trace on.
 const (
 	PoolCuvmm         = "cuvmm"           // package pool
-	PoolCuvmmNoStitch = "cuvmm-nostitch"  // package pool with stitching off
+	PoolCuvmmNoStitch = "cuvmm-nostitch"  // package pool with stitching and the automatic release off
 	PoolMemAlloc      = "cuMemAlloc"      // cuMemAlloc/cuMemFree, no caching
 	PoolMemAllocAsync = "cuMemAllocAsync" // the driver's stream-ordered default pool
 	PoolPeerTorch     = "torch-expandable"
@@ -258,7 +258,13 @@ func poolRunOne(o PoolOptions, d *vmm.Device, name string, tr *pool.Trace, strea
 func poolNewAllocator(o PoolOptions, d *vmm.Device, name string) (poolAllocator, error) {
 	switch name {
 	case PoolCuvmm, PoolCuvmmNoStitch:
-		p, err := pool.New(d, pool.Options{Limit: o.Memory, NoStitch: name == PoolCuvmmNoStitch})
+		opts := pool.Options{Limit: o.Memory}
+		if name == PoolCuvmmNoStitch {
+			// Idle pages stay where they were first mapped: no stitching and no automatic release,
+			// a segment cache without garbage collection.
+			opts.NoStitch, opts.HighWater = true, ^uint64(0)
+		}
+		p, err := pool.New(d, opts)
 		if err != nil {
 			return nil, err
 		}
