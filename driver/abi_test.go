@@ -102,6 +102,12 @@ func abiConstants() map[string]int64 {
 		"CU_EVENT_BLOCKING_SYNC":                   int64(EventBlockingSync),
 		"CU_EVENT_DISABLE_TIMING":                  int64(EventDisableTiming),
 
+		// Graphs
+		"CU_STREAM_CAPTURE_MODE_GLOBAL":                     int64(CaptureModeGlobal),
+		"CU_STREAM_CAPTURE_MODE_THREAD_LOCAL":               int64(CaptureModeThreadLocal),
+		"CU_STREAM_CAPTURE_MODE_RELAXED":                    int64(CaptureModeRelaxed),
+		"sizeof(CUgraph)":                                   int64(unsafe.Sizeof(Graph(0))),
+		"sizeof(CUgraphExec)":                               int64(unsafe.Sizeof(GraphExec(0))),
 		"CU_MEMPOOL_ATTR_REUSE_FOLLOW_EVENT_DEPENDENCIES":   int64(MemPoolReuseFollowEventDependencies),
 		"CU_MEMPOOL_ATTR_REUSE_ALLOW_OPPORTUNISTIC":         int64(MemPoolReuseAllowOpportunistic),
 		"CU_MEMPOOL_ATTR_REUSE_ALLOW_INTERNAL_DEPENDENCIES": int64(MemPoolReuseAllowInternalDependencies),

@@ -177,4 +177,26 @@ type API interface {
 	// LaunchKernel calls cuLaunchKernel. Every kernel parameter is passed as one 8-byte value (the
 	// project's kernels take only 64-bit pointers and integers). Needs the context of f's module.
 	LaunchKernel(f Function, grid, block Dim3, sharedMem uint32, s Stream, args ...uint64) error
+
+	// Graphs
+
+	// StreamBeginCapture calls cuStreamBeginCapture_v2: from now on the work queued on s is recorded
+	// into a graph instead of running. s must be a stream made by StreamCreate (the legacy stream
+	// cannot capture). Use CaptureModeRelaxed from Go: goroutines move between OS threads, and the
+	// other modes tie the capture to the thread that began it. Needs a context.
+	StreamBeginCapture(s Stream, mode CaptureMode) error
+	// StreamEndCapture calls cuStreamEndCapture and returns the graph recorded on s, owned by the
+	// caller (GraphDestroy). A capture invalidated by an unsupported call fails with
+	// CUDA_ERROR_STREAM_CAPTURE_INVALIDATED and ends. Needs a context.
+	StreamEndCapture(s Stream) (Graph, error)
+	// GraphInstantiate calls cuGraphInstantiateWithFlags; the executable graph is owned by the
+	// caller (GraphExecDestroy) and is independent of g afterwards. Needs a context.
+	GraphInstantiate(g Graph, flags uint64) (GraphExec, error)
+	// GraphLaunch calls cuGraphLaunch: the graph's work is queued on s, with the addresses and
+	// arguments it was captured with. Needs a context.
+	GraphLaunch(e GraphExec, s Stream) error
+	// GraphExecDestroy calls cuGraphExecDestroy. Needs a context.
+	GraphExecDestroy(e GraphExec) error
+	// GraphDestroy calls cuGraphDestroy. Needs a context.
+	GraphDestroy(g Graph) error
 }

@@ -161,6 +161,14 @@ var apiCalls = []struct {
 	{"LaunchKernel", "cuLaunchKernel", func(a API, e *callEnv) error {
 		return a.LaunchKernel(1, Dim3{1, 1, 1}, Dim3{32, 1, 1}, 0, 0, uint64(e.dev), 8, 0, 42)
 	}},
+
+	// Graphs
+	{"StreamBeginCapture", "cuStreamBeginCapture_v2", func(a API, e *callEnv) error { return a.StreamBeginCapture(0x5001, CaptureModeRelaxed) }},
+	{"StreamEndCapture", "cuStreamEndCapture", func(a API, e *callEnv) error { _, err := a.StreamEndCapture(0x5001); return err }},
+	{"GraphInstantiate", "cuGraphInstantiateWithFlags", func(a API, e *callEnv) error { _, err := a.GraphInstantiate(0x7002, 0); return err }},
+	{"GraphLaunch", "cuGraphLaunch", func(a API, e *callEnv) error { return a.GraphLaunch(0x7102, 0x5001) }},
+	{"GraphExecDestroy", "cuGraphExecDestroy", func(a API, e *callEnv) error { return a.GraphExecDestroy(0x7102) }},
+	{"GraphDestroy", "cuGraphDestroy", func(a API, e *callEnv) error { return a.GraphDestroy(0x7002) }},
 }
 
 // TestAPICallsCoverEveryMethod keeps apiCalls in step with the API interface.

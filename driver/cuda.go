@@ -87,6 +87,12 @@ package driver
 #cgo nocallback cuvmm_ModuleGetFunction
 #cgo noescape cuvmm_LaunchKernel
 #cgo nocallback cuvmm_LaunchKernel
+#cgo nocallback cuvmm_StreamBeginCapture
+#cgo noescape cuvmm_StreamEndCapture
+#cgo nocallback cuvmm_StreamEndCapture
+#cgo noescape cuvmm_GraphInstantiate
+#cgo nocallback cuvmm_GraphInstantiate
+#cgo nocallback cuvmm_GraphLaunch
 
 #include "cuda_calls.h"
 */
@@ -1041,3 +1047,57 @@ func (l *cudaLib) LaunchKernel(f Function, grid, block Dim3, sharedMem uint32, s
 		C.uint(sharedMem), C.uintptr_t(s),
 		(*C.ulonglong)(unsafe.Pointer(unsafe.SliceData(args))), C.size_t(len(args))))
 }
+
+// ---- graphs ----
+
+// StreamBeginCapture calls cuStreamBeginCapture_v2.
+func (l *cudaLib) StreamBeginCapture(s Stream, mode CaptureMode) error {
+	fn := l.fn[symStreamBeginCapture]
+	if fn == nil {
+		return l.missing[symStreamBeginCapture]
+	}
+	return result(C.cuvmm_StreamBeginCapture(fn, C.uintptr_t(s), C.int(mode)))
+}
+
+// StreamEndCapture calls cuStreamEndCapture.
+func (l *cudaLib) StreamEndCapture(s Stream) (Graph, error) {
+	fn := l.fn[symStreamEndCapture]
+	if fn == nil {
+		return 0, l.missing[symStreamEndCapture]
+	}
+	var g C.uintptr_t
+	if err := result(C.cuvmm_StreamEndCapture(fn, C.uintptr_t(s), &g)); err != nil {
+		return 0, err
+	}
+	return Graph(g), nil
+}
+
+// GraphInstantiate calls cuGraphInstantiateWithFlags.
+func (l *cudaLib) GraphInstantiate(g Graph, flags uint64) (GraphExec, error) {
+	fn := l.fn[symGraphInstantiate]
+	if fn == nil {
+		return 0, l.missing[symGraphInstantiate]
+	}
+	var e C.uintptr_t
+	if err := result(C.cuvmm_GraphInstantiate(fn, &e, C.uintptr_t(g), C.ulonglong(flags))); err != nil {
+		return 0, err
+	}
+	return GraphExec(e), nil
+}
+
+// GraphLaunch calls cuGraphLaunch.
+func (l *cudaLib) GraphLaunch(e GraphExec, s Stream) error {
+	fn := l.fn[symGraphLaunch]
+	if fn == nil {
+		return l.missing[symGraphLaunch]
+	}
+	return result(C.cuvmm_GraphLaunch(fn, C.uintptr_t(e), C.uintptr_t(s)))
+}
+
+// GraphExecDestroy calls cuGraphExecDestroy.
+func (l *cudaLib) GraphExecDestroy(e GraphExec) error {
+	return l.handleCall(symGraphExecDestroy, uintptr(e))
+}
+
+// GraphDestroy calls cuGraphDestroy.
+func (l *cudaLib) GraphDestroy(g Graph) error { return l.handleCall(symGraphDestroy, uintptr(g)) }

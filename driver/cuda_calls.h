@@ -435,4 +435,28 @@ static inline int cuvmm_LaunchKernel(void *fn, uintptr_t f, unsigned int gx, uns
 	return rc;
 }
 
+// ---- graphs ----
+
+static inline int cuvmm_StreamBeginCapture(void *fn, uintptr_t s, int mode) {
+	return ((CUresult_(*)(void *, int))fn)((void *)s, mode);
+}
+
+static inline int cuvmm_StreamEndCapture(void *fn, uintptr_t s, uintptr_t *graph) {
+	void *g = NULL;
+	int rc = ((CUresult_(*)(void *, void **))fn)((void *)s, &g);
+	*graph = (uintptr_t)g;
+	return rc;
+}
+
+static inline int cuvmm_GraphInstantiate(void *fn, uintptr_t *exec, uintptr_t graph, unsigned long long flags) {
+	void *e = NULL;
+	int rc = ((CUresult_(*)(void **, void *, unsigned long long))fn)(&e, (void *)graph, flags);
+	*exec = (uintptr_t)e;
+	return rc;
+}
+
+static inline int cuvmm_GraphLaunch(void *fn, uintptr_t exec, uintptr_t s) {
+	return ((CUresult_(*)(void *, void *))fn)((void *)exec, (void *)s);
+}
+
 #endif

@@ -59,6 +59,8 @@ LEGACY_TRAP(cuStreamDestroy)
 LEGACY_TRAP(cuEventDestroy)
 LEGACY_TRAP(cuDevicePrimaryCtxRelease)
 LEGACY_TRAP(cuDeviceGetUuid)
+LEGACY_TRAP(cuStreamBeginCapture)
+LEGACY_TRAP(cuGraphInstantiate)
 
 int cuInit(unsigned flags) {
 #ifdef FAKE_STUB
@@ -255,6 +257,30 @@ int cuLaunchKernel(void *f, unsigned gx, unsigned gy, unsigned gz, unsigned bx, 
 	}
 	return 400;
 }
+
+// Graphs: the graph handle records the capture mode, the executable one the graph and the flags.
+static void *capturing;
+static int capture_mode;
+int cuStreamBeginCapture_v2(void *s, int mode) {
+	if (!s || mode < 0 || mode > 2) return 1;
+	if (capturing) return 401;
+	capturing = s; capture_mode = mode;
+	return 0;
+}
+int cuStreamEndCapture(void *s, void **g) {
+	if (s != capturing) return 401;
+	capturing = NULL;
+	*g = DP(0x7000 + capture_mode);
+	return 0;
+}
+int cuGraphInstantiateWithFlags(void **e, void *g, u64 flags) {
+	if (!g) return 400;
+	*e = DP((uintptr_t)g + 0x100 + flags);
+	return 0;
+}
+int cuGraphLaunch(void *e, void *s) { (void)s; return e ? 0 : 400; }
+int cuGraphExecDestroy(void *e) { return e ? 0 : 400; }
+int cuGraphDestroy(void *g) { return g ? 0 : 400; }
 `
 
 // TestMain removes the fake driver libraries built by the tests.
@@ -854,5 +880,40 @@ func TestFakeOldDriver(t *testing.T) {
 	}
 	if m := a.(*cudaLib).missingSymbols(); len(m) != 1 {
 		t.Errorf("missing %v, want only cuMemGetHandleForAddressRange", m)
+	}
+}
+
+// TestFakeGraphs checks what crosses the ABI for the graph calls: the capture mode, the handles
+// passed back through out-parameters, and the instantiate flags.
+func TestFakeGraphs(t *testing.T) {
+	l := openFake(t)
+	if err := l.StreamBeginCapture(0x5001, CaptureModeRelaxed); err != nil {
+		t.Fatal(err)
+	}
+	if err := l.StreamBeginCapture(0x5001, CaptureModeGlobal); !errors.Is(err, ErrorIllegalState) {
+		t.Errorf("second begin: %v, want CUDA_ERROR_ILLEGAL_STATE", err)
+	}
+	g, err := l.StreamEndCapture(0x5001)
+	if err != nil || g != 0x7002 {
+		t.Fatalf("StreamEndCapture = %#x, %v; want 0x7002 (relaxed mode crossed as 2)", g, err)
+	}
+	e, err := l.GraphInstantiate(g, 0)
+	if err != nil || e != 0x7102 {
+		t.Fatalf("GraphInstantiate = %#x, %v; want 0x7102", e, err)
+	}
+	if err := l.GraphLaunch(e, 0x5001); err != nil {
+		t.Error(err)
+	}
+	if err := l.GraphLaunch(0, 0x5001); !errors.Is(err, ErrInvalidHandle) {
+		t.Errorf("launch of a nil graph: %v", err)
+	}
+	if err := l.GraphExecDestroy(e); err != nil {
+		t.Error(err)
+	}
+	if err := l.GraphDestroy(g); err != nil {
+		t.Error(err)
+	}
+	if _, err := l.StreamEndCapture(0x5001); !errors.Is(err, ErrorIllegalState) {
+		t.Errorf("end without a capture: %v, want CUDA_ERROR_ILLEGAL_STATE", err)
 	}
 }

@@ -68,6 +68,13 @@ const (
 	symMemAlloc
 	symMemFree
 
+	// Graphs
+	symStreamBeginCapture
+	symStreamEndCapture
+	symGraphInstantiate
+	symGraphLaunch
+	symGraphExecDestroy
+	symGraphDestroy
 	// Stream-ordered allocation and event queries.
 	symStreamWaitEvent
 	symEventQuery
@@ -159,6 +166,15 @@ var symbols = [numSymbols]symbolInfo{
 	symMemAlloc:                             {name: "cuMemAlloc_v2", since: "3.2"},
 	symMemFree:                              {name: "cuMemFree_v2", since: "3.2"},
 
+	// Graphs. cuStreamBeginCapture_v2 takes the capture mode (the plain name is the 10.0 form
+	// without it); cuGraphInstantiateWithFlags is what cuGraphInstantiate means since CUDA 12 (the
+	// plain symbol is the 11.x form with an error-log buffer).
+	symStreamBeginCapture: {name: "cuStreamBeginCapture_v2", since: "10.1"},
+	symStreamEndCapture:   {name: "cuStreamEndCapture", since: "10.0"},
+	symGraphInstantiate:   {name: "cuGraphInstantiateWithFlags", since: "11.4"},
+	symGraphLaunch:        {name: "cuGraphLaunch", since: "10.0"},
+	symGraphExecDestroy:   {name: "cuGraphExecDestroy", since: "10.0"},
+	symGraphDestroy:       {name: "cuGraphDestroy", since: "10.0"},
 	// Stream-ordered allocation and event queries. The plain names are the legacy-default-stream
 	// forms (the _ptsz variants are the per-thread-default-stream ones).
 	symStreamWaitEvent:         {name: "cuStreamWaitEvent", since: "3.2"},

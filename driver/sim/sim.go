@@ -130,7 +130,8 @@ type Sim struct {
 	funcs      map[driver.Function]*function
 	fds        int // file descriptors the simulator holds open
 
-	as *asyncState // stream order and the default memory pools (async.go), made on first use
+	graphs graphTables // stream captures, graphs and executable graphs (graph.go)
+	as     *asyncState // stream order and the default memory pools (async.go), made on first use
 }
 
 // handleCounter makes every opaque value (allocation handles, contexts, streams, events, modules,
@@ -270,6 +271,9 @@ func init() {
 		"cuStreamSynchronize", "cuEventCreate", "cuEventRecord", "cuEventSynchronize",
 		"cuEventElapsedTime", "cuEventDestroy", "cuModuleLoadData", "cuModuleGetFunction",
 		"cuModuleUnload", "cuLaunchKernel",
+		// Graphs
+		"cuStreamBeginCapture", "cuStreamEndCapture", "cuGraphInstantiateWithFlags", "cuGraphLaunch",
+		"cuGraphExecDestroy", "cuGraphDestroy",
 		// Stream-ordered allocation and event queries (async.go).
 		"cuStreamWaitEvent", "cuEventQuery", "cuMemAllocAsync", "cuMemFreeAsync",
 		"cuDeviceGetDefaultMemPool", "cuMemPoolSetAttribute", "cuMemPoolGetAttribute", "cuMemPoolTrimTo",
@@ -375,6 +379,7 @@ type Live struct {
 	Events            int
 	Modules           int
 	OpenFDs           int // file descriptors the simulator holds beyond one per live allocation (0 unless it leaks)
+	Graphs            int // graphs (cuStreamEndCapture) and executable graphs (cuGraphInstantiateWithFlags); open captures count too
 }
 
 // Zero reports whether nothing is live.
@@ -400,6 +405,7 @@ func (l Live) String() string {
 	add("events", l.Events)
 	add("modules", l.Modules)
 	add("open-fds", l.OpenFDs)
+	add("graphs", l.Graphs)
 	if len(parts) == 0 {
 		return "none"
 	}
@@ -440,6 +446,7 @@ func (s *Sim) Live() Live {
 	l.Events = len(s.events)
 	l.Modules = len(s.modules)
 	l.OpenFDs = s.fds - len(s.allocs)
+	l.Graphs = len(s.graphs.captures) + len(s.graphs.graphs) + len(s.graphs.execs)
 	return l
 }
 
@@ -480,6 +487,7 @@ func (s *Sim) Close() error {
 	clear(s.modules)
 	clear(s.funcs)
 	clear(s.threads)
+	s.graphs = graphTables{}
 	s.as = nil
 	if err := errors.Join(errs...); err != nil {
 		return fmt.Errorf("sim: close: %w", err)

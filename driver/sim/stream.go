@@ -48,6 +48,7 @@ func (s *Sim) StreamDestroy(st driver.Stream) error {
 		return driver.ErrorInvalidHandle
 	}
 	delete(s.streams, st)
+	delete(s.graphs.captures, st) // the driver ends an open capture with its stream
 	if s.as != nil {
 		delete(s.as.waits, st)
 		delete(s.as.holds, st)
@@ -65,6 +66,9 @@ func (s *Sim) StreamSynchronize(st driver.Stream) error {
 	}
 	if !s.validStream(st) {
 		return driver.ErrorInvalidHandle
+	}
+	if s.invalidateCapture(st) {
+		return driver.ErrorStreamCaptureUnsupported
 	}
 	s.waitFor(func() bool { return s.streamIdle(st) })
 	s.syncPoint(d)
