@@ -50,8 +50,8 @@ type XferOptions struct {
 	Block uint64
 	// Transport is "auto" (NCCL picks: NVLink between two GPUs of a host) or "socket" (NCCL's
 	// network path over loopback TCP: NCCL_P2P_DISABLE=1, NCCL_SHM_DISABLE=1, and
-	// NCCL_SOCKET_IFNAME=lo unless set). Xfer sets these in its own environment, which the
-	// receiver and the PyTorch script inherit.
+	// NCCL_SOCKET_IFNAME=lo unless set). Xfer sets these in its own environment while it runs, and
+	// the receiver and the PyTorch script inherit them.
 	Transport string
 	// Register registers both buffers with NCCL, every chunk (nccl.Comm.Register), and moves them
 	// chunk by chunk so that each operation lies inside one registration.
@@ -168,6 +168,34 @@ func XferTransportEnv(transport string) map[string]string {
 		env["NCCL_SOCKET_IFNAME"] = "lo"
 	}
 	return env
+}
+
+// xferSetEnv sets env in this process (NCCL reads it when a communicator is made; children inherit
+// it) and returns what puts the previous values back.
+func xferSetEnv(env map[string]string) (restore func(), err error) {
+	type prev struct {
+		v  string
+		ok bool
+	}
+	saved := map[string]prev{}
+	restore = func() {
+		for k, p := range saved {
+			if p.ok {
+				os.Setenv(k, p.v)
+			} else {
+				os.Unsetenv(k)
+			}
+		}
+	}
+	for k, v := range env {
+		p, ok := os.LookupEnv(k)
+		saved[k] = prev{p, ok}
+		if err := os.Setenv(k, v); err != nil {
+			restore()
+			return nil, err
+		}
+	}
+	return restore, nil
 }
 
 // xferLibrary is the backend's NCCL: the real library, or the stand-in over the simulator.
@@ -304,11 +332,11 @@ func Xfer(opts XferOptions) (res *XferResult, err error) {
 	if err := opts.check(); err != nil {
 		return nil, err
 	}
-	for k, v := range XferTransportEnv(opts.Transport) {
-		if err := os.Setenv(k, v); err != nil {
-			return nil, err
-		}
+	restore, err := xferSetEnv(XferTransportEnv(opts.Transport))
+	if err != nil {
+		return nil, err
 	}
+	defer restore()
 	x, err := newXferSide(opts.Backend, opts.Devices[0])
 	if err != nil {
 		return nil, err
