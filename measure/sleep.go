@@ -51,12 +51,12 @@ type SleepDevice struct {
 // SleepResult is a sleep and wake of one buffer per device, against raw pinned copies and the usual
 // cuMemHostAlloc-then-copy backup, all measured in the same run.
 type SleepResult struct {
-	Backend    string   `json:"backend"`
-	Mode       string   `json:"mode"`
-	Devices    []int    `json:"devices"`
-	SizeBytes  uint64   `json:"size_bytes"`  // per device
-	TotalBytes uint64   `json:"total_bytes"` // over the devices
-	ChunkBytes uint64   `json:"chunk_bytes"`
+	Backend    string `json:"backend"`
+	Mode       string `json:"mode"`
+	Devices    []int  `json:"devices"`
+	SizeBytes  uint64 `json:"size_bytes"`  // per device
+	TotalBytes uint64 `json:"total_bytes"` // over the devices
+	ChunkBytes uint64 `json:"chunk_bytes"`
 	// Verified: after every wake each buffer held its pattern (Discard: zeros), read by a kernel
 	// through the address saved before the first sleep, and a graph captured before it agreed.
 	Verified     bool    `json:"verified"`
@@ -89,11 +89,11 @@ type SleepResult struct {
 	AggregateWakeX     float64 `json:"aggregate_wake_x,omitempty"`
 	// File mode: the file and raw write and read of the same bytes (os.File.WriteAt / ReadAt in
 	// pieces of the slot size), in the same run.
-	File             string  `json:"file,omitempty"`
-	RawFileWriteGBps float64 `json:"raw_file_write_gbps,omitempty"`
-	RawFileReadGBps  float64 `json:"raw_file_read_gbps,omitempty"`
-	SleepVsRawFile   float64 `json:"sleep_vs_raw_file,omitempty"`
-	WakeVsRawFile    float64 `json:"wake_vs_raw_file,omitempty"`
+	File             string        `json:"file,omitempty"`
+	RawFileWriteGBps float64       `json:"raw_file_write_gbps,omitempty"`
+	RawFileReadGBps  float64       `json:"raw_file_read_gbps,omitempty"`
+	SleepVsRawFile   float64       `json:"sleep_vs_raw_file,omitempty"`
+	WakeVsRawFile    float64       `json:"wake_vs_raw_file,omitempty"`
 	PerDevice        []SleepDevice `json:"per_device"`
 	Note             string        `json:"note,omitempty"`
 	Failure          string        `json:"failure,omitempty"`
