@@ -160,6 +160,7 @@ func newHostNUMA(dev *vmm.Device, size uint64, opts Options) (*Region, error) {
 	if err != nil {
 		return nil, fmt.Errorf("pinned: host-NUMA region of %s on node %d: %w", units.FormatSize(total), node, err)
 	}
+	res.SetKind("pinned")
 	opts.progress(total, total)
 	r := &Region{kind: HostNUMA, dev: dev, sys: sys, size: total, ptr: res.Ptr(), impl: &hostNUMARegion{res: res, maps: maps},
 		readOnly: opts.ReadOnly, granted: map[int]driver.AccessFlags{}}

@@ -233,6 +233,7 @@ func (r *Range) build(all []*vmm.Device) error {
 	if err != nil {
 		return err
 	}
+	res.SetKind("stripe")
 	if res.Size() != size {
 		err := fmt.Errorf("reserved %s instead of %s: %w", units.FormatSize(res.Size()), units.FormatSize(size), vmm.ErrInvalidValue)
 		for i := len(maps) - 1; i >= 0; i-- {

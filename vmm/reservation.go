@@ -427,6 +427,11 @@ func (r *Reservation) UnmapRange(off, size uint64) error {
 		ms = append(ms, m)
 		pos = m.off + m.size
 	}
+	for _, m := range ms {
+		if err := m.alloc.checkHeld("unmap " + m.String()); err != nil {
+			return err
+		}
+	}
 	ptr := r.ptr + driver.DevicePtr(off)
 	if err := r.dev.do(func(api driver.API) error { return api.MemUnmap(ptr, size) }); err != nil {
 		return fmt.Errorf("vmm: unmap %s at offset %#x of %s: %w", units.FormatSize(size), off, r, err)
@@ -600,6 +605,9 @@ func (m *Mapping) closeLocked() error {
 		}
 		r.pending = slices.DeleteFunc(r.pending, func(x *Mapping) bool { return x == m })
 		return nil
+	}
+	if err := m.alloc.checkHeld("unmap " + m.String()); err != nil {
+		return err
 	}
 	ptr := m.Ptr()
 	if err := r.dev.do(func(api driver.API) error { return api.MemUnmap(ptr, m.size) }); err != nil {

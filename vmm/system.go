@@ -61,7 +61,8 @@ type System struct {
 	adoptMu sync.Mutex
 	adopted []adoptee // objects whose undo failed, retried by Close
 
-	own lifetime.Owner // leak tracking: closed by Close
+	own   lifetime.Owner // leak tracking: closed by Close
+	stats statsTable     // what the devices' counting APIs recorded (Stats)
 }
 
 // Open initialises the driver (cuInit) and reads its version and device count. Devices are opened
