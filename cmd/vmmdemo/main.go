@@ -9,6 +9,7 @@
 //	vmmdemo bandwidth [--device N] [--json]
 //	vmmdemo pinned    --size SIZE --procs N [--devices LIST] [--json]
 //	vmmdemo broker    --size SIZE --workers N [--json]
+//	vmmdemo sleep     --size SIZE [--devices LIST] [--mode keep|discard|file] [--file PATH] [--json]
 //	vmmdemo tour      [--backend ...]   every subcommand with small sizes
 //
 // Run "vmmdemo help" for the list of subcommands.
