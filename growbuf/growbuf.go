@@ -317,6 +317,7 @@ func New(dev *vmm.Device, opts Options) (*Buffer, error) {
 	if err != nil {
 		return nil, fmt.Errorf("growbuf: new on %s: reserve %s: %w", dev, units.FormatSize(maxSize), err)
 	}
+	r.SetKind("growbuf")
 	b := &Buffer{
 		dev: dev, sys: sys, loc: loc, gran: gran, policy: policy, limit: limit,
 		allocOpts: vmm.AllocOptions{Location: loc, HandleTypes: opts.HandleTypes},
@@ -580,6 +581,7 @@ func (b *Buffer) extend(target uint64) error {
 	for _, size := range sizes {
 		r, err := b.sys.Reserve(size, vmm.ReserveOptions{Hint: last.res.End(), RequireHint: true})
 		if err == nil {
+			r.SetKind("growbuf")
 			b.segs = append(b.segs, segment{res: r, off: reserved})
 			b.reserved.Store(reserved + r.Size())
 			return nil
@@ -638,6 +640,7 @@ func (b *Buffer) move(n, need uint64, cause error) error {
 	if err != nil {
 		return fail("building the new range", err)
 	}
+	r.SetKind("growbuf")
 	for i := range chunks {
 		chunks[i].m = maps[i]
 	}

@@ -58,6 +58,9 @@ type System struct {
 
 	adoptMu sync.Mutex
 	adopted []adoptee // objects whose undo failed, retried by Close
+
+	own   lifetime.Owner // leak tracking: closed by Close
+	stats statsTable     // what the devices' counting APIs recorded (Stats)
 }
 
 // Open initialises the driver (cuInit) and reads its version and device count. Devices are opened
@@ -77,7 +80,9 @@ func Open(api driver.API) (*System, error) {
 	if err != nil {
 		return nil, fmt.Errorf("vmm: cuDeviceGetCount: %w", err)
 	}
-	return &System{api: api, version: v, count: n, devices: make([]*Device, n)}, nil
+	s := &System{api: api, version: v, count: n, devices: make([]*Device, n)}
+	lifetime.Track(s, &s.own)
+	return s, nil
 }
 
 // DriverVersion is cuDriverGetVersion's answer, for example 13000 for CUDA 13.0.
@@ -176,6 +181,9 @@ func (s *System) Close() error {
 		}
 	}
 	s.closed = true
+	s.own.Lock()
+	s.own.MarkClosed()
+	s.own.Unlock()
 	return errors.Join(errs...)
 }
 
