@@ -17,7 +17,8 @@
 //   - Export / Send / Receive / Open: a buffer's descriptor and files; Open makes a Buffer, the
 //     receiver's mapping of the whole buffer.
 //   - Listen / Server.Publish / Dial / Client.Fetch: named buffers served on a socket path, with the
-//     peer's uid checked (SO_PEERCRED).
+//     peer's uid checked (SO_PEERCRED), connections capped, and silent peers dropped (see
+//     ServerOptions and docs/ipc.md, Security).
 //   - GetFD / ReceiveFromPID: the pidfd path (pidfd_open + pidfd_getfd) for peers that publish
 //     (pid, fd) pairs instead of connecting a socket.
 //   - HandleTypes / Allocate: FABRIC together with POSIX_FD where the driver grants it, POSIX_FD alone
@@ -35,6 +36,6 @@
 //
 // Every received descriptor is close-on-exec, and every one is closed when a read or a decode fails.
 // Protocol faults wrap ErrProtocol (ErrTooLarge for size limits); a server's refusals arrive as a
-// *RemoteError that matches ErrNotFound, ErrPermission or ErrProtocol with errors.Is; driver failures
+// *ServerError that matches ErrNotFound, ErrPermission, ErrProtocol or ErrConnLimit with errors.Is; driver failures
 // keep their driver sentinels (driver.ErrInvalidValue, driver.ErrInvalidHandle, ...).
 package ipc
