@@ -35,7 +35,8 @@
 // # Errors
 //
 // Every received descriptor is close-on-exec, and every one is closed when a read or a decode fails.
-// Protocol faults wrap ErrProtocol (ErrTooLarge for size limits); a server's refusals arrive as a
-// *ServerError that matches ErrNotFound, ErrPermission, ErrProtocol or ErrConnLimit with errors.Is; driver failures
-// keep their driver sentinels (driver.ErrInvalidValue, driver.ErrInvalidHandle, ...).
+// A received memfd must be sealed against resizing (Open checks). Protocol faults wrap ErrProtocol
+// (ErrMessageTooLarge for size limits); a server's refusals arrive as a *ServerError that matches
+// ErrNotFound, ErrPermission, ErrProtocol, ErrConnLimit, ErrIdle or ErrTimeout with errors.Is; driver
+// failures keep their driver sentinels (driver.ErrInvalidValue, driver.ErrInvalidHandle, ...).
 package ipc
