@@ -92,7 +92,7 @@ func childMain(role string) error {
 			return err
 		}
 		defer region.Close()
-		srv, err := NewServer(region, path, Options{})
+		srv, err := Listen(region, path, Options{})
 		if err != nil {
 			return err
 		}
