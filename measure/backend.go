@@ -125,8 +125,8 @@ type Env struct {
 	// Progress, when not nil, is told about long work.
 	Progress Progress
 	// Log, when not nil, receives notes (a device the measurement cannot use fully, a mismatch)
-	// and the output of worker processes; nil means the process's standard error for workers and
-	// nothing for notes.
+	// and the output of worker processes (the measurements serialise their writes); nil means the
+	// process's standard error for workers and nothing for notes.
 	Log io.Writer
 }
 

@@ -240,6 +240,7 @@ func Broker(opts BrokerOptions) (res *BrokerResult, err error) {
 	if err := opts.check(); err != nil {
 		return nil, err
 	}
+	opts.syncLog()
 	b := &brokerRun{o: &opts}
 	if b.devs, err = devices(opts.Backend, opts.Devices, "devices"); err != nil {
 		return nil, err

@@ -20,7 +20,7 @@ import (
 // s queued back to back on one stream, from (or into) the region. It returns the aggregate and the
 // per-device rates in GB/s.
 func brokerRaw(region *pinned.Region, devs []*vmm.Device, workerDevs []int, s uint64, dir string, perWorker, bufSize uint64) (float64, []float64, error) {
-	results := make([]rawCopies, len(devs))
+	results := make([]rawCopyRun, len(devs))
 	var wg sync.WaitGroup
 	for i, d := range devs {
 		n := 0
@@ -62,8 +62,8 @@ func brokerRaw(region *pinned.Region, devs []*vmm.Device, workerDevs []int, s ui
 	return float64(total) / float64(max(last.Sub(first).Nanoseconds(), 1)), per, nil
 }
 
-// rawCopies is what one device's raw copies did.
-type rawCopies struct {
+// rawCopyRun is what one device's raw copies did.
+type rawCopyRun struct {
 	start, end time.Time
 	bytes      uint64
 	err        error
@@ -72,20 +72,20 @@ type rawCopies struct {
 // rawCopiesOn queues count copies of s bytes between the region and device memory made like the
 // workers' buffers (one VMM allocation, mapped) on one stream, after one untimed pass over the
 // buffer (so that first-touch costs are not timed).
-func rawCopiesOn(region *pinned.Region, d *vmm.Device, s uint64, dir string, count, bufSize uint64) (r rawCopies) {
+func rawCopiesOn(region *pinned.Region, d *vmm.Device, s uint64, dir string, count, bufSize uint64) (r rawCopyRun) {
 	res, err := d.System().Reserve(bufSize, vmm.ReserveOptions{})
 	if err != nil {
-		return rawCopies{err: err}
+		return rawCopyRun{err: err}
 	}
 	defer func() { r.err = errors.Join(r.err, res.Close()) }()
 	buf, err := res.MapNew(0, bufSize, d, vmm.AllocOptions{}, vmm.ReadWrite(d))
 	if err != nil {
-		return rawCopies{err: err}
+		return rawCopyRun{err: err}
 	}
 	defer func() { r.err = errors.Join(r.err, buf.Close()) }()
 	st, err := d.NewStream(true)
 	if err != nil {
-		return rawCopies{err: err}
+		return rawCopyRun{err: err}
 	}
 	defer func() { r.err = errors.Join(r.err, st.Close()) }()
 	hostSlots, bufSlots := region.Len()/s, bufSize/s
@@ -105,7 +105,7 @@ func rawCopiesOn(region *pinned.Region, d *vmm.Device, s uint64, dir string, cou
 		return st.Synchronize()
 	}
 	if err := queue(0, bufSlots); err != nil {
-		return rawCopies{err: err}
+		return rawCopyRun{err: err}
 	}
 	r.start = time.Now()
 	r.err = queue(0, count)

@@ -63,6 +63,7 @@ func Pinned(opts PinnedOptions) (*PinnedResult, error) {
 	if err := opts.check(); err != nil {
 		return nil, err
 	}
+	opts.syncLog()
 	b := opts.Backend
 	all, err := b.Sys.Devices()
 	if err != nil {

@@ -259,12 +259,14 @@ func (r *sleepRun) addBuffers() error {
 
 func (r *sleepRun) close() error {
 	var errs []error
-	errs = append(errs, r.set.Close())
 	for _, g := range r.graphs {
 		errs = append(errs, g.close())
 	}
-	for _, b := range r.bufs {
+	for _, b := range r.bufs { // first: a buffer left asleep by a failure frees its backup
 		errs = append(errs, b.Close())
+	}
+	if r.set != nil {
+		errs = append(errs, r.set.Close())
 	}
 	if r.file != nil {
 		errs = append(errs, r.file.Close())

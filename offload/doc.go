@@ -36,13 +36,14 @@
 // # Never half
 //
 // A Sleep that fails or is cancelled leaves every buffer awake with its content intact (a Discard
-// buffer rolled back after its memory was released comes back zeroed: its content was to be dropped).
-// A Wake that fails, for example because another process took the memory (an error wrapping
-// driver.ErrOutOfMemory), leaves the buffers asleep with their backups intact and can be retried.
-// Sleep of a sleeping buffer and Wake of an awake one are no-ops. A buffer whose memory was exported
-// to other processes (ipc.Export) cannot be slept, since releasing it here would not free the memory:
-// Sleep fails with an error wrapping vmm.ErrExported unless EntryOptions.Force is set. Closing a
-// buffer while it sleeps frees its backup; its reservation is freed by its own Close.
+// buffer rolled back after its memory was released comes back zeroed: its content was to be
+// dropped). A Wake that fails, for example because another process took the memory (an error
+// wrapping driver.ErrOutOfMemory), leaves the buffers asleep with their backups intact and can be
+// retried. Sleep of a sleeping buffer and Wake of an awake one are no-ops. A buffer whose memory was
+// exported to other processes (ipc.Export) cannot be slept, since releasing it here would not free
+// the memory: Sleep fails with an error wrapping vmm.ErrExported unless EntryOptions.Force is set.
+// Closing a buffer while it sleeps frees its backup; its reservation is freed by its own Close. Close
+// of a set refuses while one of its buffers sleeps.
 //
 // # Checkpoints
 //

@@ -7,6 +7,8 @@ import (
 	"sync"
 	"unsafe"
 
+	"golang.org/x/sys/unix"
+
 	"github.com/cuvmm/cuvmm/driver"
 	"github.com/cuvmm/cuvmm/internal/units"
 	"github.com/cuvmm/cuvmm/pinned"
@@ -36,6 +38,7 @@ func newSlot(dev *vmm.Device, size uint64) (*slot, error) {
 	if err != nil {
 		return nil, err
 	}
+	preferNode(mem, dev.HostNUMAID())
 	r, err := pinned.Register(dev, mem, pinned.RegisterOptions{HugePages: true})
 	if err != nil && errors.Is(err, driver.ErrOutOfMemory) {
 		err = fmt.Errorf("out of host memory to pin: %w", err)
@@ -52,9 +55,6 @@ func (s *slot) close() error {
 	}
 	return pinned.Unmap(s.mem)
 }
-
-// bytesAt views n bytes of host memory at p (a slot's memory).
-func bytesAt(p unsafe.Pointer, n uint64) []byte { return unsafe.Slice((*byte)(p), n) }
 
 // hostPool keeps pinned slots between sleeps, by size. It is used under the Set's mutex.
 type hostPool struct {
@@ -197,4 +197,18 @@ func (f *feed) finish() {
 		}
 	}
 	f.next = len(f.chans)
+}
+
+// preferNode asks the kernel to place mem's pages on host NUMA node (the one closest to the GPU that
+// copies into it) before they are faulted in: mbind with MPOL_PREFERRED, which falls back to other
+// nodes when that one is full. It is advice: where the call is refused (a container without the
+// permission, a kernel without NUMA), the pages go where the kernel puts them.
+func preferNode(mem []byte, node int) {
+	const mpolPreferred = 1
+	if node < 0 || node >= 64 || len(mem) == 0 {
+		return
+	}
+	mask := uint64(1) << node
+	_, _, _ = unix.Syscall6(unix.SYS_MBIND, uintptr(unsafe.Pointer(&mem[0])), uintptr(len(mem)), mpolPreferred,
+		uintptr(unsafe.Pointer(&mask)), 64, 0)
 }

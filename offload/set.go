@@ -144,7 +144,34 @@ func (s *Set) Add(tag string, buf vmm.Chunked, policy Policy, opts EntryOptions)
 	if s.find(tag) != nil {
 		return fmt.Errorf("offload: add %q: the tag is taken: %w", tag, ErrInvalidValue)
 	}
+	if other := s.sharing(buf); other != nil {
+		return fmt.Errorf("offload: add %q: it shares memory with %s, already in the set: %w", tag, other, ErrInvalidValue)
+	}
 	s.entries = append(s.entries, &entry{tag: tag, buf: buf, policy: policy, opts: opts})
+	return nil
+}
+
+// sharing returns the entry that holds one of buf's allocations, if any; the caller holds s.mu.
+func (s *Set) sharing(buf vmm.Chunked) *entry {
+	mine := map[*vmm.Allocation]bool{}
+	for _, c := range buf.Chunks() {
+		mine[c.Allocation] = true
+	}
+	for _, e := range s.entries {
+		if e.asleep {
+			for _, cs := range e.chunks {
+				if mine[cs.alloc] {
+					return e
+				}
+			}
+			continue
+		}
+		for _, c := range e.buf.Chunks() {
+			if mine[c.Allocation] {
+				return e
+			}
+		}
+	}
 	return nil
 }
 
@@ -313,9 +340,10 @@ func (s *Set) onChunkClosed(e *entry) func() {
 	}
 }
 
-// Close wakes nothing: it frees the backups of sleeping buffers (whose content is then lost), the
-// pooled slots and the copy streams. The buffers stay the caller's; sleeping ones keep their
-// reservations, and closing them frees those. Close is idempotent and safe on nil.
+// Close frees the pooled slots and the copy streams. It fails with an error wrapping vmm.ErrInUse,
+// freeing nothing, while a buffer of the set sleeps: wake it, or close the buffer (which frees its
+// backup), first, so that no content is dropped by accident. The buffers stay the caller's. Close is
+// idempotent and safe on nil.
 func (s *Set) Close() error {
 	if s == nil {
 		return nil
@@ -326,12 +354,12 @@ func (s *Set) Close() error {
 		return nil
 	}
 	s.reap()
-	var errs []error
 	for _, e := range s.entries {
-		s.pool.free(e.backup)
-		e.backup = nil
+		if e.asleep {
+			return fmt.Errorf("offload: close: %s is asleep (wake it or close it first): %w", e, vmm.ErrInUse)
+		}
 	}
-	errs = append(errs, s.pool.trim())
+	errs := []error{s.pool.trim()}
 	for d, st := range s.streams {
 		errs = append(errs, st.Close())
 		delete(s.streams, d)

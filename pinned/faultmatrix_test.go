@@ -3,31 +3,14 @@ package pinned_test
 import (
 	"errors"
 	"net"
-	"os"
 	"testing"
 
 	"github.com/stretchr/testify/require"
-	"golang.org/x/sys/unix"
 
 	"github.com/cuvmm/cuvmm/internal/testutil"
 	"github.com/cuvmm/cuvmm/pinned"
 	"github.com/cuvmm/cuvmm/vmm"
 )
-
-// connPair is a connected pair of Unix stream sockets.
-func connPair(t testing.TB) (*net.UnixConn, *net.UnixConn) {
-	t.Helper()
-	fds, err := unix.Socketpair(unix.AF_UNIX, unix.SOCK_STREAM|unix.SOCK_CLOEXEC, 0)
-	require.NoError(t, err)
-	conn := func(fd int) *net.UnixConn {
-		f := os.NewFile(uintptr(fd), "socket")
-		defer f.Close()
-		c, err := net.FileConn(f)
-		require.NoError(t, err)
-		return c.(*net.UnixConn)
-	}
-	return conn(fds[0]), conn(fds[1])
-}
 
 type shareState struct {
 	region     *pinned.Region
@@ -44,7 +27,7 @@ func newShareState(t testing.TB, sys *vmm.System, kind pinned.Kind, shared bool)
 	require.NoError(t, err)
 	r, err := pinned.New(d, 4<<20, pinned.Options{Kind: kind, ChunkSize: 2 << 20})
 	require.NoError(t, err)
-	send, recv := connPair(t)
+	send, recv := testutil.SocketPair(t)
 	if shared {
 		require.NoError(t, r.Share(send))
 	}

@@ -80,7 +80,8 @@ type Kind int
 
 // Region kinds.
 const (
-	// Auto chooses HostNUMA where the device supports it (SupportsHostNUMA), else SharedMemory.
+	// Auto chooses HostNUMA where the device supports it (vmm.FeatureHostNUMA and posix-fd handles),
+	// SharedMemory where the device reports no support; New fails when the driver cannot be asked.
 	Auto Kind = iota
 	// HostNUMA is a host-NUMA VMM allocation: visible to the granted devices only.
 	HostNUMA

@@ -74,16 +74,19 @@ func (s *System) adopt(what string, own *lifetime.Owner, close func() error) err
 }
 
 // retryAdopted closes the adopted objects, pass after pass while a pass frees something (a mapping
-// must go before its reservation), and keeps those that still fail.
+// must go before its reservation), and keeps those that still fail. The closes run without the
+// list's lock, so that one may hand the System something new.
 func (s *System) retryAdopted() error {
 	s.adoptMu.Lock()
-	defer s.adoptMu.Unlock()
+	list := s.adopted
+	s.adopted = nil
+	s.adoptMu.Unlock()
 	var errs []error
-	for progress := true; progress && len(s.adopted) > 0; {
+	for progress := true; progress && len(list) > 0; {
 		progress = false
 		errs = errs[:0]
-		left := s.adopted[:0]
-		for _, a := range s.adopted {
+		left := list[:0]
+		for _, a := range list {
 			if err := a.close(); err != nil {
 				errs = append(errs, err)
 				left = append(left, a)
@@ -91,9 +94,12 @@ func (s *System) retryAdopted() error {
 			}
 			progress = true
 		}
-		clear(s.adopted[len(left):])
-		s.adopted = left
+		clear(list[len(left):])
+		list = left
 	}
+	s.adoptMu.Lock()
+	s.adopted = append(list, s.adopted...)
+	s.adoptMu.Unlock()
 	return errors.Join(errs...)
 }
 

@@ -9,6 +9,7 @@
 //	vmmdemo bandwidth [--device N] [--json]
 //	vmmdemo pinned    --size SIZE --procs N [--devices LIST] [--json]
 //	vmmdemo broker    --size SIZE --workers N [--json]
+//	vmmdemo sleep     --size SIZE [--devices LIST] [--mode keep|discard|file] [--file PATH] [--json]
 //	vmmdemo tour      [--backend ...]   every subcommand with small sizes
 //
 // Run "vmmdemo help" for the list of subcommands.
@@ -29,7 +30,11 @@ import (
 	"github.com/cuvmm/cuvmm/measure"
 )
 
-// command is one subcommand.
+// command is one subcommand. Each lives in a file of its own that registers it in an init()
+// (register(&command{...})) and does three things: parse its flags (newFlags, common.register,
+// parse), call its measurement in package measure, and render the result (measureAndShow: text
+// through the result's Text method, or --json through encoding/json). The measuring itself, and
+// any worker process, belongs in package measure.
 type command struct {
 	name    string
 	summary string
