@@ -148,7 +148,7 @@ func Listen(region *pinned.Region, path string, opts Options) (*Server, error) {
 	}
 	ln, err := unixsock.Listen(path, unixsock.Options{AllowUIDs: opts.AllowUIDs, Authorize: opts.Authorize,
 		MaxConns: opts.MaxConns, MaxConnsPerUID: opts.MaxConnsPerUID, IdleTimeout: opts.IdleTimeout,
-		ReadTimeout: opts.ReadTimeout, WriteTimeout: opts.WriteTimeout, Refuse: s.refusePeer,
+		ReadTimeout: opts.ReadTimeout, WriteTimeout: opts.WriteTimeout, MaxPayload: RequestSize, Refuse: s.refusePeer,
 		Logf: func(f string, a ...any) { s.logf("broker: "+f, a...) }})
 	if err != nil {
 		return nil, errors.Join(fmt.Errorf("broker: %w", err), s.undoLanes())
