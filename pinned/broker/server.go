@@ -239,15 +239,20 @@ func (s *Server) openLanes(devs []*vmm.Device) error {
 // undoLanes destroys the streams of a Listen that failed.
 func (s *Server) undoLanes() error { return s.closeLanes() }
 
+// closeLanes destroys the copy streams; those that fail stay for the next call.
 func (s *Server) closeLanes() error {
+	s.mu.Lock()
+	defer s.mu.Unlock()
 	var errs []error
 	for _, l := range s.lanes {
+		var kept []*vmm.Stream
 		for _, st := range l.streams {
 			if err := st.Close(); err != nil {
 				errs = append(errs, err)
+				kept = append(kept, st)
 			}
 		}
-		l.streams = nil
+		l.streams = kept
 	}
 	return errors.Join(errs...)
 }
@@ -325,12 +330,17 @@ func (s *Server) Close() error {
 		return nil
 	}
 	s.mu.Lock()
-	if s.closed {
-		s.mu.Unlock()
-		return nil
-	}
+	again := s.closed
 	s.closed = true
 	s.mu.Unlock()
+	if again {
+		// A Close that failed to destroy a stream kept it: try again, and succeed only once none is
+		// left.
+		if err := s.closeLanes(); err != nil {
+			return fmt.Errorf("broker: close streams: %w", err)
+		}
+		return nil
+	}
 	var errs []error
 	if err := s.ln.Close(); err != nil {
 		errs = append(errs, fmt.Errorf("broker: %w", err))
