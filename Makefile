@@ -3,7 +3,7 @@ GO       ?= go
 BUNDLE   ?= build/gpu
 NVCC     ?= nvcc
 
-.PHONY: all test vet demo build gpu-bundle bench fuzz ptx clean
+.PHONY: all test vet leakcheck demo build gpu-bundle bench fuzz ptx clean
 
 all: test
 
@@ -11,6 +11,12 @@ all: test
 ## real-driver subtests skip with a reason when there is no GPU).
 test: vet
 	$(GO) test -race -count=1 ./...
+	$(MAKE) leakcheck
+
+## leakcheck: the owning packages' tests built with the cuvmmleak tag, which reports every object
+## that became unreachable without Close (with the stack that made it) and fails the run.
+leakcheck:
+	$(GO) test -tags cuvmmleak -count=1 ./internal/lifetime/ ./vmm/... ./growbuf/... ./stripe/... ./pinned/...
 
 vet:
 	$(GO) vet ./...

@@ -142,6 +142,31 @@ type API interface {
 	// EventDestroy calls cuEventDestroy_v2. Needs a context.
 	EventDestroy(e Event) error
 
+	// Stream-ordered allocation and event queries
+	//
+	// StreamWaitEvent calls cuStreamWaitEvent: work queued on s after this call waits until e has
+	// completed (flags 0). Needs a context.
+	StreamWaitEvent(s Stream, e Event, flags uint32) error
+	// EventQuery calls cuEventQuery: true when the work captured by the event's last record has
+	// completed (or it was never recorded), false for CUDA_ERROR_NOT_READY. Needs a context.
+	EventQuery(e Event) (bool, error)
+	// MemAllocAsync calls cuMemAllocAsync: size bytes from the device's current memory pool, usable
+	// by work queued on s after this call. Needs a context.
+	MemAllocAsync(size uint64, s Stream) (DevicePtr, error)
+	// MemFreeAsync calls cuMemFreeAsync: ptr returns to its pool once s passes this point. Needs a
+	// context.
+	MemFreeAsync(ptr DevicePtr, s Stream) error
+	// DeviceGetDefaultMemPool calls cuDeviceGetDefaultMemPool.
+	DeviceGetDefaultMemPool(dev Device) (MemPool, error)
+	// MemPoolSetAttribute calls cuMemPoolSetAttribute. The three REUSE attributes are C ints (0 or
+	// 1), the others cuuint64_t; value is converted accordingly.
+	MemPoolSetAttribute(pool MemPool, attr MemPoolAttribute, value uint64) error
+	// MemPoolGetAttribute calls cuMemPoolGetAttribute (the value widened to uint64).
+	MemPoolGetAttribute(pool MemPool, attr MemPoolAttribute) (uint64, error)
+	// MemPoolTrimTo calls cuMemPoolTrimTo: unused memory above minBytesToKeep goes back to the
+	// system.
+	MemPoolTrimTo(pool MemPool, minBytesToKeep uint64) error
+
 	// ModuleLoadData calls cuModuleLoadData with a NUL-terminated copy of image (PTX text). Needs a
 	// context; the module belongs to it.
 	ModuleLoadData(image []byte) (Module, error)

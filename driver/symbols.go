@@ -75,6 +75,15 @@ const (
 	symGraphLaunch
 	symGraphExecDestroy
 	symGraphDestroy
+	// Stream-ordered allocation and event queries.
+	symStreamWaitEvent
+	symEventQuery
+	symMemAllocAsync
+	symMemFreeAsync
+	symDeviceGetDefaultMemPool
+	symMemPoolSetAttribute
+	symMemPoolGetAttribute
+	symMemPoolTrimTo
 
 	numSymbols
 )
@@ -166,4 +175,14 @@ var symbols = [numSymbols]symbolInfo{
 	symGraphLaunch:        {name: "cuGraphLaunch", since: "10.0"},
 	symGraphExecDestroy:   {name: "cuGraphExecDestroy", since: "10.0"},
 	symGraphDestroy:       {name: "cuGraphDestroy", since: "10.0"},
+	// Stream-ordered allocation and event queries. The plain names are the legacy-default-stream
+	// forms (the _ptsz variants are the per-thread-default-stream ones).
+	symStreamWaitEvent:         {name: "cuStreamWaitEvent", since: "3.2"},
+	symEventQuery:              {name: "cuEventQuery", since: "2.0"},
+	symMemAllocAsync:           {name: "cuMemAllocAsync", since: "11.2"},
+	symMemFreeAsync:            {name: "cuMemFreeAsync", since: "11.2"},
+	symDeviceGetDefaultMemPool: {name: "cuDeviceGetDefaultMemPool", since: "11.2"},
+	symMemPoolSetAttribute:     {name: "cuMemPoolSetAttribute", since: "11.2"},
+	symMemPoolGetAttribute:     {name: "cuMemPoolGetAttribute", since: "11.2"},
+	symMemPoolTrimTo:           {name: "cuMemPoolTrimTo", since: "11.2"},
 }

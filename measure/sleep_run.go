@@ -272,7 +272,7 @@ func (r *sleepRun) measureRaw() error {
 				errs[i] = err
 				return
 			}
-			d2h[i], h2d[i], errs[i] = rawCopies(d, r.ptrs[i], r.opts.Size, piece, h.mem)
+			d2h[i], h2d[i], errs[i] = sleepRawCopies(d, r.ptrs[i], r.opts.Size, piece, h.mem)
 			errs[i] = errors.Join(errs[i], h.close())
 			mu.Lock()
 			slowD2H, slowH2D = max(slowD2H, d2h[i]), max(slowH2D, h2d[i])
@@ -292,9 +292,9 @@ func (r *sleepRun) measureRaw() error {
 	return nil
 }
 
-// rawCopies times cuMemcpyDtoH then cuMemcpyHtoD of size bytes at ptr in pieces, cycling through
+// sleepRawCopies times cuMemcpyDtoH then cuMemcpyHtoD of size bytes at ptr in pieces, cycling through
 // host.
-func rawCopies(d *vmm.Device, ptr driver.DevicePtr, size, piece uint64, host []byte) (d2h, h2d float64, err error) {
+func sleepRawCopies(d *vmm.Device, ptr driver.DevicePtr, size, piece uint64, host []byte) (d2h, h2d float64, err error) {
 	run := func(toHost bool) (float64, error) {
 		start := time.Now()
 		for off := uint64(0); off < size; off += piece {

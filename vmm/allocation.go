@@ -235,7 +235,7 @@ func (d *Device) Import(f *os.File, size uint64, typ driver.HandleType) (*Alloca
 // (to retry in its Close) and the error says so.
 func (a *Allocation) undo() error {
 	if err := a.Close(); err != nil {
-		return errors.Join(fmt.Errorf("undo: %w", err), a.dev.sys.adopt(a.String(), a.Close))
+		return errors.Join(fmt.Errorf("undo: %w", err), a.dev.sys.adopt(a.String(), &a.own, a.Close))
 	}
 	return nil
 }
@@ -250,6 +250,9 @@ func (a *Allocation) Close() error {
 	return a.own.Close("vmm: close "+a.String(), func() error {
 		if n := a.mappings.Load(); n > 0 {
 			return fmt.Errorf("vmm: close %s: %d mappings still use it: %w", a, n, ErrInUse)
+		}
+		if err := a.checkHeld("close"); err != nil {
+			return err
 		}
 		if a.closeAsleep() {
 			return nil

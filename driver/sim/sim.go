@@ -131,6 +131,7 @@ type Sim struct {
 	fds        int // file descriptors the simulator holds open
 
 	graphs graphTables // stream captures, graphs and executable graphs (graph.go)
+	as     *asyncState // stream order and the default memory pools (async.go), made on first use
 }
 
 // handleCounter makes every opaque value (allocation handles, contexts, streams, events, modules,
@@ -273,6 +274,9 @@ func init() {
 		// Graphs
 		"cuStreamBeginCapture", "cuStreamEndCapture", "cuGraphInstantiateWithFlags", "cuGraphLaunch",
 		"cuGraphExecDestroy", "cuGraphDestroy",
+		// Stream-ordered allocation and event queries (async.go).
+		"cuStreamWaitEvent", "cuEventQuery", "cuMemAllocAsync", "cuMemFreeAsync",
+		"cuDeviceGetDefaultMemPool", "cuMemPoolSetAttribute", "cuMemPoolGetAttribute", "cuMemPoolTrimTo",
 	} {
 		functions[n] = true
 	}
@@ -370,6 +374,7 @@ type Live struct {
 	HostRegistrations int // cuMemHostRegister ranges
 	HostAllocs        int // cuMemHostAlloc buffers
 	LegacyAllocs      int // cuMemAlloc buffers
+	AsyncAllocs       int // cuMemAllocAsync buffers, live or cached in a pool (trim the pool to free those)
 	Streams           int
 	Events            int
 	Modules           int
@@ -395,6 +400,7 @@ func (l Live) String() string {
 	add("host-registrations", l.HostRegistrations)
 	add("host-allocs", l.HostAllocs)
 	add("legacy-allocs", l.LegacyAllocs)
+	add("async-allocs", l.AsyncAllocs)
 	add("streams", l.Streams)
 	add("events", l.Events)
 	add("modules", l.Modules)
@@ -435,6 +441,7 @@ func (s *Sim) Live() Live {
 		}
 	}
 	l.LegacyAllocs = len(s.legacy)
+	l.AsyncAllocs = s.asyncLive()
 	l.Streams = len(s.streams)
 	l.Events = len(s.events)
 	l.Modules = len(s.modules)
@@ -481,6 +488,7 @@ func (s *Sim) Close() error {
 	clear(s.funcs)
 	clear(s.threads)
 	s.graphs = graphTables{}
+	s.as = nil
 	if err := errors.Join(errs...); err != nil {
 		return fmt.Errorf("sim: close: %w", err)
 	}

@@ -12,9 +12,11 @@ import (
 	"time"
 
 	"github.com/stretchr/testify/require"
+	"golang.org/x/sys/unix"
 
 	"github.com/cuvmm/cuvmm/driver/sim"
 	"github.com/cuvmm/cuvmm/internal/testutil"
+	"github.com/cuvmm/cuvmm/internal/unixsock"
 	"github.com/cuvmm/cuvmm/ipc"
 	"github.com/cuvmm/cuvmm/pinned"
 	"github.com/cuvmm/cuvmm/vmm"
@@ -64,18 +66,15 @@ func TestRequestStrict(t *testing.T) {
 		"short":            good[:RequestSize-1],
 		"long":             append(bytes.Clone(good), 0),
 		"empty":            nil,
-		"magic":            mutate(func(b []byte) { b[0] = 'X' }),
-		"version":          mutate(func(b []byte) { binary.LittleEndian.PutUint16(b[4:], 2) }),
-		"op 0":             mutate(func(b []byte) { binary.LittleEndian.PutUint16(b[6:], 0) }),
-		"op unknown":       mutate(func(b []byte) { binary.LittleEndian.PutUint16(b[6:], maxOp+1) }),
+		"op 0":             mutate(func(b []byte) { binary.LittleEndian.PutUint16(b[0:], 0) }),
+		"op unknown":       mutate(func(b []byte) { binary.LittleEndian.PutUint16(b[0:], maxOp+1) }),
 		"id 0":             mutate(func(b []byte) { binary.LittleEndian.PutUint64(b[8:], 0) }),
-		"buffer 0":         mutate(func(b []byte) { binary.LittleEndian.PutUint32(b[16:], 0) }),
-		"direction 0":      mutate(func(b []byte) { binary.LittleEndian.PutUint16(b[20:], 0) }),
-		"direction 3":      mutate(func(b []byte) { binary.LittleEndian.PutUint16(b[20:], 3) }),
-		"reserved":         mutate(func(b []byte) { b[22] = 1 }),
-		"length 0":         mutate(func(b []byte) { binary.LittleEndian.PutUint64(b[40:], 0) }),
-		"host overflow":    mutate(func(b []byte) { binary.LittleEndian.PutUint64(b[24:], ^uint64(0)) }),
-		"buffer overflow":  mutate(func(b []byte) { binary.LittleEndian.PutUint64(b[32:], ^uint64(0)-100) }),
+		"buffer 0":         mutate(func(b []byte) { binary.LittleEndian.PutUint32(b[4:], 0) }),
+		"direction 0":      mutate(func(b []byte) { binary.LittleEndian.PutUint16(b[2:], 0) }),
+		"direction 3":      mutate(func(b []byte) { binary.LittleEndian.PutUint16(b[2:], 3) }),
+		"length 0":         mutate(func(b []byte) { binary.LittleEndian.PutUint64(b[32:], 0) }),
+		"host overflow":    mutate(func(b []byte) { binary.LittleEndian.PutUint64(b[16:], ^uint64(0)) }),
+		"buffer overflow":  mutate(func(b []byte) { binary.LittleEndian.PutUint64(b[24:], ^uint64(0)-100) }),
 		"ping with fields": encodeReq(request{op: OpPing, id: 1, length: 5}),
 		"hello with dir":   encodeReq(request{op: OpHello, id: 1, dir: ToHost}),
 		"unregister 0":     encodeReq(request{op: OpUnregister, id: 1}),
@@ -110,17 +109,14 @@ func TestResponseStrict(t *testing.T) {
 	for name, b := range map[string][]byte{
 		"short":           ok[:ResponseSize-1],
 		"too long":        append(bytes.Clone(refusal), bytes.Repeat([]byte{'x'}, MaxText)...),
-		"magic":           mutate(ok, func(b []byte) { b[3] = 0 }),
-		"version":         mutate(ok, func(b []byte) { b[4] = 9 }),
-		"op unknown":      mutate(ok, func(b []byte) { b[6] = 99 }),
-		"status unknown":  mutate(ok, func(b []byte) { b[16] = 99 }),
-		"reserved":        mutate(ok, func(b []byte) { b[18] = 1 }),
+		"op unknown":      mutate(ok, func(b []byte) { b[0] = 99 }),
+		"status unknown":  mutate(ok, func(b []byte) { b[2] = 99 }),
 		"op without id":   mutate(ok, func(b []byte) { binary.LittleEndian.PutUint64(b[8:], 0) }),
 		"id without op":   mutate(refusal, func(b []byte) { b[8] = 1 }),
-		"ok refusal":      mutate(refusal[:ResponseSize], func(b []byte) { b[16] = 0 }),
+		"ok refusal":      mutate(refusal[:ResponseSize], func(b []byte) { b[2] = 0 }),
 		"text on success": append(bytes.Clone(ok), 'x'),
 		"bad utf-8":       append(bytes.Clone(refusal), 0xff),
-		"values on error": mutate(refusal, func(b []byte) { b[24] = 1 }),
+		"values on error": mutate(refusal, func(b []byte) { b[16] = 1 }),
 	} {
 		_, err := decodeResponse(b)
 		require.ErrorIs(t, err, ErrProtocol, name)
@@ -136,7 +132,7 @@ func rawConn(t *testing.T, path string, hello bool) *net.UnixConn {
 	require.NoError(t, conn.SetDeadline(time.Now().Add(time.Minute)))
 	if hello {
 		require.NoError(t, ipc.WriteMessage(conn, KindRequest, encodeReq(request{op: OpHello, id: 1}), nil))
-		resp, err := newFrameReader().response(conn)
+		resp, err := readResponse(unixsock.NewConn(conn, unix.Ucred{}))
 		require.NoError(t, err)
 		require.Equal(t, OpHello, resp.op)
 		require.Equal(t, StatusOK, resp.status)
@@ -147,12 +143,12 @@ func rawConn(t *testing.T, path string, hello bool) *net.UnixConn {
 // requireRefused reads the broker's protocol refusal of the whole connection, then its hang-up.
 func requireRefused(t *testing.T, conn *net.UnixConn, what string) {
 	t.Helper()
-	fr := newFrameReader()
-	resp, err := fr.response(conn)
+	fr := unixsock.NewConn(conn, unix.Ucred{})
+	resp, err := readResponse(fr)
 	require.NoError(t, err, what)
 	require.Equal(t, uint64(0), resp.id, what)
 	require.Equal(t, StatusProtocol, resp.status, "%s: %s", what, resp.text)
-	_, err = fr.response(conn)
+	_, err = readResponse(fr)
 	// A hang-up with part of our bytes unread resets the connection.
 	require.True(t, errors.Is(err, io.EOF) || errors.Is(err, syscall.ECONNRESET), "%s: %v", what, err)
 }
@@ -173,7 +169,7 @@ func TestMalformedRequests(t *testing.T) {
 			h := frameHeader(kind, uint32(len(payload)), 0)
 			return append(h, payload...)
 		}
-		badVersion := encodeReq(request{op: OpHello, id: 1})
+		badVersion := frame(KindRequest, encodeReq(request{op: OpHello, id: 1}))
 		badVersion[4] = 7
 		for name, tc := range map[string]struct {
 			hello bool
@@ -181,11 +177,12 @@ func TestMalformedRequests(t *testing.T) {
 		}{
 			"not a frame":          {false, []byte("GET / HTTP/1.1\r\n\r\n")},
 			"short request":        {false, frame(KindRequest, make([]byte, RequestSize-1))},
-			"version 7":            {false, frame(KindRequest, badVersion)},
+			"frame version 7":      {false, badVersion},
+			"protocol version 1":   {false, frame(ipc.KindUser+0x60, encodeReq(request{op: OpHello, id: 1}))},
 			"copy before hello":    {false, frame(KindRequest, encodeReq(request{op: OpCopy, id: 2, buffer: 1, dir: ToDevice, length: 8}))},
 			"a response frame":     {true, frame(KindResponse, encodeReq(request{op: OpPing, id: 2}))},
 			"second hello":         {true, frame(KindRequest, encodeReq(request{op: OpHello, id: 2}))},
-			"unknown op":           {true, frame(KindRequest, append(append([]byte{}, encodeReq(request{op: OpPing, id: 2})[:6]...), append([]byte{99, 0}, encodeReq(request{op: OpPing, id: 2})[8:]...)...))},
+			"unknown op":           {true, frame(KindRequest, append([]byte{99, 0}, encodeReq(request{op: OpPing, id: 2})[2:]...))},
 			"register, no buffer":  {true, append(frame(KindRequest, encodeReq(request{op: OpRegister, id: 2})), frame(KindRequest, encodeReq(request{op: OpPing, id: 3}))...)},
 			"payload over the cap": {true, frameHeader(KindRequest, ipc.MaxPayload+1, 0)},
 		} {
@@ -224,7 +221,7 @@ func FuzzDecodeRequest(f *testing.F) {
 	f.Add(encodeReq(request{op: OpHello, id: 1}))
 	f.Add(encodeReq(request{op: OpCopy, id: 7, buffer: 3, dir: ToHost, hostOff: 1 << 30, bufOff: 4096, length: 1 << 20}))
 	f.Add(encodeReq(request{op: OpUnregister, id: 8, buffer: 3}))
-	f.Add([]byte("CVMB"))
+	f.Add([]byte{1, 0})
 	f.Fuzz(func(t *testing.T, data []byte) {
 		r, err := decodeRequest(data)
 		if err != nil {
@@ -265,8 +262,8 @@ func FuzzServer(f *testing.F) {
 	require.NoError(f, err)
 	region, err := pinned.New(dev, 4*mib, pinned.Options{})
 	require.NoError(f, err)
-	path := f.TempDir() + "/broker.sock"
-	srv, err := NewServer(region, path, Options{HelloTimeout: 5 * time.Second})
+	path := privateDir(f) + "/broker.sock"
+	srv, err := Listen(region, path, Options{HelloTimeout: 5 * time.Second})
 	require.NoError(f, err)
 	go srv.Serve()
 	f.Cleanup(func() {
@@ -283,9 +280,9 @@ func FuzzServer(f *testing.F) {
 		conn := rawConn(t, path, true)
 		_, _ = conn.Write(data)
 		_ = conn.CloseWrite()
-		fr := newFrameReader()
+		fr := unixsock.NewConn(conn, unix.Ucred{})
 		for {
-			_, err := fr.response(conn)
+			_, err := readResponse(fr)
 			if err != nil {
 				require.False(t, errors.Is(err, os.ErrDeadlineExceeded), "the broker neither answered nor hung up")
 				break

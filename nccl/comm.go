@@ -1,0 +1,313 @@
+package nccl
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"runtime"
+	"sync"
+	"time"
+
+	"github.com/cuvmm/cuvmm/driver"
+	"github.com/cuvmm/cuvmm/vmm"
+)
+
+// Options tunes NewComm.
+type Options struct {
+	// Config is passed to ncclCommInitRankConfig; nil means DefaultConfig. Blocking is always set
+	// to 0: NewComm and every operation poll the communicator so that a context can abort them.
+	Config *Config
+	// CloseTimeout bounds Close's wait for ncclCommFinalize; past it Close aborts the communicator
+	// (0: DefaultCloseTimeout).
+	CloseTimeout time.Duration
+}
+
+// DefaultCloseTimeout is how long Close waits for the communicator to finalize before aborting it.
+const DefaultCloseTimeout = 30 * time.Second
+
+// Comm is an NCCL communicator of one rank on one device (ncclComm_t). Its methods may be called from
+// any goroutine; they are serialized, as NCCL requires of one communicator.
+type Comm struct {
+	lib    API
+	dev    *vmm.Device
+	h      CommHandle
+	rank   int
+	nranks int
+	opts   Options
+
+	mu      sync.Mutex // held by every call that uses h
+	closed  bool
+	aborted error // why the communicator was aborted, nil while usable
+	regs    map[*Registration]struct{}
+}
+
+// NewComm joins the communicator id as rank of nranks, on dev: ncclCommInitRankConfig with a
+// non-blocking configuration, then ncclCommGetAsyncError polled until the communicator is ready.
+// Every rank must call it (in its own process or goroutine) with the same id and nranks. When ctx ends
+// first, the communicator is aborted (ncclCommAbort) and the error wraps both ErrAborted and ctx's
+// error; a rank that never joins therefore costs the others their deadline, never a hang.
+func NewComm(ctx context.Context, lib API, id UniqueID, rank, nranks int, dev *vmm.Device, opts ...Options) (*Comm, error) {
+	if lib == nil || dev == nil {
+		return nil, fmt.Errorf("nccl: new communicator: nil library or device: %w", ErrInvalidValue)
+	}
+	if nranks < 1 || rank < 0 || rank >= nranks {
+		return nil, fmt.Errorf("nccl: new communicator: rank %d of %d: %w", rank, nranks, ErrInvalidValue)
+	}
+	c := &Comm{lib: lib, dev: dev, rank: rank, nranks: nranks, regs: map[*Registration]struct{}{}}
+	if len(opts) > 0 {
+		c.opts = opts[0]
+	}
+	cfg := DefaultConfig()
+	if c.opts.Config != nil {
+		cfg = *c.opts.Config
+	}
+	cfg.Blocking = 0
+	var initErr error
+	if err := dev.Raw(func(driver.API) error {
+		c.h, initErr = lib.CommInitRankConfig(nranks, id, rank, dev.Handle(), &cfg)
+		return nil
+	}); err != nil {
+		return nil, fmt.Errorf("nccl: new communicator on %s: %w", dev, err)
+	}
+	what := fmt.Sprintf("rank %d of %d on %s", rank, nranks, dev)
+	if initErr != nil && !errors.Is(initErr, ErrInProgress) {
+		if c.h != 0 {
+			_ = lib.CommAbort(c.h)
+		}
+		return nil, fmt.Errorf("nccl: new communicator, %s: %w", what, initErr)
+	}
+	c.mu.Lock()
+	err := c.waitLocked(ctx, "initialize the communicator")
+	c.mu.Unlock()
+	if err != nil {
+		c.release()
+		return nil, err
+	}
+	return c, nil
+}
+
+// Rank is this rank's number, NRanks the communicator's size, Device the device it runs on.
+func (c *Comm) Rank() int           { return c.rank }
+func (c *Comm) NRanks() int         { return c.nranks }
+func (c *Comm) Device() *vmm.Device { return c.dev }
+
+// Handle is the raw ncclComm_t, for calls this package does not wrap. It must not be used after
+// Close or Abort.
+func (c *Comm) Handle() CommHandle { return c.h }
+
+// Library is the NCCL the communicator was made with.
+func (c *Comm) Library() API { return c.lib }
+
+func (c *Comm) String() string {
+	return fmt.Sprintf("nccl communicator rank %d of %d on %s", c.rank, c.nranks, c.dev)
+}
+
+// use checks, with c.mu held, that the communicator may be used.
+func (c *Comm) use(op string) error {
+	if c.closed {
+		return fmt.Errorf("nccl: %s: %w", op, ErrClosed)
+	}
+	if c.aborted != nil {
+		return fmt.Errorf("nccl: %s: the communicator was aborted earlier (%v): %w", op, c.aborted, ErrAborted)
+	}
+	return nil
+}
+
+// waitLocked polls ncclCommGetAsyncError until the communicator has left ncclInProgress. When ctx
+// ends first, or the communicator reports an error, it aborts the communicator. c.mu is held.
+func (c *Comm) waitLocked(ctx context.Context, op string) error {
+	pause := time.Duration(0)
+	for {
+		err := c.lib.CommGetAsyncError(c.h)
+		if err == nil {
+			return nil
+		}
+		if !errors.Is(err, ErrInProgress) {
+			c.abortLocked(err)
+			return fmt.Errorf("nccl: %s (%v): %w", op, c, err)
+		}
+		if ctxErr := ctx.Err(); ctxErr != nil {
+			c.abortLocked(ctxErr)
+			return fmt.Errorf("nccl: %s (%v): still in progress when the context ended, communicator aborted: %w", op, c, errors.Join(ErrAborted, ctxErr))
+		}
+		pause = backoff(pause)
+		if pause == 0 {
+			runtime.Gosched()
+			continue
+		}
+		t := time.NewTimer(pause)
+		select {
+		case <-ctx.Done():
+		case <-t.C:
+		}
+		t.Stop()
+	}
+}
+
+// backoff spins (returns 0) for the first polls, then sleeps from 20 µs doubling up to 1 ms: most
+// operations finish enqueueing within tens of microseconds, initialization takes longer.
+func backoff(p time.Duration) time.Duration {
+	switch {
+	case p < 0:
+		return 0
+	case p == 0:
+		return 20 * time.Microsecond
+	case p >= time.Millisecond:
+		return time.Millisecond
+	}
+	return 2 * p
+}
+
+// abortLocked aborts the communicator (ncclCommAbort) and remembers why. c.mu is held.
+func (c *Comm) abortLocked(why error) {
+	if c.aborted != nil || c.closed {
+		return
+	}
+	c.aborted = why
+	c.dropRegistrations()
+	_ = c.dev.Raw(func(driver.API) error { return c.lib.CommAbort(c.h) })
+}
+
+// dropRegistrations forgets every registration: an aborted or destroyed communicator releases them
+// itself. c.mu is held.
+func (c *Comm) dropRegistrations() {
+	for r := range c.regs {
+		r.forget()
+	}
+	clear(c.regs)
+}
+
+// release frees a communicator that failed to initialize (already aborted by waitLocked).
+func (c *Comm) release() {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.aborted == nil {
+		c.abortLocked(errors.New("initialization failed"))
+	}
+	c.closed = true
+}
+
+// Abort aborts the communicator (ncclCommAbort): operations still queued on the device stop, other
+// ranks' operations with this rank fail or hang until their own deadlines, and every registration
+// is released. Afterwards every method fails with ErrAborted; Close is still allowed (and does
+// nothing more). Abort is idempotent and safe on nil.
+func (c *Comm) Abort() error {
+	if c == nil {
+		return nil
+	}
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.closed || c.aborted != nil {
+		return nil
+	}
+	c.aborted = errors.New("Abort was called")
+	c.dropRegistrations()
+	if err := c.dev.Raw(func(driver.API) error { return c.lib.CommAbort(c.h) }); err != nil {
+		return fmt.Errorf("nccl: abort %v: %w", c, err)
+	}
+	return nil
+}
+
+// Close deregisters what is still registered, finalizes the communicator (ncclCommFinalize, polled
+// for at most Options.CloseTimeout, after which it aborts) and destroys it (ncclCommDestroy). After
+// an abort it only marks the communicator closed. Close is idempotent and safe on nil.
+func (c *Comm) Close() error {
+	if c == nil {
+		return nil
+	}
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.closed {
+		return nil
+	}
+	c.closed = true
+	if c.aborted != nil {
+		return nil
+	}
+	var errs []error
+	for r := range c.regs {
+		if err := r.deregisterLocked(); err != nil {
+			errs = append(errs, err)
+		}
+	}
+	clear(c.regs)
+	timeout := c.opts.CloseTimeout
+	if timeout <= 0 {
+		timeout = DefaultCloseTimeout
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), timeout)
+	defer cancel()
+	err := c.dev.Raw(func(driver.API) error { return c.lib.CommFinalize(c.h) })
+	if err == nil || errors.Is(err, ErrInProgress) {
+		c.closed = false // waitLocked may abort, which needs the communicator open
+		err = c.waitLocked(ctx, "finalize")
+		c.closed = true
+	}
+	if err != nil {
+		errs = append(errs, fmt.Errorf("nccl: close %v: ncclCommFinalize: %w", c, err))
+		if c.aborted == nil {
+			c.aborted = err
+			_ = c.dev.Raw(func(driver.API) error { return c.lib.CommAbort(c.h) })
+		}
+		return errors.Join(errs...)
+	}
+	if err := c.dev.Raw(func(driver.API) error { return c.lib.CommDestroy(c.h) }); err != nil {
+		errs = append(errs, fmt.Errorf("nccl: close %v: ncclCommDestroy: %w", c, err))
+	}
+	return errors.Join(errs...)
+}
+
+// Wait waits until the work queued on s is done (cuStreamSynchronize), watching ctx and the
+// communicator meanwhile: when ctx ends first, or the communicator reports an asynchronous error (a
+// peer that died over a network transport), it aborts the communicator, which stops NCCL's kernels,
+// and returns an error wrapping ErrAborted (and ctx's error). A nil s (the legacy default stream)
+// waits for the whole device (cuCtxSynchronize). Use it instead of s.Synchronize after
+// NCCL operations, whose kernels wait for their peers and would otherwise wait forever.
+func (c *Comm) Wait(ctx context.Context, s *vmm.Stream) error {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if err := c.use("wait"); err != nil {
+		return err
+	}
+	done := make(chan error, 1)
+	go func() {
+		if s == nil { // the legacy default stream: wait for the whole device
+			done <- c.dev.Synchronize()
+			return
+		}
+		done <- s.Synchronize()
+	}()
+	tick := time.NewTicker(time.Millisecond)
+	defer tick.Stop()
+	for {
+		select {
+		case err := <-done:
+			if err != nil {
+				return fmt.Errorf("nccl: wait on %v: %w", c, err)
+			}
+			return nil
+		case <-tick.C:
+			if err := c.lib.CommGetAsyncError(c.h); err != nil && !errors.Is(err, ErrInProgress) {
+				c.abortLocked(err)
+				return c.afterAbort(done, fmt.Errorf("nccl: wait on %v: %w", c, errors.Join(ErrAborted, err)))
+			}
+		case <-ctx.Done():
+			c.abortLocked(ctx.Err())
+			return c.afterAbort(done, fmt.Errorf("nccl: wait on %v: the stream's work was not done when the context ended, communicator aborted: %w",
+				c, errors.Join(ErrAborted, ctx.Err())))
+		}
+	}
+}
+
+// abortWait bounds how long Wait waits for the stream after an abort.
+const abortWait = 10 * time.Second
+
+// afterAbort waits (boundedly) for the stream synchronization that an abort released.
+func (c *Comm) afterAbort(done chan error, err error) error {
+	select {
+	case <-done:
+	case <-time.After(abortWait):
+		err = fmt.Errorf("%w (the stream was still busy %v after the abort)", err, abortWait)
+	}
+	return err
+}

@@ -1,0 +1,95 @@
+package nccl_test
+
+import (
+	"context"
+	"errors"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/require"
+
+	"github.com/cuvmm/cuvmm/internal/testutil"
+	"github.com/cuvmm/cuvmm/nccl"
+	"github.com/cuvmm/cuvmm/vmm"
+)
+
+const disagreeDeadline = 3 * time.Second
+
+// TestRanksDisagree: a receiver expecting more bytes than were sent, and a receiver waiting for a
+// peer that sends elsewhere. NCCL hangs on both; the deadline aborts the communicator and the
+// operation returns an error in time (the stand-in reports the count mismatch at once).
+func TestRanksDisagree(t *testing.T) {
+	for _, tc := range []struct {
+		name    string
+		count   [2]uint64 // bytes rank 0 sends, rank 1 receives
+		from    int       // the rank rank 1 receives from
+		aborted bool      // rank 1's error must be the deadline's abort
+	}{
+		{"count", [2]uint64{1 * mib, 2 * mib}, 0, false},
+		{"peer", [2]uint64{1 * mib, 1 * mib}, 1, true},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			testutil.Run(t, func(t *testing.T, b *testutil.Backend) {
+				lib := library(t, b)
+				d0, d1 := b.Device(t, 0), b.Device(t, 1)
+				bufs := []vmm.Chunked{buffer(t, d0, 2*mib, 2*mib), buffer(t, d1, 2*mib, 2*mib)}
+				comms := ranks(t, b, lib, 2)
+				start := time.Now()
+				errs := parallel(2, func(r int) error {
+					ctx := deadline(t, disagreeDeadline)
+					g := comms[r].Group()
+					if r == 0 {
+						g.Send(bufs[0].Ptr(), tc.count[0], nccl.Uint8, 1, nil)
+					} else {
+						g.Recv(bufs[1].Ptr(), tc.count[1], nccl.Uint8, tc.from, nil)
+					}
+					if err := g.Run(ctx); err != nil {
+						return err
+					}
+					return comms[r].Wait(ctx, nil)
+				})
+				took := time.Since(start)
+				t.Logf("after %v: rank 0: %v; rank 1: %v", took, errs[0], errs[1])
+				require.Error(t, errs[1], "the receiver must fail")
+				if tc.aborted {
+					require.ErrorIs(t, errs[1], nccl.ErrAborted)
+					require.ErrorIs(t, errs[1], context.DeadlineExceeded)
+				}
+				require.Less(t, took, disagreeDeadline+abortSlack)
+			}, testutil.Devices(2))
+		})
+	}
+}
+
+// TestInitDisagree: ranks that disagree on the communicator's size, and a rank that never joins.
+func TestInitDisagree(t *testing.T) {
+	testutil.Run(t, func(t *testing.T, b *testutil.Backend) {
+		lib := library(t, b)
+		id, err := lib.GetUniqueID()
+		require.NoError(t, err)
+		start := time.Now()
+		errs := parallel(2, func(r int) error {
+			ctx := deadline(t, disagreeDeadline)
+			c, err := nccl.NewComm(ctx, lib, id, r, 2+r, b.Device(t, r)) // rank 1 says 3 ranks
+			if err == nil {
+				c.Close()
+				return errors.New("joined a communicator whose ranks disagree on its size")
+			}
+			return err
+		})
+		took := time.Since(start)
+		t.Logf("after %v: %v; %v", took, errs[0], errs[1])
+		require.Error(t, errs[0])
+		require.Error(t, errs[1])
+		require.Less(t, took, disagreeDeadline+abortSlack)
+
+		// One rank alone: the other never calls NewComm.
+		id, err = lib.GetUniqueID()
+		require.NoError(t, err)
+		start = time.Now()
+		_, err = nccl.NewComm(deadline(t, time.Second), lib, id, 0, 2, b.Device(t, 0))
+		require.ErrorIs(t, err, nccl.ErrAborted)
+		require.ErrorIs(t, err, context.DeadlineExceeded)
+		require.Less(t, time.Since(start), time.Second+abortSlack)
+	}, testutil.Devices(2))
+}

@@ -1,0 +1,285 @@
+package nccl
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"math"
+	"math/bits"
+
+	"github.com/cuvmm/cuvmm/driver"
+	"github.com/cuvmm/cuvmm/vmm"
+)
+
+type opKind int
+
+const (
+	opSend opKind = iota
+	opRecv
+	opAllReduce
+	opAllGather
+	opReduceScatter
+	opBroadcast
+)
+
+var opNames = [...]string{"ncclSend", "ncclRecv", "ncclAllReduce", "ncclAllGather", "ncclReduceScatter", "ncclBroadcast"}
+
+// op is one NCCL call, checked and waiting for Group.Run.
+type op struct {
+	kind       opKind
+	send, recv driver.DevicePtr
+	count      uint64 // the count NCCL takes (per rank for AllGather's send and ReduceScatter's recv)
+	dt         DataType
+	redOp      RedOp
+	peer       int // peer of Send/Recv, root of Broadcast
+	stream     *vmm.Stream
+}
+
+func (o op) String() string {
+	return fmt.Sprintf("%s(%d × %s)", opNames[o.kind], o.count, o.dt)
+}
+
+// Group is a set of operations issued together between ncclGroupStart and ncclGroupEnd: sends and
+// receives that must progress at once (an exchange between two ranks, a ring), or several collectives
+// fused. Add operations with its methods, then Run. A Group is not safe for concurrent use; argument
+// errors are kept and returned by Run, which then issues nothing.
+type Group struct {
+	c   *Comm
+	ops []op
+	err error
+}
+
+// Group starts an empty group of operations on c.
+func (c *Comm) Group() *Group { return &Group{c: c} }
+
+func (g *Group) add(o op) {
+	if g.err != nil {
+		return
+	}
+	if err := g.c.check(o); err != nil {
+		g.err = err
+		return
+	}
+	g.ops = append(g.ops, o)
+}
+
+// Send queues ncclSend of count elements of type t at buf to rank peer, on stream s.
+func (g *Group) Send(buf driver.DevicePtr, count uint64, t DataType, peer int, s *vmm.Stream) *Group {
+	g.add(op{kind: opSend, send: buf, count: count, dt: t, peer: peer, stream: s})
+	return g
+}
+
+// Recv queues ncclRecv of count elements of type t into buf from rank peer, on stream s.
+func (g *Group) Recv(buf driver.DevicePtr, count uint64, t DataType, peer int, s *vmm.Stream) *Group {
+	g.add(op{kind: opRecv, recv: buf, count: count, dt: t, peer: peer, stream: s})
+	return g
+}
+
+// AllReduce queues ncclAllReduce: recv on every rank gets op over all ranks' send (count elements).
+// send == recv works in place.
+func (g *Group) AllReduce(send, recv driver.DevicePtr, count uint64, t DataType, redOp RedOp, s *vmm.Stream) *Group {
+	g.add(op{kind: opAllReduce, send: send, recv: recv, count: count, dt: t, redOp: redOp, stream: s})
+	return g
+}
+
+// AllGather queues ncclAllGather: recv (NRanks × sendCount elements) gets every rank's send, in
+// rank order.
+func (g *Group) AllGather(send, recv driver.DevicePtr, sendCount uint64, t DataType, s *vmm.Stream) *Group {
+	g.add(op{kind: opAllGather, send: send, recv: recv, count: sendCount, dt: t, stream: s})
+	return g
+}
+
+// ReduceScatter queues ncclReduceScatter: send holds NRanks × recvCount elements; rank i's recv gets
+// block i of the reduction.
+func (g *Group) ReduceScatter(send, recv driver.DevicePtr, recvCount uint64, t DataType, redOp RedOp, s *vmm.Stream) *Group {
+	g.add(op{kind: opReduceScatter, send: send, recv: recv, count: recvCount, dt: t, redOp: redOp, stream: s})
+	return g
+}
+
+// Broadcast queues ncclBroadcast: count elements of root's send land in every rank's recv.
+func (g *Group) Broadcast(send, recv driver.DevicePtr, count uint64, t DataType, root int, s *vmm.Stream) *Group {
+	g.add(op{kind: opBroadcast, send: send, recv: recv, count: count, dt: t, peer: root, stream: s})
+	return g
+}
+
+// Run issues the group's operations: ncclGroupStart, each call, ncclGroupEnd on one locked OS thread
+// with the communicator's device bound (NCCL's group state is per thread), then polls until NCCL has
+// queued them on their streams. It returns once they are queued, not done: wait with Comm.Wait. When
+// ctx ends first (a peer that never posts its side keeps the group in progress), the communicator is
+// aborted and the error wraps ErrAborted and ctx's error.
+func (g *Group) Run(ctx context.Context) error {
+	if g.err != nil {
+		return g.err
+	}
+	if len(g.ops) == 0 {
+		return nil
+	}
+	c := g.c
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if err := c.use(g.ops[0].String()); err != nil {
+		return err
+	}
+	var callErr error
+	if err := c.dev.Raw(func(driver.API) error {
+		callErr = c.issue(g.ops)
+		return nil
+	}); err != nil {
+		return fmt.Errorf("nccl: %v: %w", c, err)
+	}
+	if callErr != nil && !errors.Is(callErr, ErrInProgress) {
+		// A refused call inside a group leaves the communicator in an unknown state, as NCCL says.
+		c.abortLocked(callErr)
+		return fmt.Errorf("nccl: %s on %v: %w", g.describe(), c, callErr)
+	}
+	return c.waitLocked(ctx, g.describe())
+}
+
+func (g *Group) describe() string {
+	if len(g.ops) == 1 {
+		return g.ops[0].String()
+	}
+	return fmt.Sprintf("group of %d operations (first %s)", len(g.ops), g.ops[0])
+}
+
+// issue makes the calls on the current (locked, bound) thread.
+func (c *Comm) issue(ops []op) error {
+	grouped := len(ops) > 1
+	if grouped {
+		if err := c.lib.GroupStart(); err != nil {
+			return err
+		}
+	}
+	var first error
+	for _, o := range ops {
+		if err := c.call(o); err != nil && first == nil {
+			first = fmt.Errorf("%s: %w", o, err)
+		}
+	}
+	if grouped {
+		if err := c.lib.GroupEnd(); err != nil && first == nil {
+			first = err
+		}
+	}
+	return first
+}
+
+func (c *Comm) call(o op) error {
+	s := o.stream.Handle()
+	switch o.kind {
+	case opSend:
+		return c.lib.Send(o.send, o.count, o.dt, o.peer, c.h, s)
+	case opRecv:
+		return c.lib.Recv(o.recv, o.count, o.dt, o.peer, c.h, s)
+	case opAllReduce:
+		return c.lib.AllReduce(o.send, o.recv, o.count, o.dt, o.redOp, c.h, s)
+	case opAllGather:
+		return c.lib.AllGather(o.send, o.recv, o.count, o.dt, c.h, s)
+	case opReduceScatter:
+		return c.lib.ReduceScatter(o.send, o.recv, o.count, o.dt, o.redOp, c.h, s)
+	default:
+		return c.lib.Broadcast(o.send, o.recv, o.count, o.dt, o.peer, c.h, s)
+	}
+}
+
+// check refuses what NCCL would take silently or hang on: unknown types and operations, peers out
+// of range, null buffers, byte counts that overflow, and streams of another device.
+func (c *Comm) check(o op) error {
+	fail := func(format string, args ...any) error {
+		return fmt.Errorf("nccl: %s on %v: %s: %w", o, c, fmt.Sprintf(format, args...), ErrInvalidValue)
+	}
+	size := o.dt.Size()
+	if size == 0 {
+		return fail("unknown data type %d", int32(o.dt))
+	}
+	if o.redOp < Sum || o.redOp > Avg {
+		return fail("unknown reduction %d", int32(o.redOp))
+	}
+	if (o.kind == opSend || o.kind == opRecv || o.kind == opBroadcast) && (o.peer < 0 || o.peer >= c.nranks) {
+		return fail("rank %d is not in 0..%d", o.peer, c.nranks-1)
+	}
+	if o.stream != nil && o.stream.Device() != c.dev {
+		return fail("the stream is on %s, the communicator on %s", o.stream.Device(), c.dev)
+	}
+	sendCount, recvCount := o.count, o.count
+	switch o.kind {
+	case opAllGather:
+		recvCount = mulOrMax(o.count, uint64(c.nranks))
+	case opReduceScatter:
+		sendCount = mulOrMax(o.count, uint64(c.nranks))
+	}
+	for _, b := range []struct {
+		name  string
+		ptr   driver.DevicePtr
+		count uint64
+		used  bool
+	}{
+		{"send buffer", o.send, sendCount, o.kind != opRecv},
+		{"receive buffer", o.recv, recvCount, o.kind != opSend},
+	} {
+		if !b.used || b.count == 0 {
+			continue
+		}
+		bytes, err := byteCount(b.count, size)
+		if err != nil {
+			return fail("%s: %v", b.name, err)
+		}
+		if b.ptr == 0 {
+			return fail("%s is a null pointer", b.name)
+		}
+		if uint64(b.ptr)+bytes < uint64(b.ptr) {
+			return fail("%s at %#x plus %d bytes wraps around the address space", b.name, uint64(b.ptr), bytes)
+		}
+	}
+	return nil
+}
+
+// maxBytes caps one operation: NCCL's counts are size_t, but byte offsets are computed in signed
+// 64-bit arithmetic inside the library.
+const maxBytes = math.MaxInt64
+
+func byteCount(count, size uint64) (uint64, error) {
+	hi, lo := bits.Mul64(count, size)
+	if hi != 0 || lo > maxBytes {
+		return 0, fmt.Errorf("%d elements of %d bytes overflow a 63-bit byte count", count, size)
+	}
+	return lo, nil
+}
+
+func mulOrMax(a, b uint64) uint64 {
+	hi, lo := bits.Mul64(a, b)
+	if hi != 0 {
+		return math.MaxUint64
+	}
+	return lo
+}
+
+// Send is a group of one ncclSend, run (see Group.Run).
+func (c *Comm) Send(ctx context.Context, buf driver.DevicePtr, count uint64, t DataType, peer int, s *vmm.Stream) error {
+	return c.Group().Send(buf, count, t, peer, s).Run(ctx)
+}
+
+// Recv is a group of one ncclRecv, run.
+func (c *Comm) Recv(ctx context.Context, buf driver.DevicePtr, count uint64, t DataType, peer int, s *vmm.Stream) error {
+	return c.Group().Recv(buf, count, t, peer, s).Run(ctx)
+}
+
+// AllReduce is a group of one ncclAllReduce, run.
+func (c *Comm) AllReduce(ctx context.Context, send, recv driver.DevicePtr, count uint64, t DataType, op RedOp, s *vmm.Stream) error {
+	return c.Group().AllReduce(send, recv, count, t, op, s).Run(ctx)
+}
+
+// AllGather is a group of one ncclAllGather, run.
+func (c *Comm) AllGather(ctx context.Context, send, recv driver.DevicePtr, sendCount uint64, t DataType, s *vmm.Stream) error {
+	return c.Group().AllGather(send, recv, sendCount, t, s).Run(ctx)
+}
+
+// ReduceScatter is a group of one ncclReduceScatter, run.
+func (c *Comm) ReduceScatter(ctx context.Context, send, recv driver.DevicePtr, recvCount uint64, t DataType, op RedOp, s *vmm.Stream) error {
+	return c.Group().ReduceScatter(send, recv, recvCount, t, op, s).Run(ctx)
+}
+
+// Broadcast is a group of one ncclBroadcast, run.
+func (c *Comm) Broadcast(ctx context.Context, send, recv driver.DevicePtr, count uint64, t DataType, root int, s *vmm.Stream) error {
+	return c.Group().Broadcast(send, recv, count, t, root, s).Run(ctx)
+}

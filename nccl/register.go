@@ -1,0 +1,212 @@
+package nccl
+
+import (
+	"context"
+	"errors"
+	"fmt"
+
+	"github.com/cuvmm/cuvmm/driver"
+	"github.com/cuvmm/cuvmm/internal/units"
+	"github.com/cuvmm/cuvmm/vmm"
+)
+
+// RegisterOptions tunes Register.
+type RegisterOptions struct {
+	// Window registers each chunk as an NCCL window (ncclCommWindowRegister, NCCL 2.27+) instead of
+	// a user buffer (ncclCommRegister). Window registration is collective: every rank must register
+	// buffers of the same chunk count, in the same order.
+	Window bool
+	// WindowFlags are ncclCommWindowRegister's flags (NCCL_WIN_DEFAULT 0, NCCL_WIN_COLL_SYMMETRIC 1).
+	WindowFlags int
+}
+
+// Registration is a buffer registered with a communicator, one NCCL registration per chunk. It holds
+// every chunk's allocation (vmm.Allocation.Hold), so closing or shrinking the buffer fails with an
+// error wrapping vmm.ErrInUse until the registration is closed.
+type Registration struct {
+	c      *Comm
+	buf    vmm.Chunked
+	ptr    driver.DevicePtr
+	pieces []regPiece
+	window bool
+	closed bool // guarded by c.mu
+}
+
+type regPiece struct {
+	off, size uint64
+	handle    RegHandle
+	win       Window
+	release   func() // drops the hold on the chunk's allocation
+}
+
+// Register registers every chunk of buf with the communicator: ncclCommRegister (NCCL 2.19+) of
+// each chunk's whole allocation, or ncclCommWindowRegister (2.27+) with opts.Window. NCCL itself looks
+// up one allocation per registered range (cuMemGetAddressRange), so a buffer of several chunks
+// registered in one call would have only its first chunk registered; one call per chunk registers
+// them all. Operations use the registrations when each lies inside one chunk: move registered
+// buffers with SendChunks and RecvChunks. Registering a buffer that overlaps one already registered
+// with this communicator fails with ErrAlreadyRegistered; a failure part-way deregisters what was
+// done. The communicator's Close deregisters what is left.
+func (c *Comm) Register(ctx context.Context, buf vmm.Chunked, opts ...RegisterOptions) (*Registration, error) {
+	var o RegisterOptions
+	if len(opts) > 0 {
+		o = opts[0]
+	}
+	if buf == nil {
+		return nil, fmt.Errorf("nccl: register: nil buffer: %w", ErrInvalidValue)
+	}
+	chunks := buf.Chunks()
+	what := fmt.Sprintf("register %d-chunk buffer at %#x", len(chunks), uint64(buf.Ptr()))
+	if len(chunks) == 0 {
+		return nil, fmt.Errorf("nccl: %s: the buffer has no memory (closed or empty): %w", what, ErrInvalidValue)
+	}
+	if err := c.checkChunks(what, chunks); err != nil {
+		return nil, err
+	}
+	need, call := VersionRegister, "ncclCommRegister"
+	if o.Window {
+		need, call = VersionWindow, "ncclCommWindowRegister"
+	}
+	if v := c.lib.Version(); v < need {
+		return nil, &VersionError{Feature: call, Need: need, Have: v}
+	}
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if err := c.use(what); err != nil {
+		return nil, err
+	}
+	r := &Registration{c: c, buf: buf, ptr: buf.Ptr(), window: o.Window}
+	if err := c.overlapping(r, chunks); err != nil {
+		return nil, err
+	}
+	for i, ch := range chunks {
+		p := regPiece{off: ch.Offset, size: ch.Allocation.Size()}
+		if err := c.registerPiece(ctx, r, &p, o); err != nil {
+			rbErr := r.deregisterLocked()
+			return nil, errors.Join(fmt.Errorf("nccl: %s: chunk %d (offset %s, %s): %w", what, i,
+				units.FormatSize(p.off), units.FormatSize(p.size), err), rbErr)
+		}
+		p.release = ch.Allocation.Hold("an NCCL registration")
+		r.pieces = append(r.pieces, p)
+	}
+	c.regs[r] = struct{}{}
+	return r, nil
+}
+
+// overlapping refuses a buffer whose range meets one already registered. c.mu is held.
+func (c *Comm) overlapping(r *Registration, chunks []vmm.Chunk) error {
+	last := chunks[len(chunks)-1]
+	lo, hi := uint64(r.ptr), uint64(r.ptr)+last.Offset+last.Allocation.Size()
+	for other := range c.regs {
+		olo, ohi := other.bounds()
+		if lo < ohi && olo < hi {
+			return fmt.Errorf("nccl: register buffer [%#x, %#x): it overlaps the registered buffer [%#x, %#x): %w",
+				lo, hi, olo, ohi, ErrAlreadyRegistered)
+		}
+	}
+	return nil
+}
+
+func (r *Registration) bounds() (lo, hi uint64) {
+	if len(r.pieces) == 0 {
+		return uint64(r.ptr), uint64(r.ptr)
+	}
+	last := r.pieces[len(r.pieces)-1]
+	return uint64(r.ptr), uint64(r.ptr) + last.off + last.size
+}
+
+// registerPiece makes one registration call on the bound thread and waits for a window's collective
+// registration. c.mu is held.
+func (c *Comm) registerPiece(ctx context.Context, r *Registration, p *regPiece, o RegisterOptions) error {
+	ptr := r.ptr + driver.DevicePtr(p.off)
+	var callErr error
+	if err := c.dev.Raw(func(driver.API) error {
+		if o.Window {
+			p.win, callErr = c.lib.CommWindowRegister(c.h, ptr, p.size, o.WindowFlags)
+		} else {
+			p.handle, callErr = c.lib.CommRegister(c.h, ptr, p.size)
+		}
+		return nil
+	}); err != nil {
+		return err
+	}
+	if errors.Is(callErr, ErrInProgress) {
+		return c.waitLocked(ctx, "window registration")
+	}
+	return callErr
+}
+
+// Chunks is the number of NCCL registrations (one per chunk).
+func (r *Registration) Chunks() int { return len(r.pieces) }
+
+// Window reports whether the chunks are registered as NCCL windows.
+func (r *Registration) Window() bool { return r.window }
+
+// Buffer is the registered buffer.
+func (r *Registration) Buffer() vmm.Chunked { return r.buf }
+
+// Close deregisters every chunk (ncclCommDeregister or ncclCommWindowDeregister) and releases the
+// holds on the buffer's allocations. After the communicator's Close or Abort it only releases the
+// holds. Idempotent and safe on nil.
+func (r *Registration) Close() error {
+	if r == nil {
+		return nil
+	}
+	r.c.mu.Lock()
+	defer r.c.mu.Unlock()
+	if r.closed {
+		return nil
+	}
+	err := r.deregisterLocked()
+	delete(r.c.regs, r)
+	return err
+}
+
+// deregisterLocked undoes every registration of r (the communicator usable) and releases the
+// holds. c.mu is held.
+func (r *Registration) deregisterLocked() error {
+	var errs []error
+	usable := !r.c.closed && r.c.aborted == nil
+	for i := len(r.pieces) - 1; i >= 0; i-- {
+		p := r.pieces[i]
+		if usable {
+			if err := r.deregisterPiece(p); err != nil {
+				errs = append(errs, fmt.Errorf("nccl: deregister chunk at offset %s: %w", units.FormatSize(p.off), err))
+			}
+		}
+		if p.release != nil {
+			p.release()
+		}
+	}
+	r.pieces = nil
+	r.closed = true
+	return errors.Join(errs...)
+}
+
+func (r *Registration) deregisterPiece(p regPiece) error {
+	c := r.c
+	err := c.dev.Raw(func(driver.API) error {
+		if r.window {
+			return c.lib.CommWindowDeregister(c.h, p.win)
+		}
+		return c.lib.CommDeregister(c.h, p.handle)
+	})
+	if errors.Is(err, ErrInProgress) {
+		ctx, cancel := context.WithTimeout(context.Background(), DefaultCloseTimeout)
+		defer cancel()
+		err = c.waitLocked(ctx, "deregistration")
+	}
+	return err
+}
+
+// forget releases the holds of a registration whose communicator was aborted (NCCL freed the
+// registrations). c.mu is held.
+func (r *Registration) forget() {
+	for _, p := range r.pieces {
+		if p.release != nil {
+			p.release()
+		}
+	}
+	r.pieces = nil
+	r.closed = true
+}

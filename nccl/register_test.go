@@ -1,0 +1,196 @@
+package nccl_test
+
+import (
+	"context"
+	"errors"
+	"math"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/require"
+
+	"github.com/cuvmm/cuvmm/growbuf"
+	"github.com/cuvmm/cuvmm/internal/testutil"
+	"github.com/cuvmm/cuvmm/nccl"
+	"github.com/cuvmm/cuvmm/nccl/ncclsim"
+	"github.com/cuvmm/cuvmm/vmm"
+)
+
+// TestRegisterEveryChunk registers multi-chunk buffers on both ranks (one registration per chunk),
+// moves the data chunk by chunk, and checks the errors of registering twice and of closing or
+// shrinking a registered buffer; the communicator's Close deregisters what is left.
+func TestRegisterEveryChunk(t *testing.T) {
+	testutil.Run(t, func(t *testing.T, b *testutil.Backend) {
+		lib := library(t, b)
+		const size = 6 * mib
+		d0, d1 := b.Device(t, 0), b.Device(t, 1)
+		// The buffers are made first so that the communicators close (deregistering) before them.
+		src, dst := buffer(t, d0, size, 2*mib), buffer(t, d1, size, 2*mib)
+		s0, s1 := stream(t, d0), stream(t, d1)
+		comms := ranks(t, b, lib, 2)
+		ctx := deadline(t, time.Minute)
+
+		reg0, err := comms[0].Register(ctx, src)
+		require.NoError(t, err)
+		require.Equal(t, 3, reg0.Chunks(), "every chunk registered")
+		reg1, err := comms[1].Register(ctx, dst)
+		require.NoError(t, err)
+		require.Equal(t, 3, reg1.Chunks())
+
+		_, err = comms[0].Register(ctx, src)
+		require.ErrorIs(t, err, nccl.ErrAlreadyRegistered)
+
+		err = src.Shrink(2 * mib)
+		require.ErrorIs(t, err, vmm.ErrInUse, "shrinking a registered buffer must fail")
+		require.Equal(t, uint64(size), src.Cap(), "nothing was unmapped")
+		require.NoError(t, src.Resize(size), "a failed Shrink leaves Len where it asked; grow it back")
+
+		require.NoError(t, d0.Fill(src.Ptr(), size, 0, 3))
+		noErrors(t, parallel(2, func(r int) error {
+			g := comms[r].Group()
+			s := []*vmm.Stream{s0, s1}[r]
+			if r == 0 {
+				g.SendChunks(src, 1, s)
+			} else {
+				g.RecvChunks(dst, 0, s)
+			}
+			if err := g.Run(ctx); err != nil {
+				return err
+			}
+			return comms[r].Wait(ctx, s)
+		}))
+		bad, err := d1.Verify(dst.Ptr(), size, 0, 3)
+		require.NoError(t, err)
+		require.Zero(t, bad)
+
+		require.NoError(t, reg0.Close())
+		require.NoError(t, reg0.Close(), "Close is idempotent")
+		require.NoError(t, src.Shrink(2*mib), "deregistered: the buffer may shrink again")
+		// reg1 stays registered: closing dst now must fail, and the communicator's Close (at the
+		// end of the test) deregisters it, after which the buffer's Close succeeds.
+		other, err := growbuf.New(d1, growbuf.Options{Chunk: growbuf.FixedChunks(2 * mib), MaxSize: 1 << 30})
+		require.NoError(t, err)
+		require.NoError(t, other.Grow(4*mib))
+		reg, err := comms[1].Register(ctx, other)
+		require.NoError(t, err)
+		err = other.Close()
+		require.ErrorIs(t, err, vmm.ErrInUse, "closing a registered buffer must fail")
+		require.NoError(t, reg.Close())
+		require.NoError(t, other.Close())
+	}, testutil.Devices(2))
+}
+
+// TestRegisterWindows registers every chunk as an NCCL window (2.27+) on both ranks, and a stand-in
+// older than 2.27 refuses windows with the minimum version in the error.
+func TestRegisterWindows(t *testing.T) {
+	testutil.Run(t, func(t *testing.T, b *testutil.Backend) {
+		lib := library(t, b)
+		if lib.Version() < nccl.VersionWindow {
+			t.Skipf("NCCL %s has no windows", nccl.FormatVersion(lib.Version()))
+		}
+		comms := ranks(t, b, lib, 2)
+		bufs := []*growbuf.Buffer{buffer(t, b.Device(t, 0), 4*mib, 2*mib), buffer(t, b.Device(t, 1), 4*mib, 2*mib)}
+		regs := make([]*nccl.Registration, 2)
+		noErrors(t, parallel(2, func(r int) error {
+			var err error
+			regs[r], err = comms[r].Register(deadline(t, time.Minute), bufs[r], nccl.RegisterOptions{Window: true})
+			return err
+		}))
+		require.Equal(t, 2, regs[0].Chunks())
+		require.True(t, regs[0].Window())
+		noErrors(t, parallel(2, func(r int) error { return regs[r].Close() }))
+	}, testutil.Devices(2))
+
+	testutil.Run(t, func(t *testing.T, b *testutil.Backend) {
+		lib := ncclsim.New(b.Sim, ncclsim.Version(22600))
+		comms := ranks(t, b, lib, 1)
+		buf := buffer(t, b.Device(t, 0), 2*mib, 2*mib)
+		_, err := comms[0].Register(context.Background(), buf, nccl.RegisterOptions{Window: true})
+		require.ErrorIs(t, err, nccl.ErrNotSupported)
+		require.ErrorContains(t, err, "2.27.0")
+		reg, err := comms[0].Register(context.Background(), buf)
+		require.NoError(t, err, "plain registration exists in 2.26")
+		require.NoError(t, reg.Close())
+	}, testutil.SimOnly())
+}
+
+// TestBadArguments: each refused before anything is issued, with a clear error.
+func TestBadArguments(t *testing.T) {
+	testutil.Run(t, func(t *testing.T, b *testutil.Backend) {
+		lib := library(t, b)
+		comms := ranks(t, b, lib, 2)
+		c := comms[0]
+		d0, d1 := b.Device(t, 0), b.Device(t, 1)
+		mine, theirs := buffer(t, d0, 2*mib, 2*mib), buffer(t, d1, 2*mib, 2*mib)
+		s0, s1 := stream(t, d0), stream(t, d1)
+		ctx := deadline(t, 10*time.Second)
+
+		err := c.Send(ctx, mine.Ptr(), math.MaxUint64/2, nccl.Float32, 1, s0)
+		require.ErrorIs(t, err, nccl.ErrInvalidValue)
+		require.ErrorContains(t, err, "overflow")
+		err = c.AllGather(ctx, mine.Ptr(), mine.Ptr(), math.MaxUint64/3, nccl.Uint8, s0)
+		require.ErrorIs(t, err, nccl.ErrInvalidValue, "nranks × count overflows")
+		err = c.Send(ctx, mine.Ptr(), 16, nccl.Uint8, 2, s0)
+		require.ErrorIs(t, err, nccl.ErrInvalidValue)
+		require.ErrorContains(t, err, "rank 2")
+		err = c.Send(ctx, 0, 16, nccl.Uint8, 1, s0)
+		require.ErrorContains(t, err, "null")
+		err = c.Send(ctx, mine.Ptr(), 16, nccl.DataType(99), 1, s0)
+		require.ErrorIs(t, err, nccl.ErrInvalidValue)
+		err = c.Send(ctx, mine.Ptr(), 16, nccl.Uint8, 1, s1)
+		require.ErrorIs(t, err, nccl.ErrInvalidValue, "a stream of another device")
+
+		err = c.Group().SendBuffer(theirs, 1, s0).Run(ctx)
+		require.ErrorIs(t, err, nccl.ErrWrongDevice)
+		require.ErrorIs(t, err, nccl.ErrInvalidValue)
+		_, err = c.Register(ctx, theirs)
+		require.ErrorIs(t, err, nccl.ErrWrongDevice)
+
+		closed, err := growbuf.New(d0, growbuf.Options{})
+		require.NoError(t, err)
+		require.NoError(t, closed.Close())
+		err = c.Group().SendBuffer(closed, 1, s0).Run(ctx)
+		require.ErrorIs(t, err, nccl.ErrInvalidValue)
+
+		// Nothing was issued: the communicator still works.
+		require.NoError(t, d0.Fill(mine.Ptr(), 2*mib, 0, 1))
+		noErrors(t, parallel(2, func(r int) error {
+			g := comms[r].Group()
+			s := []*vmm.Stream{s0, s1}[r]
+			if r == 0 {
+				g.SendBuffer(mine, 1, s)
+			} else {
+				g.RecvBuffer(theirs, 0, s)
+			}
+			if err := g.Run(ctx); err != nil {
+				return err
+			}
+			return comms[r].Wait(ctx, s)
+		}))
+	}, testutil.Devices(2))
+}
+
+// TestNewCommArguments: bad ranks, and a library too old for non-blocking communicators.
+func TestNewCommArguments(t *testing.T) {
+	testutil.Run(t, func(t *testing.T, b *testutil.Backend) {
+		lib := ncclsim.New(b.Sim)
+		id, err := lib.GetUniqueID()
+		require.NoError(t, err)
+		ctx := deadline(t, 5*time.Second)
+		_, err = nccl.NewComm(ctx, lib, id, 2, 2, b.Device(t, 0))
+		require.ErrorIs(t, err, nccl.ErrInvalidValue)
+		_, err = nccl.NewComm(ctx, nil, id, 0, 1, b.Device(t, 0))
+		require.ErrorIs(t, err, nccl.ErrInvalidValue)
+		_, err = nccl.NewComm(ctx, lib, nccl.UniqueID{1, 2, 3}, 0, 1, b.Device(t, 0))
+		require.ErrorIs(t, err, nccl.ErrInvalidValue, "an ID that is not the library's")
+
+		old := ncclsim.New(b.Sim, ncclsim.Version(21200))
+		_, err = nccl.NewComm(ctx, old, id, 0, 1, b.Device(t, 0))
+		require.ErrorIs(t, err, nccl.ErrNotSupported)
+		require.ErrorContains(t, err, "2.14.0")
+		var ve *nccl.VersionError
+		require.True(t, errors.As(err, &ve))
+		require.Equal(t, 21200, ve.Have)
+		require.True(t, lib.Live().Zero(), "%s", lib.Live())
+	}, testutil.SimOnly())
+}

@@ -1,0 +1,110 @@
+package nccl
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"net"
+	"time"
+)
+
+// The unique ID travels in a small frame: a magic, a version byte, the 128 bytes. The receiver
+// answers one acknowledgement byte, so the sender knows each rank has it.
+var idMagic = [8]byte{'c', 'u', 'v', 'm', 'm', 'I', 'D', 1}
+
+const idAck = 0x06
+
+// ErrRendezvous: the unique ID could not be handed over (a peer that is not a cuvmm rank, a closed
+// connection, a deadline).
+var ErrRendezvous = errors.New("nccl: rendezvous failed")
+
+// ShareID writes id to rw (a connection to another rank) and waits for its acknowledgement.
+func ShareID(rw io.ReadWriter, id UniqueID) error {
+	frame := append(idMagic[:], id[:]...)
+	if _, err := rw.Write(frame); err != nil {
+		return fmt.Errorf("nccl: send the unique ID: %w", errors.Join(ErrRendezvous, err))
+	}
+	var ack [1]byte
+	if _, err := io.ReadFull(rw, ack[:]); err != nil {
+		return fmt.Errorf("nccl: wait for the peer's acknowledgement of the unique ID: %w", errors.Join(ErrRendezvous, err))
+	}
+	if ack[0] != idAck {
+		return fmt.Errorf("nccl: the peer answered %#x instead of acknowledging the unique ID: %w", ack[0], ErrRendezvous)
+	}
+	return nil
+}
+
+// ReceiveID reads a unique ID that ShareID wrote on the other end of rw and acknowledges it.
+func ReceiveID(rw io.ReadWriter) (UniqueID, error) {
+	var id UniqueID
+	var frame [len(idMagic) + UniqueIDBytes]byte
+	if _, err := io.ReadFull(rw, frame[:]); err != nil {
+		return id, fmt.Errorf("nccl: read the unique ID: %w", errors.Join(ErrRendezvous, err))
+	}
+	if [8]byte(frame[:8]) != idMagic {
+		return id, fmt.Errorf("nccl: the peer sent %q, not a cuvmm unique ID frame: %w", frame[:8], ErrRendezvous)
+	}
+	copy(id[:], frame[8:])
+	if _, err := rw.Write([]byte{idAck}); err != nil {
+		return id, fmt.Errorf("nccl: acknowledge the unique ID: %w", errors.Join(ErrRendezvous, err))
+	}
+	return id, nil
+}
+
+// ServeID hands id to peers ranks that connect to ln (a TCP listener, how ranks on different hosts
+// meet, or a Unix socket listener): it accepts peers connections, shares the ID on each and closes
+// them. It fails when ctx ends first. ln stays open.
+func ServeID(ctx context.Context, ln net.Listener, id UniqueID, peers int) error {
+	stop := context.AfterFunc(ctx, func() { setAcceptDeadline(ln, time.Unix(1, 0)) })
+	defer stop()
+	defer setAcceptDeadline(ln, time.Time{})
+	for i := 0; i < peers; i++ {
+		conn, err := ln.Accept()
+		if err != nil {
+			if ctx.Err() != nil {
+				err = ctx.Err()
+			}
+			return fmt.Errorf("nccl: serve the unique ID on %s: %d of %d ranks connected: %w", ln.Addr(), i, peers, errors.Join(ErrRendezvous, err))
+		}
+		if d, ok := ctx.Deadline(); ok {
+			_ = conn.SetDeadline(d)
+		}
+		err = ShareID(conn, id)
+		conn.Close()
+		if err != nil {
+			return fmt.Errorf("nccl: serve the unique ID on %s: %w", ln.Addr(), err)
+		}
+	}
+	return nil
+}
+
+func setAcceptDeadline(ln net.Listener, t time.Time) {
+	if d, ok := ln.(interface{ SetDeadline(time.Time) error }); ok {
+		_ = d.SetDeadline(t)
+	}
+}
+
+// DialID connects to a rank serving the unique ID (ServeID) at address on network ("tcp" or
+// "unix"), retrying while the server is not up yet, and returns the ID. It fails when ctx ends first.
+func DialID(ctx context.Context, network, address string) (UniqueID, error) {
+	var d net.Dialer
+	pause := 10 * time.Millisecond
+	for {
+		conn, err := d.DialContext(ctx, network, address)
+		if err == nil {
+			if dl, ok := ctx.Deadline(); ok {
+				_ = conn.SetDeadline(dl)
+			}
+			id, err := ReceiveID(conn)
+			conn.Close()
+			return id, err
+		}
+		select {
+		case <-ctx.Done():
+			return UniqueID{}, fmt.Errorf("nccl: fetch the unique ID from %s %s: %w", network, address, errors.Join(ErrRendezvous, ctx.Err(), err))
+		case <-time.After(pause):
+		}
+		pause = min(2*pause, 200*time.Millisecond)
+	}
+}

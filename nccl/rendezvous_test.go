@@ -1,0 +1,81 @@
+package nccl_test
+
+import (
+	"context"
+	"net"
+	"path/filepath"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/require"
+
+	"github.com/cuvmm/cuvmm/nccl"
+)
+
+func TestShareIDOverAConnection(t *testing.T) {
+	a, b := net.Pipe()
+	defer a.Close()
+	defer b.Close()
+	id := nccl.UniqueID{1, 2, 3, 127: 9}
+	done := make(chan error, 1)
+	go func() { done <- nccl.ShareID(a, id) }()
+	got, err := nccl.ReceiveID(b)
+	require.NoError(t, err)
+	require.Equal(t, id, got)
+	require.NoError(t, <-done)
+}
+
+func TestReceiveIDRefusesOtherTraffic(t *testing.T) {
+	a, b := net.Pipe()
+	defer b.Close()
+	go func() {
+		a.Write(make([]byte, 8+nccl.UniqueIDBytes)) // zeros: not a cuvmm frame
+		a.Close()
+	}()
+	_, err := nccl.ReceiveID(b)
+	require.ErrorIs(t, err, nccl.ErrRendezvous)
+}
+
+// TestServeAndDialID hands the ID to two ranks over TCP (how hosts meet) and over a Unix socket.
+func TestServeAndDialID(t *testing.T) {
+	for _, network := range []string{"tcp", "unix"} {
+		t.Run(network, func(t *testing.T) {
+			addr := "127.0.0.1:0"
+			if network == "unix" {
+				addr = filepath.Join(t.TempDir(), "rendezvous.sock")
+			}
+			ln, err := net.Listen(network, addr)
+			require.NoError(t, err)
+			defer ln.Close()
+			id := nccl.UniqueID{42, 127: 7}
+			ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+			defer cancel()
+			served := make(chan error, 1)
+			go func() { served <- nccl.ServeID(ctx, ln, id, 2) }()
+			for range 2 {
+				got, err := nccl.DialID(ctx, network, ln.Addr().String())
+				require.NoError(t, err)
+				require.Equal(t, id, got)
+			}
+			require.NoError(t, <-served)
+		})
+	}
+}
+
+func TestRendezvousDeadlines(t *testing.T) {
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	require.NoError(t, err)
+	defer ln.Close()
+	ctx, cancel := context.WithTimeout(context.Background(), 100*time.Millisecond)
+	defer cancel()
+	err = nccl.ServeID(ctx, ln, nccl.UniqueID{}, 1)
+	require.ErrorIs(t, err, nccl.ErrRendezvous)
+	require.ErrorIs(t, err, context.DeadlineExceeded)
+
+	dead := filepath.Join(t.TempDir(), "nobody.sock")
+	ctx2, cancel2 := context.WithTimeout(context.Background(), 100*time.Millisecond)
+	defer cancel2()
+	_, err = nccl.DialID(ctx2, "unix", dead)
+	require.ErrorIs(t, err, nccl.ErrRendezvous)
+	require.ErrorIs(t, err, context.DeadlineExceeded)
+}
