@@ -75,8 +75,14 @@ type SleepResult struct {
 	// size, every device at once), over the same bytes: the limit.
 	RawD2HGBps float64 `json:"raw_d2h_gbps"`
 	RawH2DGBps float64 `json:"raw_h2d_gbps"`
-	SleepVsRaw float64 `json:"sleep_vs_raw"` // SleepGBps / RawD2HGBps
-	WakeVsRaw  float64 `json:"wake_vs_raw"`  // WakeGBps / RawH2DGBps
+	// RawPinGBps is how fast this host pins fresh memory the way the backup is made (map, fault in
+	// from several threads, cuMemHostRegister), timed on the raw copies' host memory (up to 2 GiB per
+	// device, every device at once). FirstSleepLimitSeconds is the first sleep's floor that follows:
+	// the longer of pinning and copying the bytes.
+	RawPinGBps             float64 `json:"raw_pin_gbps"`
+	FirstSleepLimitSeconds float64 `json:"first_sleep_limit_seconds"`
+	SleepVsRaw             float64 `json:"sleep_vs_raw"` // SleepGBps / RawD2HGBps
+	WakeVsRaw              float64 `json:"wake_vs_raw"`  // WakeGBps / RawH2DGBps
 	// The usual approach on the first device: cuMemHostAlloc a backup, then copy the buffer into it.
 	BaselineSleepSeconds float64 `json:"baseline_sleep_seconds"`
 	BaselineAllocSeconds float64 `json:"baseline_alloc_seconds"`

@@ -262,20 +262,22 @@ func (r *sleepRun) measureRaw() error {
 	errs := make([]error, len(r.devs))
 	var wg sync.WaitGroup
 	var mu sync.Mutex
-	var slowD2H, slowH2D float64
+	var slowD2H, slowH2D, slowPin float64
 	for i, d := range r.devs {
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
+			start := time.Now()
 			h, err := newRawHost(d, hostSize)
 			if err != nil {
 				errs[i] = err
 				return
 			}
+			pin := time.Since(start).Seconds()
 			d2h[i], h2d[i], errs[i] = sleepRawCopies(d, r.ptrs[i], r.opts.Size, piece, h.mem)
 			errs[i] = errors.Join(errs[i], h.close())
 			mu.Lock()
-			slowD2H, slowH2D = max(slowD2H, d2h[i]), max(slowH2D, h2d[i])
+			slowD2H, slowH2D, slowPin = max(slowD2H, d2h[i]), max(slowH2D, h2d[i]), max(slowPin, pin)
 			mu.Unlock()
 		}()
 	}
@@ -289,6 +291,7 @@ func (r *sleepRun) measureRaw() error {
 	}
 	r.res.RawD2HGBps = sleepGBps(r.res.TotalBytes, slowD2H)
 	r.res.RawH2DGBps = sleepGBps(r.res.TotalBytes, slowH2D)
+	r.res.RawPinGBps = sleepGBps(hostSize*uint64(len(r.devs)), slowPin)
 	return nil
 }
 
@@ -381,6 +384,9 @@ func (r *sleepRun) ratios() {
 	res.SleepVsRaw = sleepRatio(res.SleepGBps, res.RawD2HGBps)
 	res.WakeVsRaw = sleepRatio(res.WakeGBps, res.RawH2DGBps)
 	res.FirstSleepSpeedup = sleepRatio(res.BaselineSleepSeconds, res.FirstSleepOneSeconds)
+	if res.RawPinGBps > 0 && res.RawD2HGBps > 0 {
+		res.FirstSleepLimitSeconds = max(float64(res.TotalBytes)/1e9/res.RawPinGBps, float64(res.TotalBytes)/1e9/res.RawD2HGBps)
+	}
 	if len(r.devs) > 1 {
 		res.AggregateSleepX = sleepRatio(res.SleepGBps, res.OneDeviceSleepGBps)
 		res.AggregateWakeX = sleepRatio(res.WakeGBps, res.OneDeviceWakeGBps)
