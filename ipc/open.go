@@ -152,8 +152,11 @@ func (b *Buffer) undo() error {
 // Ptr is the buffer's first address in this process (not the exporter's address).
 func (b *Buffer) Ptr() driver.DevicePtr { return b.res.Ptr() }
 
-// Len is the buffer's length, the descriptor's size.
-func (b *Buffer) Len() uint64 { return b.desc.Size }
+// Len is the exporter's length, the bytes in use (Descriptor.Len); the mapping may be larger (Cap).
+func (b *Buffer) Len() uint64 { return b.desc.Len }
+
+// Cap is the mapped capacity, the descriptor's size: every chunk lies inside [0, Cap).
+func (b *Buffer) Cap() uint64 { return b.desc.Size }
 
 // Chunks are the imported allocations at their offsets. They belong to the buffer.
 func (b *Buffer) Chunks() []vmm.Chunk {

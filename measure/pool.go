@@ -21,7 +21,7 @@ import (
 // The allocators Pool replays a trace on.
 const (
 	PoolCuvmm         = "cuvmm"           // package pool
-	PoolCuvmmNoStitch = "cuvmm-nostitch"  // package pool with stitching off
+	PoolCuvmmNoStitch = "cuvmm-nostitch"  // package pool with stitching and the automatic release off
 	PoolMemAlloc      = "cuMemAlloc"      // cuMemAlloc/cuMemFree, no caching
 	PoolMemAllocAsync = "cuMemAllocAsync" // the driver's stream-ordered default pool
 	PoolPeerTorch     = "torch-expandable"
@@ -108,6 +108,7 @@ type PoolTrimResult struct {
 	Bytes   uint64  `json:"bytes"`
 	Seconds float64 `json:"seconds"`
 	GBps    float64 `json:"gbps"`
+	Error   string  `json:"error,omitempty"`
 }
 
 // Pool replays a trace on each allocator in turn, in one run on one device: peak mapped against peak
@@ -138,15 +139,21 @@ func Pool(o PoolOptions) (*PoolResult, error) {
 		return nil, err
 	}
 	for _, name := range o.Allocators {
+		// An allocator that breaks (not one that runs out of memory) is reported, and the others
+		// still run.
 		r, err := poolRunOne(o, d, name, tr, streams)
+		if r == nil {
+			r = &PoolAllocatorResult{}
+		}
 		if err != nil {
-			return nil, fmt.Errorf("pool: %s: %w", name, err)
+			r.Error = err.Error()
+			o.logf("pool: %s: %v\n", name, err)
 		}
 		res.Order = append(res.Order, name)
 		res.Allocators[name] = r
 	}
 	if res.Trim, err = poolTrim(o, d); err != nil {
-		return nil, fmt.Errorf("pool: trim: %w", err)
+		res.Trim.Error = err.Error()
 	}
 	if len(o.PeerCommand) > 0 {
 		bar := begin(o.Progress, "replay on "+PoolPeerTorch, 1)
@@ -251,7 +258,13 @@ func poolRunOne(o PoolOptions, d *vmm.Device, name string, tr *pool.Trace, strea
 func poolNewAllocator(o PoolOptions, d *vmm.Device, name string) (poolAllocator, error) {
 	switch name {
 	case PoolCuvmm, PoolCuvmmNoStitch:
-		p, err := pool.New(d, pool.Options{Limit: o.Memory, NoStitch: name == PoolCuvmmNoStitch})
+		opts := pool.Options{Limit: o.Memory}
+		if name == PoolCuvmmNoStitch {
+			// Idle pages stay where they were first mapped: no stitching and no automatic release,
+			// a segment cache without garbage collection.
+			opts.NoStitch, opts.HighWater = true, ^uint64(0)
+		}
+		p, err := pool.New(d, opts)
 		if err != nil {
 			return nil, err
 		}
@@ -299,6 +312,13 @@ func poolReplay(o PoolOptions, d *vmm.Device, a poolAllocator, tr *pool.Trace, s
 		freeLat = append(freeLat, time.Since(t0).Nanoseconds())
 		return err
 	}
+	defer func() { // after an error: give back what is still allocated, so the next allocator has the memory
+		for j := range live {
+			if live[j] != nil {
+				_ = a.free(live[j].h, live[j].stream)
+			}
+		}
+	}()
 	start := time.Now()
 	for i, e := range tr.Events {
 		if i%256 == 0 {
@@ -603,13 +623,19 @@ func poolTail(b []byte, n int) string {
 	return string(bytes.TrimSpace(b))
 }
 
-// Check reports an allocator whose blocks did not read back intact, or the peer's failure to run.
+// Check reports an allocator whose blocks did not read back intact, or one that could not run.
 func (r *PoolResult) Check() error {
 	for _, name := range r.Order {
 		a := r.Allocators[name]
-		if a.Error == "" && !a.Verified {
+		if a.Error != "" {
+			return fmt.Errorf("pool: %s: %s", name, a.Error)
+		}
+		if !a.Verified {
 			return fmt.Errorf("pool: %s: verification failed: %s", name, a.Note)
 		}
+	}
+	if r.Trim.Error != "" {
+		return fmt.Errorf("pool: trim: %s", r.Trim.Error)
 	}
 	return nil
 }
@@ -637,7 +663,11 @@ func (r *PoolResult) Text(w io.Writer) {
 			fmt.Fprintf(w, "  %-17s first failure: %s\n", "", a.FirstFailure)
 		}
 	}
-	fmt.Fprintf(w, "  trim: %s released in %.4f s (%.1f GB/s)\n", units.FormatSize(r.Trim.Bytes), r.Trim.Seconds, r.Trim.GBps)
+	if r.Trim.Error != "" {
+		fmt.Fprintf(w, "  trim: failed: %s\n", r.Trim.Error)
+	} else {
+		fmt.Fprintf(w, "  trim: %s released in %.4f s (%.1f GB/s)\n", units.FormatSize(r.Trim.Bytes), r.Trim.Seconds, r.Trim.GBps)
+	}
 	fmt.Fprintln(w, "  ratio = peak mapped / peak in use; cache = one alloc+free pair served from the allocator's cache")
 	if r.Backend == "sim" {
 		fmt.Fprintln(w, "  (simulator: times measure the Go simulation, not a GPU; only the cuvmm pools are bounded by the memory above)")

@@ -17,6 +17,7 @@ import (
 	"github.com/cuvmm/cuvmm/internal/testutil"
 	"github.com/cuvmm/cuvmm/metrics"
 	"github.com/cuvmm/cuvmm/pinned"
+	"github.com/cuvmm/cuvmm/stripe"
 	"github.com/cuvmm/cuvmm/vmm"
 )
 
@@ -176,4 +177,25 @@ func TestHandler(t *testing.T) {
 		require.Contains(t, fams, "svc_driver_calls_total")
 		require.NotContains(t, fams, "cuvmm_page_table_bytes")
 	}, testutil.SimOnly())
+}
+
+// A striped range is reported under kind "stripe" on each device that holds part of it.
+func TestStripeKind(t *testing.T) {
+	testutil.Run(t, func(t *testing.T, b *testutil.Backend) {
+		d0, d1 := b.Device(t, 0), b.Device(t, 1)
+		reg := prometheus.NewRegistry()
+		reg.MustRegister(metrics.New(b.Sys, metrics.Options{}))
+		before := scrape(t, reg)
+		r, err := stripe.New([]*vmm.Device{d0, d1}, 64*mib, stripe.Interleaved{Stripe: 8 * mib}, stripe.Options{})
+		require.NoError(t, err)
+		mid := scrape(t, reg)
+		for _, dev := range []string{"0", "1"} {
+			l := map[string]string{"device": dev, "kind": "stripe"}
+			require.Equal(t, float64(32*mib), value(mid, "cuvmm_mapped_bytes", l)-value(before, "cuvmm_mapped_bytes", l), "device %s", dev)
+		}
+		require.NoError(t, r.Close())
+		after := scrape(t, reg)
+		l := map[string]string{"device": "1", "kind": "stripe"}
+		require.Equal(t, value(before, "cuvmm_mapped_bytes", l), value(after, "cuvmm_mapped_bytes", l))
+	}, testutil.Devices(2))
 }

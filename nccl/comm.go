@@ -35,6 +35,9 @@ type Comm struct {
 	nranks int
 	opts   Options
 
+	abortReq  chan struct{} // closed by Abort: a call in progress aborts at once
+	abortOnce sync.Once
+
 	mu      sync.Mutex // held by every call that uses h
 	closed  bool
 	aborted error // why the communicator was aborted, nil while usable
@@ -53,7 +56,7 @@ func NewComm(ctx context.Context, lib API, id UniqueID, rank, nranks int, dev *v
 	if nranks < 1 || rank < 0 || rank >= nranks {
 		return nil, fmt.Errorf("nccl: new communicator: rank %d of %d: %w", rank, nranks, ErrInvalidValue)
 	}
-	c := &Comm{lib: lib, dev: dev, rank: rank, nranks: nranks, regs: map[*Registration]struct{}{}}
+	c := &Comm{lib: lib, dev: dev, rank: rank, nranks: nranks, regs: map[*Registration]struct{}{}, abortReq: make(chan struct{})}
 	if len(opts) > 0 {
 		c.opts = opts[0]
 	}
@@ -86,9 +89,13 @@ func NewComm(ctx context.Context, lib API, id UniqueID, rank, nranks int, dev *v
 	return c, nil
 }
 
-// Rank is this rank's number, NRanks the communicator's size, Device the device it runs on.
-func (c *Comm) Rank() int           { return c.rank }
-func (c *Comm) NRanks() int         { return c.nranks }
+// Rank is this rank's number in the communicator.
+func (c *Comm) Rank() int { return c.rank }
+
+// NRanks is the communicator's size.
+func (c *Comm) NRanks() int { return c.nranks }
+
+// Device is the device the rank runs on.
 func (c *Comm) Device() *vmm.Device { return c.dev }
 
 // Handle is the raw ncclComm_t, for calls this package does not wrap. It must not be used after
@@ -130,6 +137,10 @@ func (c *Comm) waitLocked(ctx context.Context, op string) error {
 			c.abortLocked(ctxErr)
 			return fmt.Errorf("nccl: %s (%v): still in progress when the context ended, communicator aborted: %w", op, c, errors.Join(ErrAborted, ctxErr))
 		}
+		if c.abortRequested() {
+			c.abortLocked(errAbortCalled)
+			return fmt.Errorf("nccl: %s (%v): Abort was called: %w", op, c, ErrAborted)
+		}
 		pause = backoff(pause)
 		if pause == 0 {
 			runtime.Gosched()
@@ -138,6 +149,7 @@ func (c *Comm) waitLocked(ctx context.Context, op string) error {
 		t := time.NewTimer(pause)
 		select {
 		case <-ctx.Done():
+		case <-c.abortReq:
 		case <-t.C:
 		}
 		t.Stop()
@@ -156,6 +168,17 @@ func backoff(p time.Duration) time.Duration {
 		return time.Millisecond
 	}
 	return 2 * p
+}
+
+var errAbortCalled = errors.New("Abort was called")
+
+func (c *Comm) abortRequested() bool {
+	select {
+	case <-c.abortReq:
+		return true
+	default:
+		return false
+	}
 }
 
 // abortLocked aborts the communicator (ncclCommAbort) and remembers why. c.mu is held.
@@ -189,18 +212,21 @@ func (c *Comm) release() {
 
 // Abort aborts the communicator (ncclCommAbort): operations still queued on the device stop, other
 // ranks' operations with this rank fail or hang until their own deadlines, and every registration
-// is released. Afterwards every method fails with ErrAborted; Close is still allowed (and does
-// nothing more). Abort is idempotent and safe on nil.
+// is released. It may be called from any goroutine while another call waits on the communicator
+// (a watchdog's way out of a hang): that call returns an error wrapping ErrAborted at once.
+// Afterwards every method fails with ErrAborted; Close is still allowed (and does nothing more).
+// Abort is idempotent and safe on nil.
 func (c *Comm) Abort() error {
 	if c == nil {
 		return nil
 	}
+	c.abortOnce.Do(func() { close(c.abortReq) })
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	if c.closed || c.aborted != nil {
 		return nil
 	}
-	c.aborted = errors.New("Abort was called")
+	c.aborted = errAbortCalled
 	c.dropRegistrations()
 	if err := c.dev.Raw(func(driver.API) error { return c.lib.CommAbort(c.h) }); err != nil {
 		return fmt.Errorf("nccl: abort %v: %w", c, err)
@@ -295,6 +321,9 @@ func (c *Comm) Wait(ctx context.Context, s *vmm.Stream) error {
 			c.abortLocked(ctx.Err())
 			return c.afterAbort(done, fmt.Errorf("nccl: wait on %v: the stream's work was not done when the context ended, communicator aborted: %w",
 				c, errors.Join(ErrAborted, ctx.Err())))
+		case <-c.abortReq:
+			c.abortLocked(errAbortCalled)
+			return c.afterAbort(done, fmt.Errorf("nccl: wait on %v: Abort was called: %w", c, ErrAborted))
 		}
 	}
 }

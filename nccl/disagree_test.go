@@ -93,3 +93,30 @@ func TestInitDisagree(t *testing.T) {
 		require.Less(t, time.Since(start), time.Second+abortSlack)
 	}, testutil.Devices(2))
 }
+
+// TestAbortFromAnotherGoroutine: a receive that nobody answers returns as soon as another goroutine
+// calls Abort, long before its deadline.
+func TestAbortFromAnotherGoroutine(t *testing.T) {
+	testutil.Run(t, func(t *testing.T, b *testutil.Backend) {
+		lib := library(t, b)
+		d1 := b.Device(t, 1)
+		buf := buffer(t, d1, 2*mib, 2*mib)
+		comms := ranks(t, b, lib, 2)
+		done := make(chan error, 1)
+		start := time.Now()
+		go func() {
+			ctx := deadline(t, time.Minute)
+			err := comms[1].Recv(ctx, buf.Ptr(), mib, nccl.Uint8, 0, nil)
+			if err == nil {
+				err = comms[1].Wait(ctx, nil)
+			}
+			done <- err
+		}()
+		time.Sleep(200 * time.Millisecond)
+		require.NoError(t, comms[1].Abort())
+		err := <-done
+		require.ErrorIs(t, err, nccl.ErrAborted)
+		require.Less(t, time.Since(start), abortSlack)
+		require.NoError(t, comms[1].Abort(), "idempotent")
+	}, testutil.Devices(2))
+}

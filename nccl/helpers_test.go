@@ -9,6 +9,7 @@ import (
 
 	"github.com/stretchr/testify/require"
 
+	"github.com/cuvmm/cuvmm/driver"
 	"github.com/cuvmm/cuvmm/growbuf"
 	"github.com/cuvmm/cuvmm/internal/testutil"
 	"github.com/cuvmm/cuvmm/nccl"
@@ -96,10 +97,12 @@ func noErrors(t *testing.T, errs []error) {
 	}
 }
 
-// buffer makes a growable buffer of n bytes on dev with fixed chunks of chunk bytes.
+// buffer makes a growable buffer of n bytes on dev with fixed chunks of chunk bytes. The chunks can
+// be exported as file descriptors, which NCCL needs to register them for other processes.
 func buffer(t *testing.T, dev *vmm.Device, n, chunk uint64) *growbuf.Buffer {
 	t.Helper()
-	buf, err := growbuf.New(dev, growbuf.Options{Chunk: growbuf.FixedChunks(chunk), MaxSize: 1 << 30})
+	buf, err := growbuf.New(dev, growbuf.Options{Chunk: growbuf.FixedChunks(chunk), MaxSize: 1 << 30,
+		HandleTypes: driver.HandleTypePosixFD})
 	require.NoError(t, err)
 	require.NoError(t, buf.Grow(n))
 	t.Cleanup(func() { require.NoError(t, buf.Close()) })

@@ -39,7 +39,69 @@ func TestMain(m *testing.M) {
 		}
 		os.Exit(0)
 	}
+	warmUp()
 	os.Exit(m.Run())
+}
+
+// warmUp runs one transfer between two ranks on the real GPUs, when there are NCCL and two GPUs,
+// before the tests: NCCL's first communicator in a process loads its kernels into each device's
+// context and keeps them for the process's life, which the per-test leak checks would otherwise
+// count against the first test. The system stays open so that the contexts keep what was loaded.
+func warmUp() {
+	api, err := driver.Open()
+	if err != nil {
+		return
+	}
+	lib, err := nccl.Open()
+	if err != nil {
+		return
+	}
+	sys, err := vmm.Open(api)
+	if err != nil || sys.DeviceCount() < 2 {
+		return
+	}
+	if err := warmUpTransfer(sys, lib); err != nil {
+		fmt.Fprintln(os.Stderr, "warming NCCL up:", err)
+	}
+}
+
+func warmUpTransfer(sys *vmm.System, lib nccl.API) error {
+	id, err := lib.GetUniqueID()
+	if err != nil {
+		return err
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	errs := parallel(2, func(r int) error {
+		dev, err := sys.Device(r)
+		if err != nil {
+			return err
+		}
+		buf, err := growbuf.New(dev, growbuf.Options{MaxSize: 1 << 30})
+		if err != nil {
+			return err
+		}
+		defer buf.Close()
+		if err := buf.Grow(2 * mib); err != nil {
+			return err
+		}
+		c, err := nccl.NewComm(ctx, lib, id, r, 2, dev)
+		if err != nil {
+			return err
+		}
+		defer c.Close()
+		g := c.Group().AllReduceBuffer(buf, buf, nccl.Float32, nccl.Sum, nil)
+		if r == 0 {
+			g.SendBuffer(buf, 1, nil)
+		} else {
+			g.RecvBuffer(buf, 0, nil)
+		}
+		if err := g.Run(ctx); err != nil {
+			return err
+		}
+		return c.Wait(ctx, nil)
+	})
+	return errors.Join(errs...)
 }
 
 // childLibrary opens the backend the parent named and its NCCL.

@@ -3,6 +3,7 @@ package pool
 import (
 	"errors"
 	"fmt"
+	"time"
 
 	"github.com/cuvmm/cuvmm/driver"
 	"github.com/cuvmm/cuvmm/internal/units"
@@ -132,6 +133,9 @@ func (p *Pool) slowAlloc(st *streamState, small bool, span uint64) (uint64, erro
 	if off, ok := p.fastFit(st, small, span); ok {
 		return off, nil
 	}
+	if off, ok, err := p.borrow(st, small, span); ok || err != nil {
+		return off, err
+	}
 	for {
 		off, err := p.grow(st, small, span)
 		if err == nil {
@@ -150,6 +154,37 @@ func (p *Pool) slowAlloc(st *streamState, small bool, span uint64) (uint64, erro
 			return off, nil
 		}
 	}
+}
+
+// borrow serves a request from memory freed on another stream whose free has not completed yet: the
+// requesting stream is made to wait for the event that covers the free (cuStreamWaitEvent), so work
+// queued on it after this call runs after the freeing stream has passed the free. No one waits on
+// the host, and no page is mapped.
+func (p *Pool) borrow(st *streamState, small bool, span uint64) (uint64, bool, error) {
+	for _, b := range p.sealed {
+		if b.st == st {
+			continue
+		}
+		set := b.large
+		if small {
+			set = b.small
+		}
+		r := set.bestFit(span)
+		if r == nil {
+			continue
+		}
+		t0 := time.Now()
+		err := st.s.WaitEvent(b.ev)
+		p.driverTime(t0)
+		if err != nil {
+			return 0, false, fmt.Errorf("pool: order the request after a free on another stream: %w", err)
+		}
+		off := r.off
+		set.take(r, off, span)
+		p.stats.Borrows++
+		return off, true, nil
+	}
+	return 0, false, nil
 }
 
 // grow maps pages for a request: one more small page, or a fresh range of span bytes for a large

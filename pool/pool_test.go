@@ -82,8 +82,9 @@ func TestAllocFreeReuse(t *testing.T) {
 	}, simMemory)
 }
 
-// TestCrossStreamReuseWaitsForTheFree holds the freeing stream (simulator): another stream does not
-// get the memory until the free has completed, then gets it without a new page.
+// TestCrossStreamReuseWaitsForTheFree holds the freeing stream (simulator): the freeing stream reuses
+// the memory at once; another stream gets it only ordered after the free (its later work waits for
+// the freeing stream's event), and without a new page.
 func TestCrossStreamReuseWaitsForTheFree(t *testing.T) {
 	testutil.Run(t, func(t *testing.T, b *testutil.Backend) {
 		p, d := newPool(t, b, pool.Options{Limit: 64 * mib})
@@ -93,29 +94,36 @@ func TestCrossStreamReuseWaitsForTheFree(t *testing.T) {
 		sb, err := d.NewStream(true)
 		require.NoError(t, err)
 		defer sb.Close()
+		ev, err := d.NewEvent(false)
+		require.NoError(t, err)
+		defer ev.Close()
 
 		blk, err := p.Alloc(4*mib, sa)
 		require.NoError(t, err)
 		ptr := blk.Ptr
 		require.NoError(t, b.Sim.HoldStream(sa.Handle()))
 		require.NoError(t, p.Free(blk, sa))
-		other, err := p.Alloc(4*mib, sb)
-		require.NoError(t, err)
-		require.NotEqual(t, ptr, other.Ptr, "the free on a has not completed")
 		same, err := p.Alloc(4*mib, sa)
 		require.NoError(t, err)
 		require.Equal(t, ptr, same.Ptr, "the freeing stream reuses at once")
 		require.NoError(t, p.Free(same, sa))
-		require.NoError(t, b.Sim.ReleaseStream(sa.Handle()))
 
 		pages := p.Stats().NewPages
-		reused, err := p.Alloc(4*mib, sb)
+		other, err := p.Alloc(4*mib, sb)
 		require.NoError(t, err)
-		require.Equal(t, ptr, reused.Ptr, "completed free: reused by another stream")
-		require.Equal(t, pages, p.Stats().NewPages)
-		for _, x := range []*pool.Block{other, reused} {
-			require.NoError(t, p.Free(x, sb))
-		}
+		require.Equal(t, ptr, other.Ptr, "borrowed from the pending free")
+		st := p.Stats()
+		require.Equal(t, uint64(1), st.Borrows)
+		require.Equal(t, pages, st.NewPages)
+		require.NoError(t, ev.Record(sb))
+		done, err := ev.Query()
+		require.NoError(t, err)
+		require.False(t, done, "work on b after the allocation waits for a to pass the free")
+		require.NoError(t, b.Sim.ReleaseStream(sa.Handle()))
+		done, err = ev.Query()
+		require.NoError(t, err)
+		require.True(t, done)
+		require.NoError(t, p.Free(other, sb))
 		require.NoError(t, sb.Synchronize())
 	}, testutil.SimOnly(), simMemory)
 }

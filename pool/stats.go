@@ -26,6 +26,9 @@ type Stats struct {
 	Allocs        uint64 // successful Alloc calls
 	Frees         uint64 // successful Free calls
 	Failures      uint64 // Alloc calls that failed for lack of memory
+	// Borrows counts requests served from another stream's free that had not completed, by making
+	// the requesting stream wait for its event (cuStreamWaitEvent) instead of mapping more memory.
+	Borrows       uint64
 	Stitches      uint64 // requests served by remapping idle pages into a fresh range
 	StitchedBytes uint64 // bytes of pages remapped by stitching
 	NewPages      uint64 // pages created (cuMemCreate)

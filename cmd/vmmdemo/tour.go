@@ -10,7 +10,7 @@ func init() {
 }
 
 // tourOrder puts the subcommands in the order a newcomer meets the ideas.
-var tourOrder = []string{"info", "grow", "stripe", "share", "bandwidth", "pinned", "broker"}
+var tourOrder = []string{"info", "grow", "stripe", "share", "xfer", "bandwidth", "pinned", "broker"}
 
 func runTour(e *env, args []string) error {
 	var c common

@@ -96,62 +96,51 @@ func drawBroker(data []byte) ([]*plot.Plot, error) {
 	return out, nil
 }
 
-// sleepFigures are the GB/s keys of a sleep result, at the top and per device.
-type sleepFigures struct {
-	Device     *int    `json:"device"`
-	SleepGBps  float64 `json:"sleep_gbps"`
-	WakeGBps   float64 `json:"wake_gbps"`
-	RawD2HGBps float64 `json:"raw_d2h_gbps"`
-	RawH2DGBps float64 `json:"raw_h2d_gbps"`
-}
-
 type sleepResult struct {
-	sleepFigures
-	Backend              string         `json:"backend"`
-	FirstSleepSeconds    float64        `json:"first_sleep_seconds"`
-	BaselineSleepSeconds float64        `json:"baseline_sleep_seconds"`
-	PerDevice            []sleepFigures `json:"per_device"`
+	Backend                    string  `json:"backend"`
+	Devices                    []int   `json:"devices"`
+	SizeBytes                  float64 `json:"size_bytes"`
+	FirstSleepGBps             float64 `json:"first_sleep_gbps"`
+	SleepGBps                  float64 `json:"sleep_gbps"`
+	WakeGBps                   float64 `json:"wake_gbps"`
+	RawD2HGBps                 float64 `json:"raw_d2h_gbps"`
+	RawH2DGBps                 float64 `json:"raw_h2d_gbps"`
+	FirstSleepSeconds          float64 `json:"first_sleep_seconds"`
+	FirstSleepOneDeviceSeconds float64 `json:"first_sleep_one_device_seconds"`
+	BaselineSleepSeconds       float64 `json:"baseline_sleep_seconds"`
 }
 
-// drawSleep: sleep and wake GB/s against the raw pinned copies of the same run, for all devices
-// together and per device (the groups whose result has no bandwidth are left out).
+// drawSleep: warm sleep and wake GB/s, and the first sleep's (which pins its backup on the way),
+// against raw pinned copies of the same run; and the first sleep of one device against the usual
+// approach, cuMemHostAlloc of a backup then a copy.
 func drawSleep(data []byte) ([]*plot.Plot, error) {
 	var r sleepResult
 	if err := json.Unmarshal(data, &r); err != nil {
 		return nil, err
 	}
-	var groups []string
-	var figs []sleepFigures
-	add := func(name string, f sleepFigures) {
-		if f.SleepGBps > 0 || f.WakeGBps > 0 {
-			groups, figs = append(groups, name), append(figs, f)
-		}
-	}
-	add("all devices", r.sleepFigures)
-	for i, d := range r.PerDevice {
-		if d.Device != nil {
-			i = *d.Device
-		}
-		add(fmt.Sprintf("device %d", i), d)
-	}
-	if len(figs) == 0 {
+	if r.SleepGBps <= 0 && r.WakeGBps <= 0 {
 		return nil, fmt.Errorf("no sleep_gbps or wake_gbps figures")
 	}
-	names := []string{"sleep (device to host)", "raw D2H copy", "wake (host to device)", "raw H2D copy"}
-	values := make([][]float64, len(names))
-	for _, f := range figs {
-		for i, v := range []float64{f.SleepGBps, f.RawD2HGBps, f.WakeGBps, f.RawH2DGBps} {
-			values[i] = append(values[i], v)
-		}
-	}
-	note := ""
-	if r.FirstSleepSeconds > 0 && r.BaselineSleepSeconds > 0 {
-		note = fmt.Sprintf("first sleep %.3g s; cuMemHostAlloc + copy %.3g s", r.FirstSleepSeconds, r.BaselineSleepSeconds)
-	}
-	p := newPlot("sleep and wake"+onSim(r.Backend), note, "bandwidth (GB/s)")
-	if err := bars(p, names, values); err != nil {
+	what := fmt.Sprintf("%s on %d device(s)", sizeLabel(r.SizeBytes), max(len(r.Devices), 1))
+	bw := newPlot("sleep and wake"+onSim(r.Backend), what, "bandwidth, all devices (GB/s)")
+	err := bars(bw, []string{"sleep / wake", "first sleep", "raw pinned copy"}, [][]float64{
+		{r.SleepGBps, r.WakeGBps}, {r.FirstSleepGBps, 0}, {r.RawD2HGBps, r.RawH2DGBps}})
+	if err != nil {
 		return nil, err
 	}
-	p.NominalX(groups...)
-	return []*plot.Plot{p}, nil
+	bw.NominalX("device to host", "host to device")
+	out := []*plot.Plot{bw}
+	first := r.FirstSleepOneDeviceSeconds
+	if first <= 0 {
+		first = r.FirstSleepSeconds
+	}
+	if first > 0 && r.BaselineSleepSeconds > 0 {
+		t := newPlot("first sleep"+onSim(r.Backend), fmt.Sprintf("%s of one device", sizeLabel(r.SizeBytes)), "time (s)")
+		if err := bars(t, []string{"first sleep", "cuMemHostAlloc + copy"}, [][]float64{{first}, {r.BaselineSleepSeconds}}); err != nil {
+			return nil, err
+		}
+		t.NominalX("back up and release")
+		out = append(out, t)
+	}
+	return out, nil
 }

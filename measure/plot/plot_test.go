@@ -96,6 +96,7 @@ func TestDrawRejectsEmptyResults(t *testing.T) {
 		"broker without rows":    `{"bandwidth": [], "round_trip": {}}`,
 		"bandwidth of strings":   `{"rows": "x", "setup": []}`,
 		"sleep without GB/s":     `{"first_sleep_seconds": 1, "baseline_sleep_seconds": 2, "per_device": [{"device": 0}]}`,
+		"sleep of zero GB/s":     `{"sleep_gbps": 0, "wake_gbps": 0}`,
 	} {
 		_, err := plot.Draw([]byte(doc))
 		require.Error(t, err, name)

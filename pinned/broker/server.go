@@ -664,7 +664,7 @@ func (w *worker) register(req request) error {
 	if err != nil {
 		return fail(fmt.Errorf("broker: register %s: %v: %w", &rcv.Desc, err, ErrInternal))
 	}
-	b := &regBuffer{buf: buf, lane: l, ptr: buf.Ptr(), length: buf.Len()}
+	b := &regBuffer{buf: buf, lane: l, ptr: buf.Ptr(), length: buf.Cap()}
 	for _, c := range rcv.Desc.Chunks {
 		if k := len(b.extents); k > 0 && b.extents[k-1].end == c.Offset {
 			b.extents[k-1].end += c.Size

@@ -14,7 +14,9 @@ import (
 	"github.com/stretchr/testify/require"
 	"golang.org/x/sys/unix"
 
+	"github.com/cuvmm/cuvmm/driver"
 	"github.com/cuvmm/cuvmm/driver/sim"
+	"github.com/cuvmm/cuvmm/internal/fuzzfd"
 	"github.com/cuvmm/cuvmm/internal/testutil"
 	"github.com/cuvmm/cuvmm/internal/unixsock"
 	"github.com/cuvmm/cuvmm/ipc"
@@ -247,14 +249,24 @@ func FuzzDecodeResponse(f *testing.F) {
 	})
 }
 
-// FuzzServer feeds arbitrary bytes, after a hello, to a live broker (on the simulator): it must
-// answer or hang up, never crash or hang, close every descriptor, and keep serving.
+// FuzzServer feeds arbitrary bytes with random descriptors of every kind (sealed and unsealed
+// memfds, pipes, sockets, /dev/null, a directory), after a hello, to a live broker (on the
+// simulator): it must answer or hang up, never crash or hang, close every descriptor, map nothing
+// it keeps, and keep serving.
 func FuzzServer(f *testing.F) {
-	f.Add(encodeReq(request{op: OpPing, id: 2}))
-	f.Add(append(frameHeader(KindRequest, RequestSize, 0), encodeReq(request{op: OpPing, id: 2})...))
-	f.Add(append(frameHeader(KindRequest, RequestSize, 0), encodeReq(request{op: OpCopy, id: 2, buffer: 1, dir: ToHost, length: 8})...))
-	f.Add(append(frameHeader(KindRequest, RequestSize, 0), encodeReq(request{op: OpRegister, id: 2})...))
-	f.Add(append(frameHeader(KindRequest, RequestSize, 0), encodeReq(request{op: OpUnregister, id: 2, buffer: 1})...))
+	req := func(r request) []byte { return append(frameHeader(KindRequest, RequestSize, 0), encodeReq(r)...) }
+	f.Add(encodeReq(request{op: OpPing, id: 2}), []byte{}, uint16(0))
+	f.Add(req(request{op: OpPing, id: 2}), []byte{}, uint16(0))
+	f.Add(req(request{op: OpCopy, id: 2, buffer: 1, dir: ToHost, length: 8}), []byte{}, uint16(0))
+	f.Add(req(request{op: OpUnregister, id: 2, buffer: 1}), []byte{}, uint16(0))
+	d := ipc.Descriptor{Size: 2 * mib, Chunks: []ipc.ChunkDesc{{Size: 2 * mib, Location: driver.DeviceLocation(0), HandleType: driver.HandleTypePosixFD}}}
+	payload, err := d.MarshalBinary()
+	require.NoError(f, err)
+	register := append(req(request{op: OpRegister, id: 2}), append(frameHeader(ipc.KindBuffer, uint32(len(payload)), 1), payload...)...)
+	for k := byte(0); k < fuzzfd.Kinds; k++ {
+		f.Add(register, []byte{k}, uint16(RequestSize+ipc.HeaderSize))
+	}
+	f.Add(req(request{op: OpPing, id: 2}), []byte{3, 5}, uint16(0))
 	s := sim.New(sim.Devices(1))
 	sys, err := vmm.Open(s)
 	require.NoError(f, err)
@@ -262,7 +274,9 @@ func FuzzServer(f *testing.F) {
 	require.NoError(f, err)
 	region, err := pinned.New(dev, 4*mib, pinned.Options{})
 	require.NoError(f, err)
-	path := privateDir(f) + "/broker.sock"
+	dir, err := os.MkdirTemp("", "broker-fuzz")
+	require.NoError(f, err)
+	path := dir + "/broker.sock"
 	srv, err := Listen(region, path, Options{HelloTimeout: 5 * time.Second})
 	require.NoError(f, err)
 	go srv.Serve()
@@ -272,14 +286,16 @@ func FuzzServer(f *testing.F) {
 		require.NoError(f, sys.Close())
 		require.True(f, s.Live().Zero(), "simulator objects leaked: %s", s.Live())
 		require.NoError(f, s.Close())
+		os.RemoveAll(dir)
 	})
-	f.Fuzz(func(t *testing.T, data []byte) {
+	f.Fuzz(func(t *testing.T, data, kinds []byte, cut uint16) {
 		if len(data) > 64<<10 {
 			t.Skip("larger inputs only fill the socket buffer")
 		}
+		files := fuzzfd.Make(t, kinds, 8)
 		conn := rawConn(t, path, true)
-		_, _ = conn.Write(data)
-		_ = conn.CloseWrite()
+		sent := make(chan error, 1)
+		go func() { sent <- fuzzfd.Send(conn, data, files, cut) }()
 		fr := unixsock.NewConn(conn, unix.Ucred{})
 		for {
 			_, err := readResponse(fr)
@@ -288,6 +304,7 @@ func FuzzServer(f *testing.F) {
 				break
 			}
 		}
+		<-sent
 		require.NoError(t, conn.Close())
 		eventually(t, "the connection to end", func() bool { return srv.Stats().Workers == 0 })
 		require.Zero(t, srv.Stats().Buffers)
