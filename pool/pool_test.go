@@ -66,6 +66,8 @@ func TestAllocFreeReuse(t *testing.T) {
 		require.Equal(t, uint64(5*mib+1000), st.InUse)
 		require.Equal(t, 8*mib, st.Mapped, "one small page and three large ones")
 		require.Equal(t, map[string]uint64{"kv": 5 * mib}, st.Tags)
+		vs := b.Sys.Stats()
+		require.Equal(t, st.Mapped, vs.Devices[0].MappedByKind["pool"], "vmm.Stats (and package metrics) see the pool's pages")
 
 		ptr := large.Ptr
 		require.NoError(t, p.Free(large, nil))
