@@ -242,12 +242,12 @@ func poolRunOne(o PoolOptions, d *vmm.Device, name string, tr *pool.Trace, strea
 	r, err := poolReplay(o, d, a, tr, streams, bar)
 	bar.Done()
 	if err == nil {
+		err = a.finish(r) // the replay's peaks, before the cache benchmark adds its own blocks
+	}
+	if err == nil {
 		var lat []int64
 		lat, err = poolCacheBench(a, streams[0], o.CacheIters)
-		if err == nil {
-			r.CacheAllocFreeP50Ns, r.CacheAllocFreeP99Ns = poolPercentile(lat, 0.50), poolPercentile(lat, 0.99)
-			err = a.finish(r)
-		}
+		r.CacheAllocFreeP50Ns, r.CacheAllocFreeP99Ns = poolPercentile(lat, 0.50), poolPercentile(lat, 0.99)
 	}
 	if r != nil && r.PeakInUseBytes > 0 {
 		r.MappedOverInUse = float64(r.PeakMappedBytes) / float64(r.PeakInUseBytes)
