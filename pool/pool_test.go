@@ -305,7 +305,10 @@ func TestSleepKeepsAddresses(t *testing.T) {
 		_, err = p.Alloc(1, nil)
 		require.ErrorIs(t, err, pool.ErrAsleep)
 		require.ErrorIs(t, p.Free(blk, nil), pool.ErrAsleep)
-		require.Zero(t, p.Stats().Mapped)
+		st := p.Stats()
+		require.Zero(t, st.Mapped)
+		require.Zero(t, st.Cached)
+		require.Equal(t, 6*mib, st.Allocated)
 
 		require.NoError(t, p.Wake())
 		require.Equal(t, 6*mib, p.Stats().Mapped, "the pages under live blocks, at their offsets")
