@@ -467,3 +467,21 @@ func (l *liveSet) remove(b *pool.Block) {
 		}
 	}
 }
+
+// TestFreeOnAStreamClosedLater: frees queued on a stream that is then closed are not lost: the next
+// request that needs them waits for the device once and reuses the memory.
+func TestFreeOnAStreamClosedLater(t *testing.T) {
+	testutil.Run(t, func(t *testing.T, b *testutil.Backend) {
+		p, d := newPool(t, b, pool.Options{Limit: 8 * mib, HighWater: ^uint64(0)})
+		s, err := d.NewStream(true)
+		require.NoError(t, err)
+		blk, err := p.Alloc(8*mib, s)
+		require.NoError(t, err)
+		require.NoError(t, p.Free(blk, s))
+		require.NoError(t, s.Close())
+		again, err := p.Alloc(8*mib, nil)
+		require.NoError(t, err, "the closed stream's free was collected")
+		require.Equal(t, blk.Ptr, again.Ptr)
+		require.NoError(t, p.Free(again, nil))
+	}, simMemory)
+}
