@@ -3,14 +3,21 @@ GO       ?= go
 BUNDLE   ?= build/gpu
 NVCC     ?= nvcc
 
-.PHONY: all test vet demo build gpu-bundle bench fuzz ptx clean
+.PHONY: all test vet leakcheck demo build gpu-bundle bench fuzz ptx clean
 
 all: test
 
 ## test: go vet, then every package's tests with the race detector (the simulator runs them all;
-## real-driver subtests skip with a reason when there is no GPU).
+## real-driver subtests skip with a reason when there is no GPU), then every fuzz target briefly.
 test: vet
 	$(GO) test -race -count=1 ./...
+	$(MAKE) leakcheck
+	$(MAKE) fuzz FUZZTIME=$(FUZZTIME_CI)
+
+## leakcheck: the owning packages' tests built with the cuvmmleak tag, which reports every object
+## that became unreachable without Close (with the stack that made it) and fails the run.
+leakcheck:
+	$(GO) test -tags cuvmmleak -count=1 ./internal/lifetime/ ./vmm/... ./growbuf/... ./stripe/... ./pinned/...
 
 vet:
 	$(GO) vet ./...
@@ -30,12 +37,19 @@ gpu-bundle:
 bench:
 	$(GO) test -run '^$$' -bench . -benchmem ./...
 
-## fuzz: a short run of each fuzz target (the seed corpora run with `make test`).
+## fuzz: a run of FUZZTIME (default 20s) of each fuzz target; `make test` runs each for
+## FUZZTIME_CI (4s) after the tests, which also run the seed corpora.
+FUZZTIME    ?= 20s
+FUZZTIME_CI ?= 4s
 fuzz:
-	@for pkg in $$($(GO) list ./...); do \
-	  for f in $$($(GO) test -list '^Fuzz' $$pkg | grep '^Fuzz'); do \
-	    $(GO) test -run '^$$' -fuzz "^$$f$$" -fuzztime 20s $$pkg || exit 1; \
-	  done; \
+	@grep -rl --include='*_test.go' '^func Fuzz' . | xargs -n1 dirname | sort -u | while read -r dir; do \
+	  for f in $$(grep -ho '^func Fuzz[A-Za-z0-9_]*' $$dir/*_test.go | cut -c6-); do \
+	    echo "fuzz $$dir $$f ($(FUZZTIME))"; \
+	    log=$$(mktemp); \
+	    $(GO) test -run '^$$' -fuzz "^$$f$$" -fuzztime $(FUZZTIME) $$dir > $$log 2>&1 \
+	      || { cat $$log; rm -f $$log; exit 1; }; \
+	    rm -f $$log; \
+	  done || exit 1; \
 	done
 
 ## ptx: regenerate the embedded kernels from their CUDA C source (needs nvcc).

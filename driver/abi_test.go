@@ -102,6 +102,22 @@ func abiConstants() map[string]int64 {
 		"CU_EVENT_BLOCKING_SYNC":                   int64(EventBlockingSync),
 		"CU_EVENT_DISABLE_TIMING":                  int64(EventDisableTiming),
 
+		// Graphs
+		"CU_STREAM_CAPTURE_MODE_GLOBAL":                     int64(CaptureModeGlobal),
+		"CU_STREAM_CAPTURE_MODE_THREAD_LOCAL":               int64(CaptureModeThreadLocal),
+		"CU_STREAM_CAPTURE_MODE_RELAXED":                    int64(CaptureModeRelaxed),
+		"sizeof(CUgraph)":                                   int64(unsafe.Sizeof(Graph(0))),
+		"sizeof(CUgraphExec)":                               int64(unsafe.Sizeof(GraphExec(0))),
+		"CU_MEMPOOL_ATTR_REUSE_FOLLOW_EVENT_DEPENDENCIES":   int64(MemPoolReuseFollowEventDependencies),
+		"CU_MEMPOOL_ATTR_REUSE_ALLOW_OPPORTUNISTIC":         int64(MemPoolReuseAllowOpportunistic),
+		"CU_MEMPOOL_ATTR_REUSE_ALLOW_INTERNAL_DEPENDENCIES": int64(MemPoolReuseAllowInternalDependencies),
+		"CU_MEMPOOL_ATTR_RELEASE_THRESHOLD":                 int64(MemPoolReleaseThreshold),
+		"CU_MEMPOOL_ATTR_RESERVED_MEM_CURRENT":              int64(MemPoolReservedMemCurrent),
+		"CU_MEMPOOL_ATTR_RESERVED_MEM_HIGH":                 int64(MemPoolReservedMemHigh),
+		"CU_MEMPOOL_ATTR_USED_MEM_CURRENT":                  int64(MemPoolUsedMemCurrent),
+		"CU_MEMPOOL_ATTR_USED_MEM_HIGH":                     int64(MemPoolUsedMemHigh),
+		"sizeof(CUmemoryPool)":                              int64(unsafe.Sizeof(MemPool(0))),
+
 		"CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT":                          int64(AttrMultiprocessorCount),
 		"CU_DEVICE_ATTRIBUTE_PCI_BUS_ID":                                    int64(AttrPCIBusID),
 		"CU_DEVICE_ATTRIBUTE_PCI_DEVICE_ID":                                 int64(AttrPCIDeviceID),

@@ -142,6 +142,31 @@ type API interface {
 	// EventDestroy calls cuEventDestroy_v2. Needs a context.
 	EventDestroy(e Event) error
 
+	// Stream-ordered allocation and event queries
+	//
+	// StreamWaitEvent calls cuStreamWaitEvent: work queued on s after this call waits until e has
+	// completed (flags 0). Needs a context.
+	StreamWaitEvent(s Stream, e Event, flags uint32) error
+	// EventQuery calls cuEventQuery: true when the work captured by the event's last record has
+	// completed (or it was never recorded), false for CUDA_ERROR_NOT_READY. Needs a context.
+	EventQuery(e Event) (bool, error)
+	// MemAllocAsync calls cuMemAllocAsync: size bytes from the device's current memory pool, usable
+	// by work queued on s after this call. Needs a context.
+	MemAllocAsync(size uint64, s Stream) (DevicePtr, error)
+	// MemFreeAsync calls cuMemFreeAsync: ptr returns to its pool once s passes this point. Needs a
+	// context.
+	MemFreeAsync(ptr DevicePtr, s Stream) error
+	// DeviceGetDefaultMemPool calls cuDeviceGetDefaultMemPool.
+	DeviceGetDefaultMemPool(dev Device) (MemPool, error)
+	// MemPoolSetAttribute calls cuMemPoolSetAttribute. The three REUSE attributes are C ints (0 or
+	// 1), the others cuuint64_t; value is converted accordingly.
+	MemPoolSetAttribute(pool MemPool, attr MemPoolAttribute, value uint64) error
+	// MemPoolGetAttribute calls cuMemPoolGetAttribute (the value widened to uint64).
+	MemPoolGetAttribute(pool MemPool, attr MemPoolAttribute) (uint64, error)
+	// MemPoolTrimTo calls cuMemPoolTrimTo: unused memory above minBytesToKeep goes back to the
+	// system.
+	MemPoolTrimTo(pool MemPool, minBytesToKeep uint64) error
+
 	// ModuleLoadData calls cuModuleLoadData with a NUL-terminated copy of image (PTX text). Needs a
 	// context; the module belongs to it.
 	ModuleLoadData(image []byte) (Module, error)
@@ -152,4 +177,26 @@ type API interface {
 	// LaunchKernel calls cuLaunchKernel. Every kernel parameter is passed as one 8-byte value (the
 	// project's kernels take only 64-bit pointers and integers). Needs the context of f's module.
 	LaunchKernel(f Function, grid, block Dim3, sharedMem uint32, s Stream, args ...uint64) error
+
+	// Graphs
+
+	// StreamBeginCapture calls cuStreamBeginCapture_v2: from now on the work queued on s is recorded
+	// into a graph instead of running. s must be a stream made by StreamCreate (the legacy stream
+	// cannot capture). Use CaptureModeRelaxed from Go: goroutines move between OS threads, and the
+	// other modes tie the capture to the thread that began it. Needs a context.
+	StreamBeginCapture(s Stream, mode CaptureMode) error
+	// StreamEndCapture calls cuStreamEndCapture and returns the graph recorded on s, owned by the
+	// caller (GraphDestroy). A capture invalidated by an unsupported call fails with
+	// CUDA_ERROR_STREAM_CAPTURE_INVALIDATED and ends. Needs a context.
+	StreamEndCapture(s Stream) (Graph, error)
+	// GraphInstantiate calls cuGraphInstantiateWithFlags; the executable graph is owned by the
+	// caller (GraphExecDestroy) and is independent of g afterwards. Needs a context.
+	GraphInstantiate(g Graph, flags uint64) (GraphExec, error)
+	// GraphLaunch calls cuGraphLaunch: the graph's work is queued on s, with the addresses and
+	// arguments it was captured with. Needs a context.
+	GraphLaunch(e GraphExec, s Stream) error
+	// GraphExecDestroy calls cuGraphExecDestroy. Needs a context.
+	GraphExecDestroy(e GraphExec) error
+	// GraphDestroy calls cuGraphDestroy. Needs a context.
+	GraphDestroy(g Graph) error
 }

@@ -16,6 +16,7 @@ type callEnv struct {
 	staging     unsafe.Pointer // host+128, a second host buffer
 	dev         DevicePtr
 	spareDev    DevicePtr
+	spareAsync  DevicePtr // from MemAllocAsync, for MemFreeAsync
 	ctx         Context
 }
 
@@ -29,6 +30,7 @@ func newCallEnv(t *testing.T, a API) *callEnv {
 	}
 	e.spare, _ = a.MemHostAlloc(64, 0)
 	e.spareDev, _ = a.MemAlloc(64)
+	e.spareAsync, _ = a.MemAllocAsync(64, 0)
 	e.ctx, _ = a.DevicePrimaryCtxRetain(0)
 	return e
 }
@@ -133,12 +135,40 @@ var apiCalls = []struct {
 	{"EventSynchronize", "cuEventSynchronize", func(a API, e *callEnv) error { return a.EventSynchronize(1) }},
 	{"EventElapsedTime", "cuEventElapsedTime_v2", func(a API, e *callEnv) error { _, err := a.EventElapsedTime(1, 2); return err }},
 	{"EventDestroy", "cuEventDestroy_v2", func(a API, e *callEnv) error { return a.EventDestroy(1) }},
+	// Stream-ordered allocation and event queries.
+	{"StreamWaitEvent", "cuStreamWaitEvent", func(a API, e *callEnv) error { return a.StreamWaitEvent(0, 1, 0) }},
+	{"EventQuery", "cuEventQuery", func(a API, e *callEnv) error { _, err := a.EventQuery(1); return err }},
+	{"MemAllocAsync", "cuMemAllocAsync", func(a API, e *callEnv) error {
+		d, err := a.MemAllocAsync(64, 0)
+		if err == nil {
+			err = a.MemFreeAsync(d, 0)
+		}
+		return err
+	}},
+	{"MemFreeAsync", "cuMemFreeAsync", func(a API, e *callEnv) error { return a.MemFreeAsync(e.spareAsync, 0) }},
+	{"DeviceGetDefaultMemPool", "cuDeviceGetDefaultMemPool", func(a API, e *callEnv) error { _, err := a.DeviceGetDefaultMemPool(0); return err }},
+	{"MemPoolSetAttribute", "cuMemPoolSetAttribute", func(a API, e *callEnv) error {
+		return a.MemPoolSetAttribute(1, MemPoolReleaseThreshold, 1<<40)
+	}},
+	{"MemPoolGetAttribute", "cuMemPoolGetAttribute", func(a API, e *callEnv) error {
+		_, err := a.MemPoolGetAttribute(1, MemPoolReservedMemHigh)
+		return err
+	}},
+	{"MemPoolTrimTo", "cuMemPoolTrimTo", func(a API, e *callEnv) error { return a.MemPoolTrimTo(1, 0) }},
 	{"ModuleLoadData", "cuModuleLoadData", func(a API, e *callEnv) error { _, err := a.ModuleLoadData(kernels.PTX); return err }},
 	{"ModuleGetFunction", "cuModuleGetFunction", func(a API, e *callEnv) error { _, err := a.ModuleGetFunction(1, kernels.Fill); return err }},
 	{"ModuleUnload", "cuModuleUnload", func(a API, e *callEnv) error { return a.ModuleUnload(1) }},
 	{"LaunchKernel", "cuLaunchKernel", func(a API, e *callEnv) error {
 		return a.LaunchKernel(1, Dim3{1, 1, 1}, Dim3{32, 1, 1}, 0, 0, uint64(e.dev), 8, 0, 42)
 	}},
+
+	// Graphs
+	{"StreamBeginCapture", "cuStreamBeginCapture_v2", func(a API, e *callEnv) error { return a.StreamBeginCapture(0x5001, CaptureModeRelaxed) }},
+	{"StreamEndCapture", "cuStreamEndCapture", func(a API, e *callEnv) error { _, err := a.StreamEndCapture(0x5001); return err }},
+	{"GraphInstantiate", "cuGraphInstantiateWithFlags", func(a API, e *callEnv) error { _, err := a.GraphInstantiate(0x7002, 0); return err }},
+	{"GraphLaunch", "cuGraphLaunch", func(a API, e *callEnv) error { return a.GraphLaunch(0x7102, 0x5001) }},
+	{"GraphExecDestroy", "cuGraphExecDestroy", func(a API, e *callEnv) error { return a.GraphExecDestroy(0x7102) }},
+	{"GraphDestroy", "cuGraphDestroy", func(a API, e *callEnv) error { return a.GraphDestroy(0x7002) }},
 }
 
 // TestAPICallsCoverEveryMethod keeps apiCalls in step with the API interface.

@@ -71,12 +71,28 @@ package driver
 #cgo nocallback cuvmm_EventCreate
 #cgo noescape cuvmm_EventElapsedTime
 #cgo nocallback cuvmm_EventElapsedTime
+#cgo noescape cuvmm_MemAllocAsync
+#cgo nocallback cuvmm_MemAllocAsync
+#cgo nocallback cuvmm_MemFreeAsync
+#cgo nocallback cuvmm_StreamWaitEvent
+#cgo noescape cuvmm_DeviceGetDefaultMemPool
+#cgo nocallback cuvmm_DeviceGetDefaultMemPool
+#cgo nocallback cuvmm_MemPoolSetAttribute
+#cgo noescape cuvmm_MemPoolGetAttribute
+#cgo nocallback cuvmm_MemPoolGetAttribute
+#cgo nocallback cuvmm_MemPoolTrimTo
 #cgo noescape cuvmm_ModuleLoadData
 #cgo nocallback cuvmm_ModuleLoadData
 #cgo noescape cuvmm_ModuleGetFunction
 #cgo nocallback cuvmm_ModuleGetFunction
 #cgo noescape cuvmm_LaunchKernel
 #cgo nocallback cuvmm_LaunchKernel
+#cgo nocallback cuvmm_StreamBeginCapture
+#cgo noescape cuvmm_StreamEndCapture
+#cgo nocallback cuvmm_StreamEndCapture
+#cgo noescape cuvmm_GraphInstantiate
+#cgo nocallback cuvmm_GraphInstantiate
+#cgo nocallback cuvmm_GraphLaunch
 
 #include "cuda_calls.h"
 */
@@ -896,6 +912,92 @@ func (l *cudaLib) EventElapsedTime(start, end Event) (float32, error) {
 // EventDestroy calls cuEventDestroy_v2.
 func (l *cudaLib) EventDestroy(e Event) error { return l.handleCall(symEventDestroy, uintptr(e)) }
 
+// ---- stream-ordered allocation and event queries ----
+
+// StreamWaitEvent calls cuStreamWaitEvent.
+func (l *cudaLib) StreamWaitEvent(s Stream, e Event, flags uint32) error {
+	fn := l.fn[symStreamWaitEvent]
+	if fn == nil {
+		return l.missing[symStreamWaitEvent]
+	}
+	return result(C.cuvmm_StreamWaitEvent(fn, C.uintptr_t(s), C.uintptr_t(e), C.uint(flags)))
+}
+
+// EventQuery calls cuEventQuery; CUDA_ERROR_NOT_READY is (false, nil).
+func (l *cudaLib) EventQuery(e Event) (bool, error) {
+	err := l.handleCall(symEventQuery, uintptr(e))
+	if r, ok := err.(Result); ok && r == ErrorNotReady {
+		return false, nil
+	}
+	return err == nil, err
+}
+
+// MemAllocAsync calls cuMemAllocAsync.
+func (l *cudaLib) MemAllocAsync(size uint64, s Stream) (DevicePtr, error) {
+	fn := l.fn[symMemAllocAsync]
+	if fn == nil {
+		return 0, l.missing[symMemAllocAsync]
+	}
+	var d C.ulonglong
+	if err := result(C.cuvmm_MemAllocAsync(fn, &d, C.size_t(size), C.uintptr_t(s))); err != nil {
+		return 0, err
+	}
+	return DevicePtr(d), nil
+}
+
+// MemFreeAsync calls cuMemFreeAsync.
+func (l *cudaLib) MemFreeAsync(ptr DevicePtr, s Stream) error {
+	fn := l.fn[symMemFreeAsync]
+	if fn == nil {
+		return l.missing[symMemFreeAsync]
+	}
+	return result(C.cuvmm_MemFreeAsync(fn, C.ulonglong(ptr), C.uintptr_t(s)))
+}
+
+// DeviceGetDefaultMemPool calls cuDeviceGetDefaultMemPool.
+func (l *cudaLib) DeviceGetDefaultMemPool(dev Device) (MemPool, error) {
+	fn := l.fn[symDeviceGetDefaultMemPool]
+	if fn == nil {
+		return 0, l.missing[symDeviceGetDefaultMemPool]
+	}
+	var p C.uintptr_t
+	if err := result(C.cuvmm_DeviceGetDefaultMemPool(fn, &p, C.int(dev))); err != nil {
+		return 0, err
+	}
+	return MemPool(p), nil
+}
+
+// MemPoolSetAttribute calls cuMemPoolSetAttribute.
+func (l *cudaLib) MemPoolSetAttribute(pool MemPool, attr MemPoolAttribute, value uint64) error {
+	fn := l.fn[symMemPoolSetAttribute]
+	if fn == nil {
+		return l.missing[symMemPoolSetAttribute]
+	}
+	return result(C.cuvmm_MemPoolSetAttribute(fn, C.uintptr_t(pool), C.int(attr), C.ulonglong(value)))
+}
+
+// MemPoolGetAttribute calls cuMemPoolGetAttribute.
+func (l *cudaLib) MemPoolGetAttribute(pool MemPool, attr MemPoolAttribute) (uint64, error) {
+	fn := l.fn[symMemPoolGetAttribute]
+	if fn == nil {
+		return 0, l.missing[symMemPoolGetAttribute]
+	}
+	var v C.ulonglong
+	if err := result(C.cuvmm_MemPoolGetAttribute(fn, C.uintptr_t(pool), C.int(attr), &v)); err != nil {
+		return 0, err
+	}
+	return uint64(v), nil
+}
+
+// MemPoolTrimTo calls cuMemPoolTrimTo.
+func (l *cudaLib) MemPoolTrimTo(pool MemPool, minBytesToKeep uint64) error {
+	fn := l.fn[symMemPoolTrimTo]
+	if fn == nil {
+		return l.missing[symMemPoolTrimTo]
+	}
+	return result(C.cuvmm_MemPoolTrimTo(fn, C.uintptr_t(pool), C.size_t(minBytesToKeep)))
+}
+
 // ---- modules and kernels ----
 
 // ModuleLoadData calls cuModuleLoadData with a NUL-terminated C copy of image.
@@ -945,3 +1047,57 @@ func (l *cudaLib) LaunchKernel(f Function, grid, block Dim3, sharedMem uint32, s
 		C.uint(sharedMem), C.uintptr_t(s),
 		(*C.ulonglong)(unsafe.Pointer(unsafe.SliceData(args))), C.size_t(len(args))))
 }
+
+// ---- graphs ----
+
+// StreamBeginCapture calls cuStreamBeginCapture_v2.
+func (l *cudaLib) StreamBeginCapture(s Stream, mode CaptureMode) error {
+	fn := l.fn[symStreamBeginCapture]
+	if fn == nil {
+		return l.missing[symStreamBeginCapture]
+	}
+	return result(C.cuvmm_StreamBeginCapture(fn, C.uintptr_t(s), C.int(mode)))
+}
+
+// StreamEndCapture calls cuStreamEndCapture.
+func (l *cudaLib) StreamEndCapture(s Stream) (Graph, error) {
+	fn := l.fn[symStreamEndCapture]
+	if fn == nil {
+		return 0, l.missing[symStreamEndCapture]
+	}
+	var g C.uintptr_t
+	if err := result(C.cuvmm_StreamEndCapture(fn, C.uintptr_t(s), &g)); err != nil {
+		return 0, err
+	}
+	return Graph(g), nil
+}
+
+// GraphInstantiate calls cuGraphInstantiateWithFlags.
+func (l *cudaLib) GraphInstantiate(g Graph, flags uint64) (GraphExec, error) {
+	fn := l.fn[symGraphInstantiate]
+	if fn == nil {
+		return 0, l.missing[symGraphInstantiate]
+	}
+	var e C.uintptr_t
+	if err := result(C.cuvmm_GraphInstantiate(fn, &e, C.uintptr_t(g), C.ulonglong(flags))); err != nil {
+		return 0, err
+	}
+	return GraphExec(e), nil
+}
+
+// GraphLaunch calls cuGraphLaunch.
+func (l *cudaLib) GraphLaunch(e GraphExec, s Stream) error {
+	fn := l.fn[symGraphLaunch]
+	if fn == nil {
+		return l.missing[symGraphLaunch]
+	}
+	return result(C.cuvmm_GraphLaunch(fn, C.uintptr_t(e), C.uintptr_t(s)))
+}
+
+// GraphExecDestroy calls cuGraphExecDestroy.
+func (l *cudaLib) GraphExecDestroy(e GraphExec) error {
+	return l.handleCall(symGraphExecDestroy, uintptr(e))
+}
+
+// GraphDestroy calls cuGraphDestroy.
+func (l *cudaLib) GraphDestroy(g Graph) error { return l.handleCall(symGraphDestroy, uintptr(g)) }

@@ -330,6 +330,55 @@ static inline int cuvmm_EventElapsedTime(void *fn, float *ms, uintptr_t start, u
 	return ((CUresult_(*)(float *, void *, void *))fn)(ms, (void *)start, (void *)end);
 }
 
+// ---- stream-ordered allocation and event queries ----
+
+static inline int cuvmm_StreamWaitEvent(void *fn, uintptr_t s, uintptr_t e, unsigned int flags) {
+	return ((CUresult_(*)(void *, void *, unsigned int))fn)((void *)s, (void *)e, flags);
+}
+
+static inline int cuvmm_MemAllocAsync(void *fn, unsigned long long *dptr, size_t size, uintptr_t s) {
+	return ((CUresult_(*)(CUdeviceptr_ *, size_t, void *))fn)(dptr, size, (void *)s);
+}
+
+static inline int cuvmm_MemFreeAsync(void *fn, unsigned long long dptr, uintptr_t s) {
+	return ((CUresult_(*)(CUdeviceptr_, void *))fn)(dptr, (void *)s);
+}
+
+static inline int cuvmm_DeviceGetDefaultMemPool(void *fn, uintptr_t *pool, int dev) {
+	void *p = NULL;
+	int rc = ((CUresult_(*)(void **, CUdevice_))fn)(&p, dev);
+	*pool = (uintptr_t)p;
+	return rc;
+}
+
+// The REUSE_* attributes (1 to 3) are ints; the others (RELEASE_THRESHOLD and the memory counters)
+// are cuuint64_t. The value always crosses as a 64-bit integer.
+static inline int cuvmm_MemPoolSetAttribute(void *fn, uintptr_t pool, int attr, unsigned long long value) {
+	if (attr >= 1 && attr <= 3) {
+		int v = (int)value;
+		return ((CUresult_(*)(void *, int, void *))fn)((void *)pool, attr, &v);
+	}
+	unsigned long long v = value;
+	return ((CUresult_(*)(void *, int, void *))fn)((void *)pool, attr, &v);
+}
+
+static inline int cuvmm_MemPoolGetAttribute(void *fn, uintptr_t pool, int attr, unsigned long long *value) {
+	if (attr >= 1 && attr <= 3) {
+		int v = 0;
+		int rc = ((CUresult_(*)(void *, int, void *))fn)((void *)pool, attr, &v);
+		*value = (unsigned long long)(unsigned int)v;
+		return rc;
+	}
+	unsigned long long v = 0;
+	int rc = ((CUresult_(*)(void *, int, void *))fn)((void *)pool, attr, &v);
+	*value = v;
+	return rc;
+}
+
+static inline int cuvmm_MemPoolTrimTo(void *fn, uintptr_t pool, size_t keep) {
+	return ((CUresult_(*)(void *, size_t))fn)((void *)pool, keep);
+}
+
 // ---- modules and kernels ----
 
 // The driver reads the image as a NUL-terminated string when it is PTX: copy it into C memory with
@@ -384,6 +433,30 @@ static inline int cuvmm_LaunchKernel(void *fn, uintptr_t f, unsigned int gx, uns
 	                                                                   (void *)s, params, NULL);
 	if (params != NULL && params != small) free(params);
 	return rc;
+}
+
+// ---- graphs ----
+
+static inline int cuvmm_StreamBeginCapture(void *fn, uintptr_t s, int mode) {
+	return ((CUresult_(*)(void *, int))fn)((void *)s, mode);
+}
+
+static inline int cuvmm_StreamEndCapture(void *fn, uintptr_t s, uintptr_t *graph) {
+	void *g = NULL;
+	int rc = ((CUresult_(*)(void *, void **))fn)((void *)s, &g);
+	*graph = (uintptr_t)g;
+	return rc;
+}
+
+static inline int cuvmm_GraphInstantiate(void *fn, uintptr_t *exec, uintptr_t graph, unsigned long long flags) {
+	void *e = NULL;
+	int rc = ((CUresult_(*)(void **, void *, unsigned long long))fn)(&e, (void *)graph, flags);
+	*exec = (uintptr_t)e;
+	return rc;
+}
+
+static inline int cuvmm_GraphLaunch(void *fn, uintptr_t exec, uintptr_t s) {
+	return ((CUresult_(*)(void *, void *))fn)((void *)exec, (void *)s);
 }
 
 #endif

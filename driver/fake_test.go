@@ -59,6 +59,8 @@ LEGACY_TRAP(cuStreamDestroy)
 LEGACY_TRAP(cuEventDestroy)
 LEGACY_TRAP(cuDevicePrimaryCtxRelease)
 LEGACY_TRAP(cuDeviceGetUuid)
+LEGACY_TRAP(cuStreamBeginCapture)
+LEGACY_TRAP(cuGraphInstantiate)
 
 int cuInit(unsigned flags) {
 #ifdef FAKE_STUB
@@ -188,6 +190,27 @@ int cuEventSynchronize(void *e) { return e ? 0 : 400; }
 int cuEventElapsedTime(float *ms, void *a, void *b) { if (!a || !b) return 400; *ms = 1.5f; return 0; }
 int cuEventDestroy_v2(void *e) { return e ? 0 : 400; }
 
+// Stream-ordered allocation and event queries: an event made with BLOCKING_SYNC (0x6001) never
+// completes, so NOT_READY is seen; the default pool keeps each attribute as the C type the header
+// gives it (int for 1-3, cuuint64_t for the rest).
+int cuStreamWaitEvent(void *s, void *e, unsigned flags) { (void)s; return e && flags == 0 ? 0 : 1; }
+int cuEventQuery(void *e) { if (!e) return 400; return e == DP(0x6001) ? 600 : 0; }
+int cuMemAllocAsync(u64 *d, size_t size, void *st) { (void)st; void *p = calloc(1, size); *d = (u64)(uintptr_t)p; return p ? 0 : 2; }
+int cuMemFreeAsync(u64 d, void *st) { (void)st; if (!d) return 1; free(DP(d)); return 0; }
+int cuDeviceGetDefaultMemPool(void **pool, int dev) { if (dev < 0 || dev > 1) return 101; *pool = DP(0x7000 + dev); return 0; }
+static u64 pool_attr[9];
+int cuMemPoolSetAttribute(void *pool, int attr, void *v) {
+	if (!pool || attr < 1 || attr > 8) return 1;
+	pool_attr[attr] = attr <= 3 ? (u64)*(int *)v : *(u64 *)v;
+	return 0;
+}
+int cuMemPoolGetAttribute(void *pool, int attr, void *v) {
+	if (!pool || attr < 1 || attr > 8) return 1;
+	if (attr <= 3) *(int *)v = (int)pool_attr[attr]; else *(u64 *)v = pool_attr[attr];
+	return 0;
+}
+int cuMemPoolTrimTo(void *pool, size_t keep) { if (!pool) return 400; pool_attr[5] = keep; return 0; }
+
 int cuModuleLoadData(void **m, const void *image) {
 	const char *s = image;
 	if (strstr(s, ".entry") == NULL) return 218;
@@ -234,6 +257,30 @@ int cuLaunchKernel(void *f, unsigned gx, unsigned gy, unsigned gz, unsigned bx, 
 	}
 	return 400;
 }
+
+// Graphs: the graph handle records the capture mode, the executable one the graph and the flags.
+static void *capturing;
+static int capture_mode;
+int cuStreamBeginCapture_v2(void *s, int mode) {
+	if (!s || mode < 0 || mode > 2) return 1;
+	if (capturing) return 401;
+	capturing = s; capture_mode = mode;
+	return 0;
+}
+int cuStreamEndCapture(void *s, void **g) {
+	if (s != capturing) return 401;
+	capturing = NULL;
+	*g = DP(0x7000 + capture_mode);
+	return 0;
+}
+int cuGraphInstantiateWithFlags(void **e, void *g, u64 flags) {
+	if (!g) return 400;
+	*e = DP((uintptr_t)g + 0x100 + flags);
+	return 0;
+}
+int cuGraphLaunch(void *e, void *s) { (void)s; return e ? 0 : 400; }
+int cuGraphExecDestroy(void *e) { return e ? 0 : 400; }
+int cuGraphDestroy(void *g) { return g ? 0 : 400; }
 `
 
 // TestMain removes the fake driver libraries built by the tests.
@@ -322,6 +369,66 @@ func TestFakeEveryMethod(t *testing.T) {
 			t.Errorf("%s (%s): %v", c.method, c.symbol, err)
 		}
 	}
+}
+
+// TestFakeStreamOrdered checks what crosses the ABI for the stream-ordered allocation and event
+// query calls: NOT_READY becomes (false, nil), pool attributes keep their 64-bit values, and the
+// pool handle and stream reach the driver.
+func TestFakeStreamOrdered(t *testing.T) {
+	l := openFake(t)
+	pending, err := l.EventCreate(EventBlockingSync) // the fake never completes this one
+	if err != nil {
+		t.Fatal(err)
+	}
+	if done, err := l.EventQuery(pending); err != nil || done {
+		t.Errorf("EventQuery(pending) = %v, %v; want false, nil", done, err)
+	}
+	if done, err := l.EventQuery(0x6002); err != nil || !done {
+		t.Errorf("EventQuery(complete) = %v, %v; want true, nil", done, err)
+	}
+	if _, err := l.EventQuery(0); !errors.Is(err, ErrInvalidHandle) {
+		t.Errorf("EventQuery(0) = %v, want CUDA_ERROR_INVALID_HANDLE", err)
+	}
+	if err := l.StreamWaitEvent(0x5001, pending, 1); !errors.Is(err, ErrInvalidValue) {
+		t.Errorf("StreamWaitEvent(flags 1) = %v, want the flags to reach the driver", err)
+	}
+	pool, err := l.DeviceGetDefaultMemPool(1)
+	if err != nil || pool != 0x7001 {
+		t.Fatalf("DeviceGetDefaultMemPool(1) = %#x, %v", pool, err)
+	}
+	const big = 1<<40 + 3
+	if err := l.MemPoolSetAttribute(pool, MemPoolReleaseThreshold, big); err != nil {
+		t.Fatal(err)
+	}
+	if v, err := l.MemPoolGetAttribute(pool, MemPoolReleaseThreshold); err != nil || v != big {
+		t.Errorf("release threshold = %d, %v; want %d (a 64-bit value)", v, err, uint64(big))
+	}
+	if err := l.MemPoolSetAttribute(pool, MemPoolReuseAllowOpportunistic, 1); err != nil {
+		t.Fatal(err)
+	}
+	if v, err := l.MemPoolGetAttribute(pool, MemPoolReuseAllowOpportunistic); err != nil || v != 1 {
+		t.Errorf("reuse opportunistic = %d, %v; want 1", v, err)
+	}
+	if err := l.MemPoolTrimTo(pool, 12345); err != nil {
+		t.Fatal(err)
+	}
+	if v, _ := l.MemPoolGetAttribute(pool, MemPoolReservedMemCurrent); v != 12345 {
+		t.Errorf("TrimTo passed %d, want 12345", v)
+	}
+	d, err := l.MemAllocAsync(4096, 0x5000)
+	if err != nil || d == 0 {
+		t.Fatalf("MemAllocAsync = %#x, %v", d, err)
+	}
+	if err := l.MemsetD8(d, 7, 4096); err != nil {
+		t.Fatal(err)
+	}
+	if err := l.MemFreeAsync(d, 0x5000); err != nil {
+		t.Fatal(err)
+	}
+	if err := l.MemFreeAsync(0, 0); !errors.Is(err, ErrInvalidValue) {
+		t.Errorf("MemFreeAsync(0) = %v", err)
+	}
+	must(t, "EventDestroy", l.EventDestroy(pending))
 }
 
 func TestFakeDevices(t *testing.T) {
@@ -773,5 +880,40 @@ func TestFakeOldDriver(t *testing.T) {
 	}
 	if m := a.(*cudaLib).missingSymbols(); len(m) != 1 {
 		t.Errorf("missing %v, want only cuMemGetHandleForAddressRange", m)
+	}
+}
+
+// TestFakeGraphs checks what crosses the ABI for the graph calls: the capture mode, the handles
+// passed back through out-parameters, and the instantiate flags.
+func TestFakeGraphs(t *testing.T) {
+	l := openFake(t)
+	if err := l.StreamBeginCapture(0x5001, CaptureModeRelaxed); err != nil {
+		t.Fatal(err)
+	}
+	if err := l.StreamBeginCapture(0x5001, CaptureModeGlobal); !errors.Is(err, ErrorIllegalState) {
+		t.Errorf("second begin: %v, want CUDA_ERROR_ILLEGAL_STATE", err)
+	}
+	g, err := l.StreamEndCapture(0x5001)
+	if err != nil || g != 0x7002 {
+		t.Fatalf("StreamEndCapture = %#x, %v; want 0x7002 (relaxed mode crossed as 2)", g, err)
+	}
+	e, err := l.GraphInstantiate(g, 0)
+	if err != nil || e != 0x7102 {
+		t.Fatalf("GraphInstantiate = %#x, %v; want 0x7102", e, err)
+	}
+	if err := l.GraphLaunch(e, 0x5001); err != nil {
+		t.Error(err)
+	}
+	if err := l.GraphLaunch(0, 0x5001); !errors.Is(err, ErrInvalidHandle) {
+		t.Errorf("launch of a nil graph: %v", err)
+	}
+	if err := l.GraphExecDestroy(e); err != nil {
+		t.Error(err)
+	}
+	if err := l.GraphDestroy(g); err != nil {
+		t.Error(err)
+	}
+	if _, err := l.StreamEndCapture(0x5001); !errors.Is(err, ErrorIllegalState) {
+		t.Errorf("end without a capture: %v, want CUDA_ERROR_ILLEGAL_STATE", err)
 	}
 }

@@ -68,6 +68,23 @@ const (
 	symMemAlloc
 	symMemFree
 
+	// Graphs
+	symStreamBeginCapture
+	symStreamEndCapture
+	symGraphInstantiate
+	symGraphLaunch
+	symGraphExecDestroy
+	symGraphDestroy
+	// Stream-ordered allocation and event queries.
+	symStreamWaitEvent
+	symEventQuery
+	symMemAllocAsync
+	symMemFreeAsync
+	symDeviceGetDefaultMemPool
+	symMemPoolSetAttribute
+	symMemPoolGetAttribute
+	symMemPoolTrimTo
+
 	numSymbols
 )
 
@@ -148,4 +165,24 @@ var symbols = [numSymbols]symbolInfo{
 	symLaunchKernel:                         {name: "cuLaunchKernel", since: "4.0"},
 	symMemAlloc:                             {name: "cuMemAlloc_v2", since: "3.2"},
 	symMemFree:                              {name: "cuMemFree_v2", since: "3.2"},
+
+	// Graphs. cuStreamBeginCapture_v2 takes the capture mode (the plain name is the 10.0 form
+	// without it); cuGraphInstantiateWithFlags is what cuGraphInstantiate means since CUDA 12 (the
+	// plain symbol is the 11.x form with an error-log buffer).
+	symStreamBeginCapture: {name: "cuStreamBeginCapture_v2", since: "10.1"},
+	symStreamEndCapture:   {name: "cuStreamEndCapture", since: "10.0"},
+	symGraphInstantiate:   {name: "cuGraphInstantiateWithFlags", since: "11.4"},
+	symGraphLaunch:        {name: "cuGraphLaunch", since: "10.0"},
+	symGraphExecDestroy:   {name: "cuGraphExecDestroy", since: "10.0"},
+	symGraphDestroy:       {name: "cuGraphDestroy", since: "10.0"},
+	// Stream-ordered allocation and event queries. The plain names are the legacy-default-stream
+	// forms (the _ptsz variants are the per-thread-default-stream ones).
+	symStreamWaitEvent:         {name: "cuStreamWaitEvent", since: "3.2"},
+	symEventQuery:              {name: "cuEventQuery", since: "2.0"},
+	symMemAllocAsync:           {name: "cuMemAllocAsync", since: "11.2"},
+	symMemFreeAsync:            {name: "cuMemFreeAsync", since: "11.2"},
+	symDeviceGetDefaultMemPool: {name: "cuDeviceGetDefaultMemPool", since: "11.2"},
+	symMemPoolSetAttribute:     {name: "cuMemPoolSetAttribute", since: "11.2"},
+	symMemPoolGetAttribute:     {name: "cuMemPoolGetAttribute", since: "11.2"},
+	symMemPoolTrimTo:           {name: "cuMemPoolTrimTo", since: "11.2"},
 }

@@ -85,6 +85,7 @@ package growbuf
 import (
 	"errors"
 	"fmt"
+	"slices"
 	"sync/atomic"
 
 	"github.com/cuvmm/cuvmm/driver"
@@ -228,25 +229,9 @@ func New(dev *vmm.Device, opts Options) (*Buffer, error) {
 		return nil, fmt.Errorf("growbuf: new: nil device: %w", vmm.ErrInvalidValue)
 	}
 	sys := dev.System()
-	loc := opts.Location
-	switch loc.Type {
-	case driver.LocationInvalid:
-		loc = dev.Location()
-	case driver.LocationDevice:
-		if loc != dev.Location() {
-			return nil, fmt.Errorf("growbuf: new on %s: location %s is another device's memory (make the buffer with that device): %w", dev, loc, vmm.ErrInvalidValue)
-		}
-	case driver.LocationHostNUMA:
-		if loc.ID < 0 {
-			return nil, fmt.Errorf("growbuf: new on %s: host NUMA node %d: %w", dev, loc.ID, vmm.ErrInvalidValue)
-		}
-		// A device that reports no support fails here; when the answer cannot be had (drivers
-		// before 12.9 do not know the attribute), cuMemCreate decides at the first Grow.
-		if err := dev.Check(vmm.FeatureHostNUMA); errors.Is(err, driver.ErrNotSupported) {
-			return nil, fmt.Errorf("growbuf: new on %s: %s: %w", dev, loc, err)
-		}
-	default:
-		return nil, fmt.Errorf("growbuf: new on %s: location %s: want the device or a host NUMA node: %w", dev, loc, vmm.ErrInvalidValue)
+	loc, err := location(dev, opts.Location)
+	if err != nil {
+		return nil, err
 	}
 	if bad := opts.HandleTypes &^ driver.HandleTypeKnown; bad != 0 {
 		return nil, fmt.Errorf("growbuf: new on %s: handle types %s: unknown bits %#x: %w", dev, opts.HandleTypes, int32(bad), vmm.ErrInvalidValue)
@@ -257,66 +242,32 @@ func New(dev *vmm.Device, opts Options) (*Buffer, error) {
 	if err != nil {
 		return nil, fmt.Errorf("growbuf: new: %w", err)
 	}
-
 	policy, err := normalizePolicy(opts.Chunk, gran)
 	if err != nil {
 		return nil, fmt.Errorf("growbuf: new on %s: %w", dev, err)
 	}
 	limit := ^uint64(0) / gran * gran
 	if opts.Limit != 0 {
-		l, err := vmm.RoundUp(fmt.Sprintf("growbuf: new on %s: limit", dev), opts.Limit, gran)
-		if err != nil {
+		if limit, err = vmm.RoundUp(fmt.Sprintf("growbuf: new on %s: limit", dev), opts.Limit, gran); err != nil {
 			return nil, err
 		}
-		limit = l
 	}
 	maxSize := opts.MaxSize
 	if maxSize == 0 {
 		maxSize = min(dev.TotalMemory(), limit)
 	}
-	maxSize, err = vmm.RoundUp(fmt.Sprintf("growbuf: new on %s: max size", dev), maxSize, gran)
+	if maxSize, err = vmm.RoundUp(fmt.Sprintf("growbuf: new on %s: max size", dev), maxSize, gran); err != nil {
+		return nil, err
+	}
+	access, syncDevs, err := peerAccess(dev, loc, opts.Peers)
 	if err != nil {
 		return nil, err
 	}
-
-	access := []vmm.Access{vmm.ReadWrite(dev)}
-	if loc.Type == driver.LocationHostNUMA {
-		access = append(access, vmm.HostReadWrite())
-	}
-	syncDevs := []*vmm.Device{dev}
-	for i, p := range opts.Peers {
-		if p.Device == nil {
-			return nil, fmt.Errorf("growbuf: new on %s: peer %d is a nil device: %w", dev, i, vmm.ErrInvalidValue)
-		}
-		if p.Device.System() != sys {
-			return nil, fmt.Errorf("growbuf: new on %s: peer %s belongs to another System: %w", dev, p.Device, vmm.ErrInvalidValue)
-		}
-		for _, d := range syncDevs {
-			if d == p.Device {
-				return nil, fmt.Errorf("growbuf: new on %s: peer %s listed twice or is the owning device (which always has read-write access): %w", dev, p.Device, vmm.ErrInvalidValue)
-			}
-		}
-		if loc.Type == driver.LocationDevice {
-			ok, err := p.Device.CanAccessPeer(dev)
-			if err != nil {
-				return nil, fmt.Errorf("growbuf: new on %s: %w", dev, err)
-			}
-			if !ok {
-				return nil, fmt.Errorf("growbuf: new on %s: peer %s cannot access the memory of %s: %w", dev, p.Device, dev, driver.ErrNotSupported)
-			}
-		}
-		if p.ReadOnly {
-			access = append(access, vmm.ReadOnly(p.Device))
-		} else {
-			access = append(access, vmm.ReadWrite(p.Device))
-		}
-		syncDevs = append(syncDevs, p.Device)
-	}
-
 	r, err := sys.Reserve(maxSize, vmm.ReserveOptions{})
 	if err != nil {
 		return nil, fmt.Errorf("growbuf: new on %s: reserve %s: %w", dev, units.FormatSize(maxSize), err)
 	}
+	r.SetKind("growbuf")
 	b := &Buffer{
 		dev: dev, sys: sys, loc: loc, gran: gran, policy: policy, limit: limit,
 		allocOpts: vmm.AllocOptions{Location: loc, HandleTypes: opts.HandleTypes},
@@ -328,6 +279,67 @@ func New(dev *vmm.Device, opts Options) (*Buffer, error) {
 	b.reserved.Store(r.Size())
 	lifetime.Track(b, &b.own)
 	return b, nil
+}
+
+// location resolves Options.Location for dev.
+func location(dev *vmm.Device, loc driver.Location) (driver.Location, error) {
+	switch loc.Type {
+	case driver.LocationInvalid:
+		return dev.Location(), nil
+	case driver.LocationDevice:
+		if loc != dev.Location() {
+			return loc, fmt.Errorf("growbuf: new on %s: location %s is another device's memory (make the buffer with that device): %w", dev, loc, vmm.ErrInvalidValue)
+		}
+		return loc, nil
+	case driver.LocationHostNUMA:
+		if loc.ID < 0 {
+			return loc, fmt.Errorf("growbuf: new on %s: host NUMA node %d: %w", dev, loc.ID, vmm.ErrInvalidValue)
+		}
+		// A device that reports no support fails here; when the answer cannot be had (drivers
+		// before 12.9 do not know the attribute), cuMemCreate decides at the first Grow.
+		if err := dev.Check(vmm.FeatureHostNUMA); errors.Is(err, driver.ErrNotSupported) {
+			return loc, fmt.Errorf("growbuf: new on %s: %s: %w", dev, loc, err)
+		}
+		return loc, nil
+	}
+	return loc, fmt.Errorf("growbuf: new on %s: location %s: want the device or a host NUMA node: %w", dev, loc, vmm.ErrInvalidValue)
+}
+
+// peerAccess is the access list of every chunk (the owning device, the CPU for host-NUMA memory,
+// the peers) and the devices a wait synchronizes, after checking the peers.
+func peerAccess(dev *vmm.Device, loc driver.Location, peers []Peer) ([]vmm.Access, []*vmm.Device, error) {
+	access := []vmm.Access{vmm.ReadWrite(dev)}
+	if loc.Type == driver.LocationHostNUMA {
+		access = append(access, vmm.HostReadWrite())
+	}
+	syncDevs := []*vmm.Device{dev}
+	for i, p := range peers {
+		if p.Device == nil {
+			return nil, nil, fmt.Errorf("growbuf: new on %s: peer %d is a nil device: %w", dev, i, vmm.ErrInvalidValue)
+		}
+		if p.Device.System() != dev.System() {
+			return nil, nil, fmt.Errorf("growbuf: new on %s: peer %s belongs to another System: %w", dev, p.Device, vmm.ErrInvalidValue)
+		}
+		if slices.Contains(syncDevs, p.Device) {
+			return nil, nil, fmt.Errorf("growbuf: new on %s: peer %s listed twice or is the owning device (which always has read-write access): %w", dev, p.Device, vmm.ErrInvalidValue)
+		}
+		if loc.Type == driver.LocationDevice {
+			ok, err := p.Device.CanAccessPeer(dev)
+			if err != nil {
+				return nil, nil, fmt.Errorf("growbuf: new on %s: %w", dev, err)
+			}
+			if !ok {
+				return nil, nil, fmt.Errorf("growbuf: new on %s: peer %s cannot access the memory of %s: %w", dev, p.Device, dev, driver.ErrNotSupported)
+			}
+		}
+		if p.ReadOnly {
+			access = append(access, vmm.ReadOnly(p.Device))
+		} else {
+			access = append(access, vmm.ReadWrite(p.Device))
+		}
+		syncDevs = append(syncDevs, p.Device)
+	}
+	return access, syncDevs, nil
 }
 
 func normalizePolicy(p ChunkPolicy, gran uint64) (ChunkPolicy, error) {
@@ -580,6 +592,7 @@ func (b *Buffer) extend(target uint64) error {
 	for _, size := range sizes {
 		r, err := b.sys.Reserve(size, vmm.ReserveOptions{Hint: last.res.End(), RequireHint: true})
 		if err == nil {
+			r.SetKind("growbuf")
 			b.segs = append(b.segs, segment{res: r, off: reserved})
 			b.reserved.Store(reserved + r.Size())
 			return nil
@@ -621,23 +634,13 @@ func (b *Buffer) move(n, need uint64, cause error) error {
 		return fmt.Errorf("growbuf: grow from %s to %d bytes: the reservation of %s at %#x is full (%v), and moving to a new range of %s failed: %s: %w (%w)",
 			units.FormatSize(b.length.Load()), n, units.FormatSize(oldReserved), b.ptr.Load(), cause, units.FormatSize(size), what, err, ErrReservationFull)
 	}
-	specs := make([]vmm.ChunkSpec, 0, len(b.chunks)+added)
-	chunks := make([]chunk, 0, len(b.chunks)+added)
-	for _, c := range b.chunks {
-		specs = append(specs, vmm.ChunkSpec{Offset: c.off, Allocation: c.m.Allocation(), Access: b.access})
-		chunks = append(chunks, chunk{off: c.off, size: c.size})
-	}
-	for pos := have; pos < target; {
-		size := b.chunkSize(pos)
-		specs = append(specs, vmm.ChunkSpec{Offset: pos, Size: size, Device: b.dev, Alloc: b.allocOpts, Access: b.access})
-		chunks = append(chunks, chunk{off: pos, size: size})
-		pos += size
-	}
+	specs, chunks := b.movedChunks(have, target, added)
 	// The old chunks mapped again and the new ones made, in a new range, all or nothing.
 	r, maps, err := b.sys.ReserveChunks(size, vmm.ReserveOptions{}, specs)
 	if err != nil {
 		return fail("building the new range", err)
 	}
+	r.SetKind("growbuf")
 	for i := range chunks {
 		chunks[i].m = maps[i]
 	}
@@ -665,15 +668,50 @@ func (b *Buffer) move(n, need uint64, cause error) error {
 		}
 	}
 	oldPtr := b.Ptr()
+	b.freeOldRange(have)
+	clear(b.segs)
+	b.segs = append(b.segs[:0], segment{res: r, off: 0})
+	b.chunks = chunks
+	b.ptr.Store(uint64(r.Ptr()))
+	b.reserved.Store(r.Size())
+	b.capacity.Store(target)
+	b.length.Store(n)
+	if b.onMove != nil {
+		b.onMove(oldPtr, r.Ptr())
+	}
+	return nil
+}
+
+// movedChunks lists the chunks of a move: the old ones mapped again (their allocations), then
+// added new ones up to target, all at their buffer offsets.
+func (b *Buffer) movedChunks(have, target uint64, added int) ([]vmm.ChunkSpec, []chunk) {
+	specs := make([]vmm.ChunkSpec, 0, len(b.chunks)+added)
+	chunks := make([]chunk, 0, len(b.chunks)+added)
+	for _, c := range b.chunks {
+		specs = append(specs, vmm.ChunkSpec{Offset: c.off, Allocation: c.m.Allocation(), Access: b.access})
+		chunks = append(chunks, chunk{off: c.off, size: c.size})
+	}
+	for pos := have; pos < target; {
+		size := b.chunkSize(pos)
+		specs = append(specs, vmm.ChunkSpec{Offset: pos, Size: size, Device: b.dev, Alloc: b.allocOpts, Access: b.access})
+		chunks = append(chunks, chunk{off: pos, size: size})
+		pos += size
+	}
+	return specs, chunks
+}
+
+// freeOldRange unmaps the old reservations after a move (their mappings no longer own the chunks)
+// and frees them. The grow has succeeded by then: what cannot be freed is kept (leftMaps, leftRes)
+// for Close, which retries it before anything else and reports the error.
+func (b *Buffer) freeOldRange(have uint64) {
+	oldPtr := b.Ptr()
 	var errs []error
 	for i := len(b.segs) - 1; i >= 0; i-- {
 		s := b.segs[i]
 		if mapped := min(have, s.end()); mapped > s.off {
 			if err := s.res.UnmapRange(0, mapped-s.off); err != nil {
 				errs = append(errs, err)
-				for _, m := range s.res.Mappings() {
-					b.leftMaps = append(b.leftMaps, m)
-				}
+				b.leftMaps = append(b.leftMaps, s.res.Mappings()...)
 			}
 		}
 		if len(errs) == 0 {
@@ -686,20 +724,8 @@ func (b *Buffer) move(n, need uint64, cause error) error {
 		}
 	}
 	if len(errs) > 0 {
-		// The grow itself succeeded; what the old range still holds is retried and reported by Close.
 		b.deferred = errors.Join(b.deferred, fmt.Errorf("growbuf: freeing the range at %#x after moving the buffer: %w", uint64(oldPtr), errors.Join(errs...)))
 	}
-	clear(b.segs)
-	b.segs = append(b.segs[:0], segment{res: r, off: 0})
-	b.chunks = chunks
-	b.ptr.Store(uint64(r.Ptr()))
-	b.reserved.Store(r.Size())
-	b.capacity.Store(target)
-	b.length.Store(n)
-	if b.onMove != nil {
-		b.onMove(oldPtr, r.Ptr())
-	}
-	return nil
 }
 
 // sync waits for the work that may use the buffer (see the package doc).
@@ -780,6 +806,19 @@ func (b *Buffer) dropChunks(from int) {
 	}
 }
 
+// closeAll closes each of list, returning those that failed (to retry) and errs with their errors.
+func closeAll[T interface{ Close() error }](list []T, errs []error) ([]T, []error) {
+	left := list[:0]
+	for _, x := range list {
+		if err := x.Close(); err != nil {
+			errs = append(errs, fmt.Errorf("growbuf: close: %w", err))
+			left = append(left, x)
+		}
+	}
+	clear(list[len(left):])
+	return left, errs
+}
+
 func mappingLive(r *vmm.Reservation, m *vmm.Mapping) bool {
 	for _, x := range r.Mappings() {
 		if x == m {
@@ -817,15 +856,7 @@ func (b *Buffer) Close() error {
 	}
 	// What an earlier failure left first: an old range's mappings still map allocations that the
 	// chunks own, which can be released only once those are unmapped.
-	left := b.leftMaps[:0]
-	for _, m := range b.leftMaps {
-		if err := m.Close(); err != nil {
-			errs = append(errs, fmt.Errorf("growbuf: close: %w", err))
-			left = append(left, m)
-		}
-	}
-	clear(b.leftMaps[len(left):])
-	b.leftMaps = left
+	b.leftMaps, errs = closeAll(b.leftMaps, errs)
 	if len(b.chunks) > 0 {
 		if err := b.unmapFrom(0); err != nil {
 			errs = append(errs, fmt.Errorf("growbuf: close: %w", err))
@@ -840,14 +871,7 @@ func (b *Buffer) Close() error {
 		}
 		b.segs = b.segs[:len(b.segs)-1]
 	}
-	leftRes := b.leftRes[:0]
-	for _, r := range b.leftRes {
-		if err := r.Close(); err != nil {
-			errs = append(errs, fmt.Errorf("growbuf: close: %w", err))
-			leftRes = append(leftRes, r)
-		}
-	}
-	b.leftRes = leftRes
+	b.leftRes, errs = closeAll(b.leftRes, errs)
 	if len(b.segs) == 0 {
 		b.ptr.Store(0)
 		b.reserved.Store(0)

@@ -12,7 +12,7 @@ import (
 	"github.com/cuvmm/cuvmm/driver"
 	"github.com/cuvmm/cuvmm/driver/sim"
 	"github.com/cuvmm/cuvmm/growbuf"
-	"github.com/cuvmm/cuvmm/internal/kernels"
+	"github.com/cuvmm/cuvmm/internal/pattern"
 	"github.com/cuvmm/cuvmm/internal/testutil"
 	"github.com/cuvmm/cuvmm/vmm"
 )
@@ -433,7 +433,7 @@ func TestHostNUMA(t *testing.T) {
 		}
 		words := host(4 * mib)
 		for _, i := range []int{0, 1, len(words) - 1} {
-			require.Equal(t, kernels.Pattern(uint64(i), 7), words[i], "the CPU reads the GPU's writes")
+			require.Equal(t, pattern.Word(uint64(i), 7), words[i], "the CPU reads the GPU's writes")
 		}
 		require.NoError(t, buf.Grow(10*mib))
 		for i, c := range buf.Chunks() {
@@ -441,9 +441,9 @@ func TestHostNUMA(t *testing.T) {
 			require.Equal(t, driver.HandleTypePosixFD, c.Allocation.HandleTypes())
 		}
 		words = host(10 * mib)
-		require.Equal(t, kernels.Pattern(5, 7), words[5], "old content kept")
+		require.Equal(t, pattern.Word(5, 7), words[5], "old content kept")
 		for i := 4 * mib / 8; i < len(words); i++ {
-			words[i] = kernels.Pattern(uint64(i), 7) // the CPU fills the new part
+			words[i] = pattern.Word(uint64(i), 7) // the CPU fills the new part
 		}
 		verify(t, d, buf, 10*mib, 7)
 		require.NoError(t, buf.Shrink(2*mib))

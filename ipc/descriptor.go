@@ -25,8 +25,11 @@ const (
 type Descriptor struct {
 	// Name is the name the buffer is published under (empty when sent directly).
 	Name string
-	// Size is the buffer's length in bytes; every chunk lies inside [0, Size).
+	// Size is the mapped capacity in bytes: every chunk lies inside [0, Size).
 	Size uint64
+	// Len is the exporter's length, the bytes in use (at most Size; a growable buffer's capacity
+	// may run past it). Descriptors of version 1 do not carry it: they decode with Len = Size.
+	Len uint64
 	// Chunks are the buffer's allocations in increasing offset order, not overlapping. The i-th file
 	// sent with the descriptor is the i-th chunk's handle.
 	Chunks []ChunkDesc
@@ -46,23 +49,35 @@ type ChunkDesc struct {
 	HandleType driver.HandleType
 }
 
-// Wire format of a descriptor (little-endian):
+// Wire format of a descriptor (little-endian), version 2:
 //
 //	0   4  magic "CVMD"
-//	4   2  version (1)
+//	4   2  version (2; version 1 is read too)
 //	6   2  flags, zero
-//	8   8  size
+//	8   8  size (the mapped capacity)
 //	16  4  number of chunks
 //	20  2  name length
 //	22  2  reserved, zero
-//	24  n  name (UTF-8)
+//	24  8  length in use (version 2 only: version 1 has no such field, and its length is the size)
+//	..  n  name (UTF-8)
 //	..  32 per chunk: offset u64, size u64, location type i32, location id i32, handle type i32,
 //	        reserved u32 (zero)
 const (
 	descMagic      uint32 = 'C' | 'V'<<8 | 'M'<<16 | 'D'<<24
 	descHeaderSize        = 24
 	chunkEntrySize        = 32
+	// DescriptorVersion is the descriptor encoding MarshalBinary writes; UnmarshalBinary also reads
+	// version 1.
+	DescriptorVersion = 2
 )
+
+// descHeader is the size of a version's fixed part, before the name.
+func descHeader(version uint16) int {
+	if version == 1 {
+		return descHeaderSize
+	}
+	return descHeaderSize + 8
+}
 
 // validName checks a buffer name: 1 to MaxNameLen bytes of UTF-8 without control characters.
 func validName(name string) error {
@@ -94,6 +109,9 @@ func (d *Descriptor) Validate() error {
 	}
 	if d.Size == 0 {
 		return fmt.Errorf("%w: descriptor of size 0", ErrProtocol)
+	}
+	if d.Len > d.Size {
+		return fmt.Errorf("%w: length in use %s above the mapped size %s", ErrProtocol, units.FormatSize(d.Len), units.FormatSize(d.Size))
 	}
 	if len(d.Chunks) == 0 {
 		return fmt.Errorf("%w: descriptor without chunks", ErrProtocol)
@@ -128,19 +146,21 @@ func (d *Descriptor) Validate() error {
 	return nil
 }
 
-// MarshalBinary encodes the descriptor after validating it.
+// MarshalBinary encodes the descriptor (version 2) after validating it.
 func (d *Descriptor) MarshalBinary() ([]byte, error) {
 	if err := d.Validate(); err != nil {
 		return nil, fmt.Errorf("ipc: encode descriptor: %w", err)
 	}
-	b := make([]byte, descHeaderSize+len(d.Name)+chunkEntrySize*len(d.Chunks))
+	hs := descHeader(DescriptorVersion)
+	b := make([]byte, hs+len(d.Name)+chunkEntrySize*len(d.Chunks))
 	binary.LittleEndian.PutUint32(b[0:], descMagic)
-	binary.LittleEndian.PutUint16(b[4:], Version)
+	binary.LittleEndian.PutUint16(b[4:], DescriptorVersion)
 	binary.LittleEndian.PutUint64(b[8:], d.Size)
 	binary.LittleEndian.PutUint32(b[16:], uint32(len(d.Chunks)))
 	binary.LittleEndian.PutUint16(b[20:], uint16(len(d.Name)))
-	copy(b[descHeaderSize:], d.Name)
-	p := b[descHeaderSize+len(d.Name):]
+	binary.LittleEndian.PutUint64(b[24:], d.Len)
+	copy(b[hs:], d.Name)
+	p := b[hs+len(d.Name):]
 	for _, c := range d.Chunks {
 		binary.LittleEndian.PutUint64(p[0:], c.Offset)
 		binary.LittleEndian.PutUint64(p[8:], c.Size)
@@ -152,9 +172,9 @@ func (d *Descriptor) MarshalBinary() ([]byte, error) {
 	return b, nil
 }
 
-// UnmarshalBinary decodes a descriptor strictly: the magic, version 1, zero flags and reserved
-// fields, the exact length for the chunk count, and everything Validate checks. On error d is left
-// unchanged.
+// UnmarshalBinary decodes a descriptor of version 1 or 2 strictly: the magic, zero flags and
+// reserved fields, the exact length for the chunk count, and everything Validate checks. A version 1
+// descriptor's Len is its Size. On error d is left unchanged.
 func (d *Descriptor) UnmarshalBinary(b []byte) error {
 	if len(b) < descHeaderSize {
 		return fmt.Errorf("ipc: decode descriptor: %d bytes, shorter than its %d-byte header: %w", len(b), descHeaderSize, ErrProtocol)
@@ -162,8 +182,9 @@ func (d *Descriptor) UnmarshalBinary(b []byte) error {
 	if m := binary.LittleEndian.Uint32(b[0:]); m != descMagic {
 		return fmt.Errorf("ipc: decode descriptor: magic %#08x, want %#08x \"CVMD\": %w", m, descMagic, ErrProtocol)
 	}
-	if v := binary.LittleEndian.Uint16(b[4:]); v != Version {
-		return fmt.Errorf("ipc: decode descriptor: version %d, this side speaks version %d: %w", v, Version, ErrProtocol)
+	v := binary.LittleEndian.Uint16(b[4:])
+	if v != 1 && v != DescriptorVersion {
+		return fmt.Errorf("ipc: decode descriptor: version %d, this side reads versions 1 and %d: %w", v, DescriptorVersion, ErrProtocol)
 	}
 	if f := binary.LittleEndian.Uint16(b[6:]); f != 0 {
 		return fmt.Errorf("ipc: decode descriptor: unknown flags %#x: %w", f, ErrProtocol)
@@ -171,6 +192,7 @@ func (d *Descriptor) UnmarshalBinary(b []byte) error {
 	if r := binary.LittleEndian.Uint16(b[22:]); r != 0 {
 		return fmt.Errorf("ipc: decode descriptor: reserved field %#x, want 0: %w", r, ErrProtocol)
 	}
+	hs := descHeader(v)
 	size := binary.LittleEndian.Uint64(b[8:])
 	n := binary.LittleEndian.Uint32(b[16:])
 	nameLen := int(binary.LittleEndian.Uint16(b[20:]))
@@ -180,25 +202,15 @@ func (d *Descriptor) UnmarshalBinary(b []byte) error {
 	if nameLen > MaxNameLen {
 		return fmt.Errorf("ipc: decode descriptor: name of %d bytes (limit %d): %w", nameLen, MaxNameLen, ErrTooLarge)
 	}
-	if want := descHeaderSize + nameLen + chunkEntrySize*int(n); len(b) != want {
-		return fmt.Errorf("ipc: decode descriptor: %d bytes, want %d for %d chunks and a %d-byte name: %w", len(b), want, n, nameLen, ErrProtocol)
+	if want := hs + nameLen + chunkEntrySize*int(n); len(b) != want {
+		return fmt.Errorf("ipc: decode descriptor: %d bytes, want %d for a version %d descriptor of %d chunks and a %d-byte name: %w", len(b), want, v, n, nameLen, ErrProtocol)
 	}
-	out := Descriptor{Size: size, Name: string(b[descHeaderSize : descHeaderSize+nameLen]), Chunks: make([]ChunkDesc, n)}
-	p := b[descHeaderSize+nameLen:]
-	for i := range out.Chunks {
-		if r := binary.LittleEndian.Uint32(p[28:]); r != 0 {
-			return fmt.Errorf("ipc: decode descriptor: chunk %d: reserved field %#x, want 0: %w", i, r, ErrProtocol)
-		}
-		out.Chunks[i] = ChunkDesc{
-			Offset: binary.LittleEndian.Uint64(p[0:]),
-			Size:   binary.LittleEndian.Uint64(p[8:]),
-			Location: driver.Location{
-				Type: driver.LocationType(int32(binary.LittleEndian.Uint32(p[16:]))),
-				ID:   int32(binary.LittleEndian.Uint32(p[20:])),
-			},
-			HandleType: driver.HandleType(int32(binary.LittleEndian.Uint32(p[24:]))),
-		}
-		p = p[chunkEntrySize:]
+	out := Descriptor{Size: size, Len: size, Name: string(b[hs : hs+nameLen]), Chunks: make([]ChunkDesc, n)}
+	if v >= 2 {
+		out.Len = binary.LittleEndian.Uint64(b[24:])
+	}
+	if err := decodeChunks(b[hs+nameLen:], out.Chunks); err != nil {
+		return err
 	}
 	if nameLen > 0 {
 		if err := validName(out.Name); err != nil {
@@ -209,6 +221,26 @@ func (d *Descriptor) UnmarshalBinary(b []byte) error {
 		return fmt.Errorf("ipc: decode descriptor: %w", err)
 	}
 	*d = out
+	return nil
+}
+
+// decodeChunks decodes the chunk table p into out.
+func decodeChunks(p []byte, out []ChunkDesc) error {
+	for i := range out {
+		if r := binary.LittleEndian.Uint32(p[28:]); r != 0 {
+			return fmt.Errorf("ipc: decode descriptor: chunk %d: reserved field %#x, want 0: %w", i, r, ErrProtocol)
+		}
+		out[i] = ChunkDesc{
+			Offset: binary.LittleEndian.Uint64(p[0:]),
+			Size:   binary.LittleEndian.Uint64(p[8:]),
+			Location: driver.Location{
+				Type: driver.LocationType(int32(binary.LittleEndian.Uint32(p[16:]))),
+				ID:   int32(binary.LittleEndian.Uint32(p[20:])),
+			},
+			HandleType: driver.HandleType(int32(binary.LittleEndian.Uint32(p[24:]))),
+		}
+		p = p[chunkEntrySize:]
+	}
 	return nil
 }
 

@@ -47,6 +47,8 @@ const (
 	CodeProtocol   uint16 = 3 // the request broke the protocol
 	CodeInternal   uint16 = 4 // the server failed (for example exporting the buffer)
 	CodeConnLimit  uint16 = 5 // the server holds its maximum of connections
+	CodeIdle       uint16 = 6 // the peer sent nothing for the idle timeout; the server hung up
+	CodeTimeout    uint16 = 7 // the peer left a message half-sent; the server hung up
 )
 
 // ServerError is an error an ipc server reported in a KindError message. It matches ErrNotFound,
@@ -74,6 +76,10 @@ func (e *ServerError) Is(target error) bool {
 		return target == ErrProtocol
 	case CodeConnLimit:
 		return target == ErrConnLimit
+	case CodeIdle:
+		return target == ErrIdle
+	case CodeTimeout:
+		return target == ErrTimeout
 	}
 	return false
 }
@@ -83,6 +89,10 @@ func codeOf(err error) uint16 {
 	switch {
 	case errors.Is(err, ErrConnLimit):
 		return CodeConnLimit
+	case errors.Is(err, ErrIdle):
+		return CodeIdle
+	case errors.Is(err, ErrTimeout):
+		return CodeTimeout
 	case errors.Is(err, ErrPermission):
 		return CodePermission
 	case errors.Is(err, ErrProtocol):

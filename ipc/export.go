@@ -32,8 +32,8 @@ func (e *Exported) Close() error {
 }
 
 // Export exports every chunk of buf as a POSIX file descriptor (cuMemExportToShareableHandle) and
-// describes the layout. The descriptor's Size is the larger of buf.Len() and the end of the last
-// chunk, so a growable buffer is shared with its whole capacity. Every chunk's allocation must have been created with driver.HandleTypePosixFD
+// describes the layout. The descriptor's Len is buf.Len() and its Size the larger of that and the
+// end of the last chunk, so a growable buffer is shared with its whole capacity and its length. Every chunk's allocation must have been created with driver.HandleTypePosixFD
 // among its handle types (see Allocate and HandleTypes). The buffer must not change (grow, shrink,
 // close) while Export runs; the result stays valid after it does. On error nothing is left open.
 func Export(buf vmm.Chunked) (*Exported, error) {
@@ -46,7 +46,7 @@ func Export(buf vmm.Chunked) (*Exported, error) {
 	}
 	// The descriptor covers every chunk: a growable buffer's chunks may extend past its Len (its
 	// capacity), and the receiver maps them all.
-	desc := Descriptor{Size: buf.Len(), Chunks: make([]ChunkDesc, len(chunks))}
+	desc := Descriptor{Size: buf.Len(), Len: buf.Len(), Chunks: make([]ChunkDesc, len(chunks))}
 	for i, c := range chunks {
 		if c.Allocation == nil {
 			return nil, fmt.Errorf("ipc: export: chunk %d at offset %#x has no allocation: %w", i, c.Offset, vmm.ErrInvalidValue)

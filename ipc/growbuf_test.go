@@ -12,7 +12,8 @@ import (
 	"github.com/cuvmm/cuvmm/vmm"
 )
 
-// A growable buffer whose Len ends inside a chunk is shared whole: the receiver maps its capacity.
+// A growable buffer whose Len ends inside a chunk is shared whole: the receiver maps its capacity
+// (Cap) and learns its length in use (Len).
 func TestExportGrowbufPartialLen(t *testing.T) {
 	testutil.Run(t, func(t *testing.T, b *testutil.Backend) {
 		dev := b.Device(t, 0)
@@ -35,7 +36,9 @@ func TestExportGrowbufPartialLen(t *testing.T) {
 		got, err := ipc.Open(dev, r, vmm.ReadWrite(dev))
 		require.NoError(t, r.Close())
 		require.NoError(t, err)
-		bad, err := dev.Verify(got.Ptr(), got.Len(), 0, 77)
+		require.Equal(t, uint64(9<<20), got.Len(), "the exporter's length in use")
+		require.Equal(t, uint64(12<<20), got.Cap(), "the mapped capacity")
+		bad, err := dev.Verify(got.Ptr(), got.Cap(), 0, 77)
 		require.NoError(t, err)
 		require.Zero(t, bad)
 		require.NoError(t, got.Close())

@@ -51,17 +51,38 @@ func Open(dev *vmm.Device, r *Received, access ...vmm.Access) (*Buffer, error) {
 	if len(access) == 0 {
 		access = []vmm.Access{vmm.ReadWrite(dev)}
 	}
-	res, err := dev.System().Reserve(desc.Size, vmm.ReserveOptions{})
+	allocs, err := importChunks(dev, r)
 	if err != nil {
-		return nil, fmt.Errorf("ipc: open %s: reserve (cuMemAddressReserve): %w", &desc, err)
+		return nil, err
 	}
-	b := &Buffer{dev: dev, desc: desc, res: res,
-		allocs: make([]*vmm.Allocation, 0, len(desc.Chunks)), maps: make([]*vmm.Mapping, 0, len(desc.Chunks))}
-	fail := func(i int, step string, err error) (*Buffer, error) {
-		c := desc.Chunks[i]
-		err = fmt.Errorf("ipc: open %s: chunk %d of %d (%s at offset %#x, %s): %s: %w", &desc, i, len(desc.Chunks), units.FormatSize(c.Size), c.Offset, c.Location, step, err)
-		if uerr := b.teardown(); uerr != nil {
-			err = errors.Join(err, fmt.Errorf("undo: %w", uerr))
+	specs := make([]vmm.ChunkSpec, len(allocs))
+	for i, a := range allocs {
+		specs[i] = vmm.ChunkSpec{Offset: desc.Chunks[i].Offset, Allocation: a, Own: true}
+	}
+	// Atomic: on failure the mappings are undone, the imports released and the range freed; what
+	// cannot be is kept by the System, which retries it in Close.
+	res, maps, err := dev.System().ReserveChunks(desc.Size, vmm.ReserveOptions{}, specs)
+	if err != nil {
+		return nil, fmt.Errorf("ipc: open %s: reserve and map (cuMemAddressReserve, cuMemMap): %w", &desc, err)
+	}
+	b := &Buffer{dev: dev, desc: desc, res: res, allocs: allocs, maps: maps}
+	if i, err := b.setAccess(access); err != nil {
+		err = fmt.Errorf("ipc: open %s: %s: set access (cuMemSetAccess): %w", &desc, chunkName(&desc, i), err)
+		return nil, errors.Join(err, b.undo())
+	}
+	return b, nil
+}
+
+// importChunks checks every received file's seals and imports it (cuMemImportFromShareableHandle).
+// On failure the imports made are released (what cannot be goes to the System) and the error names
+// the chunk and the step.
+func importChunks(dev *vmm.Device, r *Received) ([]*vmm.Allocation, error) {
+	desc := &r.Desc
+	allocs := make([]*vmm.Allocation, 0, len(desc.Chunks))
+	fail := func(i int, step string, err error) ([]*vmm.Allocation, error) {
+		err = fmt.Errorf("ipc: open %s: %s: %s: %w", desc, chunkName(desc, i), step, err)
+		for _, a := range allocs {
+			err = errors.Join(err, vmm.UndoClose(a))
 		}
 		return nil, err
 	}
@@ -73,17 +94,14 @@ func Open(dev *vmm.Device, r *Received, access ...vmm.Access) (*Buffer, error) {
 		if err != nil {
 			return fail(i, "import (cuMemImportFromShareableHandle)", err)
 		}
-		b.allocs = append(b.allocs, a)
-		m, err := res.Map(c.Offset, a)
-		if err != nil {
-			return fail(i, "map (cuMemMap)", err)
-		}
-		b.maps = append(b.maps, m)
+		allocs = append(allocs, a)
 	}
-	if i, err := b.setAccess(access); err != nil {
-		return fail(i, "set access (cuMemSetAccess)", err)
-	}
-	return b, nil
+	return allocs, nil
+}
+
+func chunkName(d *Descriptor, i int) string {
+	c := d.Chunks[i]
+	return fmt.Sprintf("chunk %d of %d (%s at offset %#x, %s)", i, len(d.Chunks), units.FormatSize(c.Size), c.Offset, c.Location)
 }
 
 // setAccess grants access over each run of adjacent chunks; on error it reports the first chunk of
@@ -104,16 +122,13 @@ func (b *Buffer) setAccess(access []vmm.Access) (int, error) {
 	return 0, nil
 }
 
-// teardown unmaps, releases and frees in that order, keeping going after errors.
+// teardown unmaps (releasing the imports the mappings own) and frees, in that order, keeping going
+// after errors. What it could not close stays with the buffer for the next Close: Mapping and
+// Reservation Close are idempotent.
 func (b *Buffer) teardown() error {
 	var errs []error
 	for _, m := range b.maps {
 		if err := m.Close(); err != nil {
-			errs = append(errs, err)
-		}
-	}
-	for _, a := range b.allocs {
-		if err := a.Close(); err != nil {
 			errs = append(errs, err)
 		}
 	}
@@ -123,11 +138,25 @@ func (b *Buffer) teardown() error {
 	return errors.Join(errs...)
 }
 
+// undo is teardown for a failed Open: what cannot be closed goes to the System, which retries it in
+// Close, since no Buffer is returned to own it.
+func (b *Buffer) undo() error {
+	var errs []error
+	for i := len(b.maps) - 1; i >= 0; i-- {
+		errs = append(errs, vmm.UndoClose(b.maps[i]))
+	}
+	errs = append(errs, vmm.UndoClose(b.res))
+	return errors.Join(errs...)
+}
+
 // Ptr is the buffer's first address in this process (not the exporter's address).
 func (b *Buffer) Ptr() driver.DevicePtr { return b.res.Ptr() }
 
-// Len is the buffer's length, the descriptor's size.
-func (b *Buffer) Len() uint64 { return b.desc.Size }
+// Len is the exporter's length, the bytes in use (Descriptor.Len); the mapping may be larger (Cap).
+func (b *Buffer) Len() uint64 { return b.desc.Len }
+
+// Cap is the mapped capacity, the descriptor's size: every chunk lies inside [0, Cap).
+func (b *Buffer) Cap() uint64 { return b.desc.Size }
 
 // Chunks are the imported allocations at their offsets. They belong to the buffer.
 func (b *Buffer) Chunks() []vmm.Chunk {

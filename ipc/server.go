@@ -207,8 +207,8 @@ func (s *Server) serveConn(c *unixsock.Conn) {
 		if err != nil {
 			if !errors.Is(err, io.EOF) && !errors.Is(err, net.ErrClosed) {
 				s.logf("ipc: %s: peer pid %d: %v (closing the connection)", s.path, pid, err)
-				if errors.Is(err, ErrProtocol) {
-					s.reply(c, CodeProtocol, err.Error())
+				if code := codeOf(err); code != CodeInternal {
+					s.reply(c, code, err.Error())
 				}
 			}
 			return
@@ -300,11 +300,13 @@ type DialOptions struct {
 // Client fetches buffers from a Server. Its methods are safe for concurrent use (fetches are
 // serialized on the one connection).
 type Client struct {
+	path   string
 	conn   *unixsock.Conn
 	opts   DialOptions
 	server unix.Ucred
 
 	closed atomic.Bool
+	connMu sync.Mutex // guards conn's replacement against Close
 	mu     sync.Mutex // serializes fetches
 	broken error      // the error that left the connection unusable
 }
@@ -330,15 +332,20 @@ func DialContext(ctx context.Context, path string, opts DialOptions) (*Client, e
 	if err != nil {
 		return nil, fmt.Errorf("ipc: %w", err)
 	}
-	return &Client{conn: c, opts: opts, server: c.Peer()}, nil
+	return &Client{path: path, conn: c, opts: opts, server: c.Peer()}, nil
 }
 
 // Server is the server's pid, uid and gid as the kernel reported them at connect time.
-func (c *Client) Server() unix.Ucred { return c.server }
+func (c *Client) Server() unix.Ucred {
+	c.connMu.Lock()
+	defer c.connMu.Unlock()
+	return c.server
+}
 
 // Fetch asks the server for the buffer published as name and receives it (see Receive). A name that
-// is not published gives an error wrapping ErrNotFound; the connection stays usable after that. Close
-// the Received after opening it.
+// is not published gives an error wrapping ErrNotFound; the connection stays usable after that. A
+// connection the server dropped for being idle (ServerOptions.IdleTimeout) is dialed again, once,
+// transparently. Close the Received after opening it.
 func (c *Client) Fetch(name string) (*Received, error) {
 	if err := validName(name); err != nil {
 		return nil, fmt.Errorf("ipc: fetch: %w", err)
@@ -351,28 +358,58 @@ func (c *Client) Fetch(name string) (*Received, error) {
 	if c.broken != nil {
 		return nil, fmt.Errorf("ipc: fetch %q: the connection failed earlier: %w", name, c.broken)
 	}
-	uc := c.conn.Unix()
-	_ = uc.SetDeadline(time.Now().Add(c.opts.Timeout))
-	defer uc.SetDeadline(time.Time{})
-	werr := c.conn.Write(KindFetch, []byte(name), nil)
-	// Read even when the write failed: a server that refused this peer has sent why and hung up.
-	r, err := Receive(uc)
-	if err == nil && werr != nil {
-		// Cannot happen with a well-behaved server; do not trust the reply.
-		_ = r.Close()
-		err = werr
+	r, err := c.fetch(name)
+	if err != nil && errors.Is(err, ErrIdle) && c.redial() == nil {
+		r, err = c.fetch(name)
 	}
 	if err != nil {
 		var re *ServerError
 		if !errors.As(err, &re) || re.Code != CodeNotFound {
 			c.broken = err
 		}
-		if werr != nil && re == nil {
-			err = werr
-		}
 		return nil, fmt.Errorf("ipc: fetch %q: %w", name, err)
 	}
 	return r, nil
+}
+
+// fetch sends one fetch and reads the answer; the caller holds mu.
+func (c *Client) fetch(name string) (*Received, error) {
+	uc := c.conn.Unix()
+	_ = uc.SetDeadline(time.Now().Add(c.opts.Timeout))
+	defer uc.SetDeadline(time.Time{})
+	werr := c.conn.Write(KindFetch, []byte(name), nil)
+	// Read even when the write failed: a server that refused or dropped this peer has sent why and
+	// hung up.
+	r, err := Receive(uc)
+	if err == nil && werr != nil {
+		// Cannot happen with a well-behaved server; do not trust the reply.
+		_ = r.Close()
+		err = werr
+	}
+	var re *ServerError
+	if err != nil && werr != nil && !errors.As(err, &re) {
+		err = werr
+	}
+	return r, err
+}
+
+// redial replaces a connection the server dropped; the caller holds mu.
+func (c *Client) redial() error {
+	ctx, cancel := context.WithTimeout(context.Background(), c.opts.Timeout)
+	defer cancel()
+	conn, err := unixsock.Dial(ctx, c.path, unixsock.DialOptions{AllowUIDs: c.opts.AllowUIDs})
+	if err != nil {
+		return err
+	}
+	c.connMu.Lock()
+	defer c.connMu.Unlock()
+	if c.closed.Load() {
+		_ = conn.Close()
+		return ErrClosed
+	}
+	_ = c.conn.Close()
+	c.conn, c.server = conn, conn.Peer()
+	return nil
 }
 
 // Open fetches name and opens it through dev with access (see Open); the received files are closed
@@ -391,5 +428,7 @@ func (c *Client) Close() error {
 	if c == nil || c.closed.Swap(true) {
 		return nil
 	}
+	c.connMu.Lock()
+	defer c.connMu.Unlock()
 	return c.conn.Close()
 }

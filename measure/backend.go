@@ -21,7 +21,9 @@ const MaxSimDevices = 64
 type Backend struct {
 	Name string // "cuda" or "sim"
 	Sys  *vmm.System
-	sim  *sim.Sim
+
+	sim    *sim.Sim
+	closed bool
 }
 
 // Sim reports whether the backend is the simulator. Its times are of Go code, and each process
@@ -79,11 +81,12 @@ func OpenSim(n int) (*Backend, error) {
 	return &Backend{Name: "sim", Sys: sys, sim: s}, nil
 }
 
-// Close closes the system (and the simulator).
+// Close closes the system (and the simulator). A second Close does nothing.
 func (b *Backend) Close() error {
-	if b == nil {
+	if b == nil || b.closed {
 		return nil
 	}
+	b.closed = true
 	err := b.Sys.Close()
 	if b.sim != nil {
 		err = errors.Join(err, b.sim.Close())
@@ -122,8 +125,8 @@ type Env struct {
 	// Progress, when not nil, is told about long work.
 	Progress Progress
 	// Log, when not nil, receives notes (a device the measurement cannot use fully, a mismatch)
-	// and the output of worker processes; nil means the process's standard error for workers and
-	// nothing for notes.
+	// and the output of worker processes (the measurements serialise their writes); nil means the
+	// process's standard error for workers and nothing for notes.
 	Log io.Writer
 }
 

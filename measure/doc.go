@@ -17,8 +17,9 @@
 // Progress in their options.
 //
 // The measurements with a second process (Share, Pinned, Broker) re-execute the running binary as
-// the worker (package internal/worker): a program that calls them must call worker.Main at the top
-// of main (a test binary, at the top of TestMain). The workers inherit the environment.
+// their workers: a program that calls them must call RunWorker at the top of main (a test binary,
+// at the top of TestMain). The workers inherit the environment and talk to the parent over a
+// socket pair.
 //
 // Times from the simulator measure the Go simulation, not a GPU: each result says so, and only the
 // ratios' shape, not their values, carries over.

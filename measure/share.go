@@ -154,6 +154,7 @@ func Share(opts ShareOptions) (res *ShareResult, err error) {
 	if err := opts.check(); err != nil {
 		return nil, err
 	}
+	opts.syncLog()
 	sb, err := newShareBuffer(&opts)
 	if err != nil {
 		return nil, err

@@ -4,6 +4,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"slices"
 	"strconv"
 	"strings"
 	"time"
@@ -129,14 +130,17 @@ func Stripe(opts StripeOptions) (res *StripeResult, err error) {
 	return res, nil
 }
 
-// devices opens the devices of the ordinals (nil: every device). A device the backend does not
-// have is an option error that says how many there are.
+// devices opens the devices of the ordinals (nil: every device). A device listed twice, or one the
+// backend does not have, is an option error (the latter says how many there are).
 func devices(b *Backend, ordinals []int, flagName string) ([]*vmm.Device, error) {
 	if ordinals == nil {
 		return b.Sys.Devices()
 	}
 	out := make([]*vmm.Device, 0, len(ordinals))
-	for _, o := range ordinals {
+	for i, o := range ordinals {
+		if slices.Contains(ordinals[:i], o) {
+			return nil, fmt.Errorf("--%s %s: device %d is listed twice: %w", flagName, ordinalList(ordinals), o, ErrInvalidOption)
+		}
 		d, err := b.Sys.Device(o)
 		if err != nil {
 			hint := ""

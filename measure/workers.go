@@ -2,6 +2,7 @@ package measure
 
 import (
 	"errors"
+	"os"
 	"time"
 	"unsafe"
 
@@ -33,6 +34,14 @@ func newWorkerSetup(b *Backend) workerSetup {
 }
 
 func (s workerSetup) open() (*Backend, error) { return OpenBackend(s.Backend, s.SimDevices, nil) }
+
+// syncLog makes the log safe for the measurement's notes and its workers' output at once (one
+// lock for all of them); a file needs none.
+func (e *Env) syncLog() {
+	if _, isFile := e.Log.(*os.File); e.Log != nil && !isFile {
+		e.Log = worker.SyncWriter(e.Log)
+	}
+}
 
 // startWorker starts a worker for role, its output going to the measurement's log, and sends it
 // its setup.
@@ -171,3 +180,9 @@ func hostVerifyFill(mem []byte, verifySeed, fillSeed uint64) (bad uint64) {
 	}
 	return bad
 }
+
+// RunWorker runs the worker role this process was started for (by Share, Pinned or Broker) and
+// exits; in any other process it returns at once. A program that calls those measurements calls it
+// first thing in main (a test binary, first thing in TestMain), since their workers are the same
+// binary started again.
+func RunWorker() { worker.Main() }

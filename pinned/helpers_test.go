@@ -7,7 +7,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/cuvmm/cuvmm/driver"
-	"github.com/cuvmm/cuvmm/internal/kernels"
+	"github.com/cuvmm/cuvmm/internal/pattern"
 	"github.com/cuvmm/cuvmm/vmm"
 )
 
@@ -22,22 +22,10 @@ func words(b []byte) []uint64 {
 }
 
 // fillCPU writes the kernels' pattern into b as if b sat at byte offset off of a patterned range.
-func fillCPU(b []byte, off, seed uint64) {
-	for i := range words(b) {
-		words(b)[i] = kernels.Pattern(off/8+uint64(i), seed)
-	}
-}
+func fillCPU(b []byte, off, seed uint64) { pattern.FillHost(b, off, seed) }
 
 // badWords counts the words of b that differ from the pattern at offset off.
-func badWords(b []byte, off, seed uint64) int {
-	n := 0
-	for i, w := range words(b) {
-		if w != kernels.Pattern(off/8+uint64(i), seed) {
-			n++
-		}
-	}
-	return n
-}
+func badWords(b []byte, off, seed uint64) int { return int(pattern.CountHost(b, off, seed)) }
 
 // deviceBuffer maps size bytes of device memory for d.
 func deviceBuffer(t testing.TB, d *vmm.Device, size uint64) (driver.DevicePtr, func()) {

@@ -44,7 +44,6 @@ import (
 	"unsafe"
 
 	"github.com/cuvmm/cuvmm/driver"
-	"github.com/cuvmm/cuvmm/internal/units"
 	"github.com/cuvmm/cuvmm/vmm"
 )
 
@@ -81,7 +80,8 @@ type Kind int
 
 // Region kinds.
 const (
-	// Auto chooses HostNUMA where the device supports it (SupportsHostNUMA), else SharedMemory.
+	// Auto chooses HostNUMA where the device supports it (vmm.FeatureHostNUMA and posix-fd handles),
+	// SharedMemory where the device reports no support; New fails when the driver cannot be asked.
 	Auto Kind = iota
 	// HostNUMA is a host-NUMA VMM allocation: visible to the granted devices only.
 	HostNUMA
@@ -108,9 +108,11 @@ func (k Kind) String() string {
 // SupportsHostNUMA reports whether dev can make HostNUMA regions: the driver reports host-NUMA VMM
 // support (attribute 141, CUDA 12.9+ reports it; allocation works from 12.2), a host NUMA node for
 // the device (attribute 134), and POSIX file descriptor handles for sharing.
+//
+// It is false also when the driver cannot be asked; New with Auto tells the two apart (a failed
+// query is an error there), and so does dev.Check(vmm.FeatureHostNUMA).
 func SupportsHostNUMA(dev *vmm.Device) bool {
-	return dev != nil && dev.Supports(driver.AttrHostNUMAVirtualMemoryManagementSupported) &&
-		dev.HostNUMAID() >= 0 && dev.Supports(driver.AttrHandleTypePosixFDSupported)
+	return dev != nil && dev.Check(vmm.FeatureHostNUMA) == nil && dev.Check(vmm.FeaturePosixFDHandles) == nil
 }
 
 // Options describes a Region made by New. The zero value is the Auto kind, granted read-write to the
@@ -205,15 +207,4 @@ func classify(err error) error {
 		}
 	}
 	return err
-}
-
-func roundUp(what string, n, g uint64) (uint64, error) {
-	if n == 0 {
-		return 0, fmt.Errorf("pinned: %s: size 0: %w", what, ErrInvalidValue)
-	}
-	r, ok := units.RoundUp(n, g)
-	if !ok {
-		return 0, fmt.Errorf("pinned: %s: size %d overflows when rounded to %s: %w", what, n, units.FormatSize(g), ErrInvalidValue)
-	}
-	return r, nil
 }

@@ -4,11 +4,11 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"sync"
 	"time"
 	"unsafe"
 
 	"github.com/cuvmm/cuvmm/driver"
+	"github.com/cuvmm/cuvmm/internal/lifetime"
 	"github.com/cuvmm/cuvmm/internal/units"
 	"github.com/cuvmm/cuvmm/vmm"
 )
@@ -25,10 +25,10 @@ type Pool struct {
 	done       chan struct{} // closed by Close: wakes waiters
 	multi      chan struct{} // held by getN while it collects several buffers
 
-	mu     sync.Mutex
-	closed bool
-	out    int
-	stats  PoolStats
+	own        lifetime.Owner // its lock guards the fields below
+	out        int
+	stats      PoolStats
+	regionOpen bool // an owned region whose Close failed: retried by Close
 }
 
 // Buffer is one buffer of a Pool: a []byte view for the CPU (Bytes) and the address devices use
@@ -38,7 +38,7 @@ type Buffer struct {
 	index int
 	off   uint64
 	size  uint64
-	out   bool // guarded by pool.mu
+	out   bool // guarded by pool.own
 }
 
 // PoolStats are a pool's counters.
@@ -69,13 +69,13 @@ func NewPool(r *Region, bufSize uint64, count int) (*Pool, error) {
 	if count <= 0 {
 		return nil, fmt.Errorf("pinned: new pool: %d buffers: %w", count, ErrInvalidValue)
 	}
-	size, err := roundUp("new pool", bufSize, bufferAlign)
+	size, err := vmm.RoundUp("pinned: new pool", bufSize, bufferAlign)
 	if err != nil {
 		return nil, err
 	}
-	r.mu.Lock()
-	defer r.mu.Unlock()
-	if r.closed {
+	r.own.Lock()
+	defer r.own.Unlock()
+	if r.own.Closed() {
 		return nil, fmt.Errorf("pinned: new pool on %s: %w", r, ErrClosed)
 	}
 	left := r.size - r.carved
@@ -92,6 +92,7 @@ func NewPool(r *Region, bufSize uint64, count int) (*Pool, error) {
 	r.carved += uint64(count) * size
 	r.pools++
 	p.stats.Buffers, p.stats.BufferSize = count, size
+	lifetime.Track(p, &p.own)
 	return p, nil
 }
 
@@ -101,7 +102,7 @@ func CreatePool(dev *vmm.Device, bufSize uint64, count int, opts Options) (*Pool
 	if count <= 0 {
 		return nil, fmt.Errorf("pinned: create pool: %d buffers: %w", count, ErrInvalidValue)
 	}
-	size, err := roundUp("create pool", bufSize, bufferAlign)
+	size, err := vmm.RoundUp("pinned: create pool", bufSize, bufferAlign)
 	if err != nil {
 		return nil, err
 	}
@@ -131,8 +132,8 @@ func (p *Pool) Len() int { return len(p.bufs) }
 
 // Stats returns the pool's counters.
 func (p *Pool) Stats() PoolStats {
-	p.mu.Lock()
-	defer p.mu.Unlock()
+	p.own.Lock()
+	defer p.own.Unlock()
 	s := p.stats
 	s.InUse = p.out
 	return s
@@ -144,9 +145,9 @@ func (p *Pool) String() string {
 
 // take marks b as out; it fails (putting b back) when the pool closed meanwhile.
 func (p *Pool) take(b *Buffer) error {
-	p.mu.Lock()
-	defer p.mu.Unlock()
-	if p.closed {
+	p.own.Lock()
+	defer p.own.Unlock()
+	if p.own.Closed() {
 		p.free <- b
 		return fmt.Errorf("pinned: get from %s: %w", p, ErrClosed)
 	}
@@ -158,9 +159,9 @@ func (p *Pool) take(b *Buffer) error {
 }
 
 func (p *Pool) isClosed() bool {
-	p.mu.Lock()
-	defer p.mu.Unlock()
-	return p.closed
+	p.own.Lock()
+	defer p.own.Unlock()
+	return p.own.Closed()
 }
 
 // Get takes a buffer, waiting while all are out until one is put back, ctx is done (an error
@@ -243,9 +244,9 @@ func (p *Pool) TryGet() (*Buffer, bool) {
 }
 
 func (p *Pool) count(f func(*PoolStats)) {
-	p.mu.Lock()
+	p.own.Lock()
 	f(&p.stats)
-	p.mu.Unlock()
+	p.own.Unlock()
 }
 
 // Put gives b back. A buffer of another pool, nil, or one already put back is an error wrapping
@@ -254,15 +255,15 @@ func (p *Pool) Put(b *Buffer) error {
 	if b == nil || b.pool != p {
 		return fmt.Errorf("pinned: put to %s: the buffer is nil or belongs to another pool: %w", p, ErrInvalidValue)
 	}
-	p.mu.Lock()
+	p.own.Lock()
 	if !b.out {
-		p.mu.Unlock()
+		p.own.Unlock()
 		return fmt.Errorf("pinned: put buffer %d to %s: it is not out (put back twice?): %w", b.index, p, ErrInvalidValue)
 	}
 	b.out = false
 	p.out--
 	p.stats.Puts++
-	p.mu.Unlock()
+	p.own.Unlock()
 	p.free <- b // never blocks: the channel holds every buffer
 	return nil
 }
@@ -274,28 +275,42 @@ func (p *Pool) Close() error {
 	if p == nil {
 		return nil
 	}
-	p.mu.Lock()
-	if p.closed {
-		p.mu.Unlock()
+	p.own.Lock()
+	if p.own.Closed() {
+		retry := p.regionOpen
+		p.own.Unlock()
+		if retry {
+			return p.closeRegion()
+		}
 		return nil
 	}
 	if p.out > 0 {
 		n := p.out
-		p.mu.Unlock()
+		p.own.Unlock()
 		return fmt.Errorf("pinned: close %s: %d buffers are still out: %w", p, n, ErrInUse)
 	}
-	p.closed = true
+	p.own.MarkClosed()
 	close(p.done)
-	p.mu.Unlock()
+	p.own.Unlock()
 
 	r := p.region
-	r.mu.Lock()
+	r.own.Lock()
 	r.pools--
-	r.mu.Unlock()
+	r.own.Unlock()
 	if p.ownsRegion {
-		return r.Close()
+		return p.closeRegion()
 	}
 	return nil
+}
+
+// closeRegion closes the region the pool owns; when that fails a later Close retries it, so Close
+// never reports success while the region is held.
+func (p *Pool) closeRegion() error {
+	err := p.region.Close()
+	p.own.Lock()
+	p.regionOpen = err != nil
+	p.own.Unlock()
+	return err
 }
 
 // Pool is the pool the buffer belongs to.

@@ -13,9 +13,9 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/cuvmm/cuvmm/driver"
+	"github.com/cuvmm/cuvmm/internal/lifetime"
 	"github.com/cuvmm/cuvmm/internal/memfd"
 	"github.com/cuvmm/cuvmm/internal/units"
-	"github.com/cuvmm/cuvmm/ipc"
 	"github.com/cuvmm/cuvmm/vmm"
 )
 
@@ -30,25 +30,14 @@ type Region struct {
 	size     uint64
 	ptr      driver.DevicePtr
 	mem      []byte
-	readOnly bool // devices may only read
-	imported bool // opened from another process's descriptor
+	readOnly bool       // devices may only read
+	imported bool       // opened from another process's descriptor
+	impl     regionImpl // what the kind does its own way (kinds.go)
 
-	// HostNUMA: made here (res, maps) or opened from another process (remote).
-	res    *vmm.Reservation
-	maps   []*vmm.Mapping    // by chunk
-	allocs []*vmm.Allocation // by chunk: released after the unmap
-	remote *ipc.Buffer
-
-	// SharedMemory and Registered.
-	memfd  *os.File
-	ownMem bool // mem is this region's mmap: unmapped on Close
-	reg    *vmm.HostRegistration
-
-	mu      sync.Mutex
+	own     lifetime.Owner             // its lock guards the fields below; closed once Close freed all
 	granted map[int]driver.AccessFlags // HostNUMA: device ordinal → access
-	closed  bool
-	carved  uint64 // bytes handed to pools, from the start
-	pools   int    // open pools carved from the region
+	carved  uint64                     // bytes handed to pools, from the start
+	pools   int                        // open pools carved from the region
 }
 
 // New makes a pinned host region of at least size bytes for dev, of opts.Kind (Auto: HostNUMA where
@@ -64,9 +53,9 @@ func New(dev *vmm.Device, size uint64, opts Options) (*Region, error) {
 	}
 	kind := opts.Kind
 	if kind == Auto {
-		kind = SharedMemory
-		if SupportsHostNUMA(dev) {
-			kind = HostNUMA
+		var err error
+		if kind, err = autoKind(dev); err != nil {
+			return nil, err
 		}
 	}
 	switch kind {
@@ -78,6 +67,22 @@ func New(dev *vmm.Device, size uint64, opts Options) (*Region, error) {
 		return nil, fmt.Errorf("pinned: new region: kind %s: use Register for memory the caller owns: %w", kind, ErrInvalidValue)
 	}
 	return nil, fmt.Errorf("pinned: new region: unknown kind %d: %w", int(kind), ErrInvalidValue)
+}
+
+// autoKind is HostNUMA where dev supports it, SharedMemory where it reports no support; a failed
+// query is an error, not a reason to fall back.
+func autoKind(dev *vmm.Device) (Kind, error) {
+	err := dev.Check(vmm.FeatureHostNUMA)
+	if err == nil {
+		err = dev.Check(vmm.FeaturePosixFDHandles)
+	}
+	switch {
+	case err == nil:
+		return HostNUMA, nil
+	case errors.Is(err, ErrNotSupported):
+		return SharedMemory, nil
+	}
+	return Auto, fmt.Errorf("pinned: new region: cannot tell whether %s supports host-NUMA regions (choose the kind explicitly): %w", dev, err)
 }
 
 // hostNUMAAccess is the access list of a HostNUMA mapping: the CPU read-write plus each device.
@@ -101,15 +106,17 @@ func chunkSize(want, total, g uint64) (uint64, error) {
 		}
 		return min(want, total), nil
 	}
-	c := max(units.GiB, total/64)
-	c, _ = units.RoundUp(c, g)
-	return min(c, total), nil
+	c, err := vmm.RoundUp("pinned: chunk size", max(units.GiB, total/64), g)
+	return min(c, total), err
 }
 
 func newHostNUMA(dev *vmm.Device, size uint64, opts Options) (*Region, error) {
-	node := dev.HostNUMAID()
-	if node < 0 || !dev.Supports(driver.AttrHostNUMAVirtualMemoryManagementSupported) {
-		return nil, fmt.Errorf("pinned: host-NUMA region on %s: the driver reports no host-NUMA VMM support or no host NUMA node (needs CUDA 12.2+; use SharedMemory): %w", dev, ErrNotSupported)
+	if err := dev.Check(vmm.FeatureHostNUMA); err != nil {
+		return nil, fmt.Errorf("pinned: host-NUMA region on %s (use SharedMemory where it is not supported): %w", dev, err)
+	}
+	node, err := dev.HostNUMANode()
+	if err != nil {
+		return nil, fmt.Errorf("pinned: host-NUMA region on %s: %w", dev, err)
 	}
 	grants, err := opts.grants(dev)
 	if err != nil {
@@ -117,16 +124,11 @@ func newHostNUMA(dev *vmm.Device, size uint64, opts Options) (*Region, error) {
 	}
 	sys := dev.System()
 	aopts := vmm.AllocOptions{Location: driver.HostNUMALocation(node), HandleTypes: driver.HandleTypePosixFD}
-	g, err := dev.Granularity(aopts.Location, driver.GranularityMinimum)
+	g, err := sys.CommonGranularity(aopts.Location, dev)
 	if err != nil {
 		return nil, err
 	}
-	sg, err := sys.Granularity()
-	if err != nil {
-		return nil, err
-	}
-	g = max(g, sg) // both are powers of two: chunks and offsets must be multiples of both
-	total, err := roundUp("host-NUMA region", size, g)
+	total, err := vmm.RoundUp("pinned: host-NUMA region", size, g)
 	if err != nil {
 		return nil, err
 	}
@@ -134,54 +136,39 @@ func newHostNUMA(dev *vmm.Device, size uint64, opts Options) (*Region, error) {
 	if err != nil {
 		return nil, err
 	}
-	res, err := sys.Reserve(total, vmm.ReserveOptions{})
-	if err != nil {
-		return nil, fmt.Errorf("pinned: host-NUMA region of %s: %w", units.FormatSize(total), err)
-	}
 	access := hostNUMAAccess(grants, opts.ReadOnly)
-	nchunks := int((total + chunk - 1) / chunk)
-	allocs := make([]*vmm.Allocation, nchunks)
-	var maps []*vmm.Mapping
-	undo := func(cause error) error {
-		errs := []error{cause}
-		for i := len(maps) - 1; i >= 0; i-- {
-			if err := maps[i].Close(); err != nil {
-				errs = append(errs, fmt.Errorf("undo: %w", err))
-			}
-		}
-		for _, a := range allocs {
-			if err := a.Close(); err != nil {
-				errs = append(errs, fmt.Errorf("undo: %w", err))
-			}
-		}
-		if err := res.Close(); err != nil {
-			errs = append(errs, fmt.Errorf("undo: %w", err))
-		}
-		return errors.Join(errs...)
-	}
+	allocs := make([]*vmm.Allocation, int((total+chunk-1)/chunk))
 	where := func(i int) string {
 		return fmt.Sprintf("pinned: host-NUMA region of %s on node %d, chunk at offset %s", units.FormatSize(total), node, units.FormatSize(uint64(i)*chunk))
 	}
 	// Creating the physical memory (the driver allocates and pins host pages) is the slow part: it
-	// runs on several threads, one chunk each. Mapping and granting access follow in order.
+	// runs on several threads, one chunk each. Mapping and granting access follow in order, all or
+	// nothing (vmm.System.ReserveChunks), each mapping owning its chunk.
 	opts.progress(0, total)
-	if err := createChunks(dev, aopts, allocs, chunk, total, opts.progress); err != nil {
-		return nil, undo(fmt.Errorf("%s: %w", where(err.chunk), err.err))
-	}
-	for i, a := range allocs {
-		m, err := res.MapAccess(uint64(i)*chunk, a, access...)
-		if err != nil {
-			return nil, undo(fmt.Errorf("%s: %w", where(i), err))
+	if cerr := createChunks(dev, aopts, allocs, chunk, total, opts.progress); cerr != nil {
+		errs := []error{fmt.Errorf("%s: %w", where(cerr.chunk), cerr.err)}
+		for _, a := range allocs {
+			errs = append(errs, vmm.UndoClose(a))
 		}
-		maps = append(maps, m)
+		return nil, errors.Join(errs...)
 	}
+	specs := make([]vmm.ChunkSpec, len(allocs))
+	for i, a := range allocs {
+		specs[i] = vmm.ChunkSpec{Offset: uint64(i) * chunk, Allocation: a, Own: true, Access: access}
+	}
+	res, maps, err := sys.ReserveChunks(total, vmm.ReserveOptions{}, specs)
+	if err != nil {
+		return nil, fmt.Errorf("pinned: host-NUMA region of %s on node %d: %w", units.FormatSize(total), node, err)
+	}
+	res.SetKind("pinned")
 	opts.progress(total, total)
-	r := &Region{kind: HostNUMA, dev: dev, sys: sys, size: total, ptr: res.Ptr(), res: res, maps: maps, allocs: allocs,
+	r := &Region{kind: HostNUMA, dev: dev, sys: sys, size: total, ptr: res.Ptr(), impl: &hostNUMARegion{res: res, maps: maps},
 		readOnly: opts.ReadOnly, granted: map[int]driver.AccessFlags{}}
 	for _, a := range access[1:] {
 		r.granted[int(a.Location.ID)] = a.Flags
 	}
 	r.mem = vmm.HostView(res.Ptr(), total)
+	lifetime.Track(r, &r.own)
 	return r, nil
 }
 
@@ -244,8 +231,8 @@ func createChunks(dev *vmm.Device, opts vmm.AllocOptions, allocs []*vmm.Allocati
 func registerFlags(dev *vmm.Device, readOnly bool) (uint32, error) {
 	flags := driver.HostRegisterPortable | driver.HostRegisterDeviceMap
 	if readOnly {
-		if !dev.Supports(driver.AttrReadOnlyHostRegisterSupported) {
-			return 0, fmt.Errorf("pinned: read-only registration on %s: the device reports no support (attribute 113): %w", dev, ErrNotSupported)
+		if err := dev.Check(vmm.FeatureReadOnlyHostRegister); err != nil {
+			return 0, fmt.Errorf("pinned: read-only registration on %s: %w", dev, err)
 		}
 		flags |= driver.HostRegisterReadOnly
 	}
@@ -266,7 +253,7 @@ func newSharedMemory(dev *vmm.Device, size uint64, opts Options) (*Region, error
 	if err != nil {
 		return nil, err
 	}
-	total, err := roundUp("shared-memory region", size, pageSize)
+	total, err := vmm.RoundUp("pinned: shared-memory region", size, pageSize)
 	if err != nil {
 		return nil, err
 	}
@@ -284,34 +271,38 @@ func newSharedMemory(dev *vmm.Device, size uint64, opts Options) (*Region, error
 		f.Close()
 		return nil, err
 	}
-	r := &Region{kind: SharedMemory, dev: dev, sys: dev.System(), size: total, mem: mem, memfd: f, ownMem: true,
+	r := &Region{kind: SharedMemory, dev: dev, sys: dev.System(), size: total, mem: mem, impl: &sharedMemoryRegion{memfd: f},
 		readOnly: opts.ReadOnly, ptr: devicePtrOf(mem)}
 	if len(grants) > 0 {
 		if err := r.register(opts.ReadOnly, opts.Progress); err != nil {
-			return nil, errors.Join(err, r.release())
+			return nil, errors.Join(err, r.undo())
 		}
 	} else {
 		opts.progress(total, total)
 	}
+	lifetime.Track(r, &r.own)
 	return r, nil
 }
 
-// register pins r.mem with cuMemHostRegister. The pages are populated first, in parallel (see
-// populate), so that registration finds them present; that is most of the time pinning takes.
+// undo frees what a region being made holds; what cannot be freed is handed to the System (when
+// there is one), which retries it.
+func (r *Region) undo() error {
+	err := r.impl.release(r)
+	if err != nil && r.sys != nil {
+		err = errors.Join(err, r.sys.Keep(r.String(), func() error { return r.impl.release(r) }))
+	}
+	return err
+}
+
+// register registers a SharedMemory or Registered region's memory (registration.register).
 func (r *Region) register(readOnly bool, progress func(done, total uint64)) error {
-	flags, err := registerFlags(r.dev, readOnly)
-	if err != nil {
-		return err
+	switch impl := r.impl.(type) {
+	case *sharedMemoryRegion:
+		return impl.register(r, readOnly, progress)
+	case *registeredRegion:
+		return impl.register(r, readOnly, progress)
 	}
-	populate(r.mem, readOnly, progress)
-	reg, err := r.dev.HostRegister(r.mem, flags)
-	if err != nil {
-		return fmt.Errorf("pinned: register %s region of %s: %w", r.kind, units.FormatSize(r.size), classify(err))
-	}
-	r.reg = reg
-	r.ptr = reg.Ptr()
-	registryAdd(r)
-	return nil
+	return fmt.Errorf("pinned: register %s: a %s region is not registered: %w", r, r.kind, ErrInvalidValue)
 }
 
 // populate faults mem in before registration, from several threads at once: the kernel zeroes a
@@ -398,10 +389,11 @@ func Register(dev *vmm.Device, mem []byte, opts RegisterOptions) (*Region, error
 		_ = unix.Madvise(mem, unix.MADV_HUGEPAGE) // advice only
 	}
 	r := &Region{kind: Registered, dev: dev, sys: dev.System(), size: uint64(len(mem)), mem: mem,
-		readOnly: opts.ReadOnly, ptr: driver.DevicePtr(addr)}
+		readOnly: opts.ReadOnly, ptr: driver.DevicePtr(addr), impl: &registeredRegion{}}
 	if err := r.register(opts.ReadOnly, opts.Progress); err != nil {
 		return nil, err
 	}
+	lifetime.Track(r, &r.own)
 	return r, nil
 }
 
@@ -410,7 +402,7 @@ func Register(dev *vmm.Device, mem []byte, opts RegisterOptions) (*Region, error
 // any region registered over it.
 func MapAnonymous(size uint64) ([]byte, error) {
 	const huge = 2 << 20
-	total, err := roundUp("map anonymous", size, huge)
+	total, err := vmm.RoundUp("pinned: map anonymous", size, huge)
 	if err != nil {
 		return nil, err
 	}
@@ -481,9 +473,8 @@ func Unregister(dev *vmm.Device, mem []byte) error {
 	if r != nil {
 		return fmt.Errorf("pinned: unregister %#x: the memory belongs to a live %s region; close it instead: %w", uintptr(p), r.kind, ErrInUse)
 	}
-	err := dev.Raw(func(api driver.API) error { return api.MemHostUnregister(p) })
-	if err != nil {
-		return fmt.Errorf("pinned: cuMemHostUnregister %#x: %w", uintptr(p), classify(err))
+	if err := dev.HostUnregister(mem); err != nil {
+		return fmt.Errorf("pinned: unregister %#x: %w", uintptr(p), classify(err))
 	}
 	return nil
 }
@@ -518,43 +509,30 @@ func (r *Region) String() string {
 
 // Chunks lists a HostNUMA region's allocations (vmm.Chunked, what package ipc exports); other kinds
 // have none. The allocations belong to the region.
-func (r *Region) Chunks() []vmm.Chunk {
-	if r.remote != nil {
-		return r.remote.Chunks()
-	}
-	var out []vmm.Chunk
-	for _, m := range r.maps {
-		out = append(out, vmm.Chunk{Offset: m.Offset(), Allocation: m.Allocation()})
-	}
-	return out
-}
+func (r *Region) Chunks() []vmm.Chunk { return r.impl.chunks() }
 
 var _ vmm.Chunked = (*Region)(nil)
 
 // Devices lists the ordinals of the devices that can reach the region: every device of the system
 // for a registered region, the granted devices for a HostNUMA region, none for a CPU-only one.
 func (r *Region) Devices() []int {
-	r.mu.Lock()
-	defer r.mu.Unlock()
-	return r.devicesLocked()
+	r.own.Lock()
+	defer r.own.Unlock()
+	if r.own.Closed() {
+		return nil
+	}
+	return r.impl.visible(r)
 }
 
-func (r *Region) devicesLocked() []int {
+// grantedDevices lists the devices granted access, in order; the caller holds the lock.
+func (r *Region) grantedDevices() []int {
 	var out []int
-	switch {
-	case r.closed:
-	case r.reg != nil:
-		for i := 0; i < r.sys.DeviceCount(); i++ {
-			out = append(out, i)
+	for o, f := range r.granted {
+		if f != driver.AccessNone {
+			out = append(out, o)
 		}
-	case r.kind == HostNUMA:
-		for o, f := range r.granted {
-			if f != driver.AccessNone {
-				out = append(out, o)
-			}
-		}
-		sort.Ints(out)
 	}
+	sort.Ints(out)
 	return out
 }
 
@@ -612,13 +590,13 @@ func (r *Region) Revoke(devs ...*vmm.Device) error {
 }
 
 func (r *Region) setAccess(op string, devs []*vmm.Device, flags driver.AccessFlags) error {
-	r.mu.Lock()
-	defer r.mu.Unlock()
-	if r.closed {
+	r.own.Lock()
+	defer r.own.Unlock()
+	if r.own.Closed() {
 		return fmt.Errorf("pinned: %s on %s: %w", op, r, ErrClosed)
 	}
 	if r.kind != HostNUMA {
-		return fmt.Errorf("pinned: %s on %s: only host-NUMA regions have per-device access (a registration is visible to every device): %w", op, r, ErrNotSupported)
+		return fmt.Errorf("pinned: %s on %s: %w", op, r, r.impl.setAccess(r, nil))
 	}
 	devs, err := uniqueDevices(r.sys, devs)
 	if err != nil {
@@ -631,12 +609,7 @@ func (r *Region) setAccess(op string, devs []*vmm.Device, flags driver.AccessFla
 	for i, d := range devs {
 		acc[i] = vmm.Access{Location: d.Location(), Flags: flags}
 	}
-	if r.remote != nil {
-		err = r.remote.SetAccess(acc...)
-	} else {
-		err = r.res.SetAccess(0, r.size, acc...)
-	}
-	if err != nil {
+	if err = r.impl.setAccess(r, acc); err != nil {
 		return fmt.Errorf("pinned: %s %v on %s: %w", op, acc, r, err)
 	}
 	for _, d := range devs {
@@ -647,10 +620,7 @@ func (r *Region) setAccess(op string, devs []*vmm.Device, flags driver.AccessFla
 
 // checkRange validates [off, off+n) of the region for a copy.
 func (r *Region) checkRange(op string, off, n uint64) error {
-	r.mu.Lock()
-	closed := r.closed
-	r.mu.Unlock()
-	if closed {
+	if r.own.IsClosed() {
 		return fmt.Errorf("pinned: %s on %s: %w", op, r, ErrClosed)
 	}
 	if n == 0 || off > r.size || n > r.size-off {
@@ -688,79 +658,23 @@ func (r *Region) CopyFromDevice(s *vmm.Stream, src driver.DevicePtr, off, n uint
 // frees its address range; unregisters registered memory; unmaps and closes a SharedMemory region's
 // memfd. Memory the caller registered stays mapped. Close fails with an error wrapping ErrInUse,
 // freeing nothing, while pools carved from the region are open. Copies queued on streams must be
-// complete. Close is idempotent and safe on nil.
+// complete. Close is idempotent and safe on nil; when a step fails the region keeps what it could
+// not free, stays open, and a later Close retries.
 func (r *Region) Close() error {
 	if r == nil {
 		return nil
 	}
-	r.mu.Lock()
-	defer r.mu.Unlock()
-	if r.closed {
+	r.own.Lock()
+	defer r.own.Unlock()
+	if r.own.Closed() {
 		return nil
 	}
 	if r.pools > 0 {
 		return fmt.Errorf("pinned: close %s: %d pools carved from it are open (close them first): %w", r, r.pools, ErrInUse)
 	}
-	if err := r.release(); err != nil {
-		return err
+	if err := r.impl.release(r); err != nil {
+		return fmt.Errorf("pinned: close %s: %w", r, err)
 	}
-	r.closed = true
+	r.own.MarkClosed()
 	return nil
-}
-
-// release frees what the region holds, in teardown order; the caller holds r.mu (or owns r alone).
-// On an error it keeps what it could not free so that Close can be retried, except that memory
-// found already unregistered (ErrNotRegistered) is freed anyway.
-func (r *Region) release() error {
-	var errs []error
-	if r.remote != nil {
-		if err := r.remote.Close(); err != nil {
-			return fmt.Errorf("pinned: close %s: %w", r, err)
-		}
-		r.remote = nil
-	}
-	if r.res != nil {
-		for len(r.maps) > 0 {
-			m := r.maps[len(r.maps)-1]
-			if err := m.Close(); err != nil {
-				return fmt.Errorf("pinned: close %s: %w", r, err)
-			}
-			r.maps = r.maps[:len(r.maps)-1]
-		}
-		for len(r.allocs) > 0 {
-			a := r.allocs[len(r.allocs)-1]
-			if err := a.Close(); err != nil {
-				return fmt.Errorf("pinned: close %s: %w", r, err)
-			}
-			r.allocs = r.allocs[:len(r.allocs)-1]
-		}
-		if err := r.res.Close(); err != nil {
-			return fmt.Errorf("pinned: close %s: %w", r, err)
-		}
-		r.res = nil
-	}
-	if r.reg != nil {
-		if err := r.reg.Close(); err != nil {
-			err = classify(err)
-			if !errors.Is(err, ErrNotRegistered) {
-				return fmt.Errorf("pinned: close %s: %w", r, err)
-			}
-			errs = append(errs, fmt.Errorf("pinned: close %s: someone else unregistered the memory: %w", r, err))
-		}
-		registryRemove(r)
-		r.reg = nil
-	}
-	if r.ownMem && r.mem != nil {
-		if err := unix.Munmap(r.mem); err != nil {
-			return fmt.Errorf("pinned: close %s: munmap: %w", r, err)
-		}
-		r.mem = nil
-	}
-	if r.memfd != nil {
-		if err := r.memfd.Close(); err != nil {
-			errs = append(errs, fmt.Errorf("pinned: close %s: memfd: %w", r, err))
-		}
-		r.memfd = nil
-	}
-	return errors.Join(errs...)
 }

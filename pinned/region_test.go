@@ -282,7 +282,7 @@ func TestRegionRollback(t *testing.T) {
 				require.ErrorContains(t, err, "chunk at offset", "chunks are created on several threads")
 			} else {
 				require.ErrorContains(t, err, fn)
-				require.ErrorContains(t, err, "chunk at offset 2 MiB")
+				require.ErrorContains(t, err, "chunk 1 of 3 (offset 0x200000)")
 			}
 			live := b.Sim.Live()
 			require.True(t, live.Zero() || live == sim.Live{Contexts: 1}, "after a failed %s: %s", fn, live)
@@ -392,4 +392,32 @@ func TestKindString(t *testing.T) {
 		pinned.SharedMemory: "shared-memory", pinned.Registered: "registered", pinned.Kind(9): "kind(9)"} {
 		require.Equal(t, want, fmt.Sprint(k))
 	}
+}
+
+// Auto asks the driver which kind to make: a device that reports no host-NUMA support gets
+// SharedMemory, and a query that fails is an error, not a silent fallback.
+func TestAutoKindQueryFails(t *testing.T) {
+	testutil.Run(t, func(t *testing.T, b *testutil.Backend) {
+		d := b.Device(t, 0)
+		b.Sim.FailNth("cuDeviceGetAttribute", 1, driver.ErrorUnknown)
+		_, err := pinned.New(d, mib, pinned.Options{})
+		require.Error(t, err)
+		require.NotErrorIs(t, err, pinned.ErrNotSupported)
+		require.ErrorContains(t, err, "cannot tell whether")
+		r, err := pinned.New(d, mib, pinned.Options{})
+		require.NoError(t, err)
+		require.Equal(t, pinned.HostNUMA, r.Kind())
+		require.NoError(t, r.Close())
+	}, testutil.SimOnly())
+	testutil.Run(t, func(t *testing.T, b *testutil.Backend) {
+		d := b.Device(t, 0)
+		r, err := pinned.New(d, mib, pinned.Options{})
+		require.NoError(t, err)
+		require.Equal(t, pinned.SharedMemory, r.Kind())
+		require.NoError(t, r.Close())
+		_, err = pinned.New(d, mib, pinned.Options{Kind: pinned.HostNUMA})
+		require.ErrorIs(t, err, pinned.ErrNotSupported)
+		var u *vmm.UnsupportedError
+		require.ErrorAs(t, err, &u)
+	}, testutil.SimOnly(), testutil.SimOptions(sim.Attribute(0, driver.AttrHostNUMAVirtualMemoryManagementSupported, 0)))
 }

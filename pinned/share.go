@@ -8,6 +8,7 @@ import (
 	"os"
 
 	"github.com/cuvmm/cuvmm/driver"
+	"github.com/cuvmm/cuvmm/internal/lifetime"
 	"github.com/cuvmm/cuvmm/internal/memfd"
 	"github.com/cuvmm/cuvmm/internal/units"
 	"github.com/cuvmm/cuvmm/ipc"
@@ -30,35 +31,18 @@ const regionHeaderSize = 16
 // sender's; the peer's view stays valid after the sender closes it (the memory lives until the last
 // process lets go). Writes on conn must not run concurrently.
 func (r *Region) Share(conn *net.UnixConn) error {
-	r.mu.Lock()
-	defer r.mu.Unlock()
-	if r.closed {
+	r.own.Lock()
+	defer r.own.Unlock()
+	if r.own.Closed() {
 		return fmt.Errorf("pinned: share %s: %w", r, ErrClosed)
 	}
 	hdr := make([]byte, regionHeaderSize)
 	binary.LittleEndian.PutUint32(hdr[0:], uint32(r.kind))
 	binary.LittleEndian.PutUint64(hdr[8:], r.size)
-	switch r.kind {
-	case HostNUMA:
-		e, err := ipc.Export(r)
-		if err != nil {
-			return fmt.Errorf("pinned: share %s: %w", r, err)
-		}
-		defer e.Close()
-		if err := ipc.WriteMessage(conn, KindRegion, hdr, nil); err != nil {
-			return fmt.Errorf("pinned: share %s: %w", r, err)
-		}
-		if err := ipc.Send(conn, e); err != nil {
-			return fmt.Errorf("pinned: share %s: %w", r, err)
-		}
-		return nil
-	case SharedMemory:
-		if err := ipc.WriteMessage(conn, KindRegion, hdr, []*os.File{r.memfd}); err != nil {
-			return fmt.Errorf("pinned: share %s: %w", r, err)
-		}
-		return nil
+	if err := r.impl.share(r, conn, hdr); err != nil {
+		return fmt.Errorf("pinned: share %s: %w", r, err)
 	}
-	return fmt.Errorf("pinned: share %s: memory the caller registered has no file descriptor to pass (use New): %w", r, ErrNotSupported)
+	return nil
 }
 
 // OpenOptions is the opener's choice of access for Receive.
@@ -148,12 +132,13 @@ func receiveHostNUMA(conn *net.UnixConn, dev *vmm.Device, size uint64, grants []
 	if err != nil {
 		return nil, fmt.Errorf("pinned: open host-NUMA region of %s: %w", units.FormatSize(size), err)
 	}
-	r := &Region{kind: HostNUMA, dev: dev, sys: dev.System(), size: size, ptr: buf.Ptr(), remote: buf,
+	r := &Region{kind: HostNUMA, dev: dev, sys: dev.System(), size: size, ptr: buf.Ptr(), impl: &importedHostNUMARegion{buf: buf},
 		readOnly: readOnly, imported: true, granted: map[int]driver.AccessFlags{}}
 	for _, a := range access[1:] {
 		r.granted[int(a.Location.ID)] = a.Flags
 	}
 	r.mem = vmm.HostView(buf.Ptr(), size)
+	lifetime.Track(r, &r.own)
 	return r, nil
 }
 
@@ -174,12 +159,13 @@ func openSharedMemory(f *os.File, dev *vmm.Device, sys *vmm.System, size uint64,
 		f.Close()
 		return nil, err
 	}
-	r := &Region{kind: SharedMemory, dev: dev, sys: sys, size: size, mem: mem, memfd: f, ownMem: true,
+	r := &Region{kind: SharedMemory, dev: dev, sys: sys, size: size, mem: mem, impl: &sharedMemoryRegion{memfd: f},
 		readOnly: readOnly, imported: true, ptr: devicePtrOf(mem)}
 	if len(grants) > 0 {
 		if err := r.register(readOnly, nil); err != nil {
-			return nil, errors.Join(err, r.release())
+			return nil, errors.Join(err, r.undo())
 		}
 	}
+	lifetime.Track(r, &r.own)
 	return r, nil
 }

@@ -5,9 +5,9 @@ import (
 	"errors"
 	"fmt"
 	"io"
-	"sync"
 
 	"github.com/cuvmm/cuvmm/driver"
+	"github.com/cuvmm/cuvmm/internal/lifetime"
 	"github.com/cuvmm/cuvmm/internal/units"
 	"github.com/cuvmm/cuvmm/vmm"
 )
@@ -25,8 +25,8 @@ type Stager struct {
 	ownsPool bool
 	nbuf     int
 
-	mu     sync.Mutex
-	closed bool
+	own     lifetime.Owner // its lock is held for a whole transfer; closed once Close freed all
+	closing bool           // Close was called: transfers are refused
 }
 
 // StagerOptions tunes NewStager.
@@ -64,7 +64,10 @@ func NewStager(dev *vmm.Device, opts StagerOptions) (s *Stager, err error) {
 	s = &Stager{dev: dev, nbuf: nbuf, pool: opts.Pool}
 	defer func() {
 		if err != nil {
-			err = errors.Join(err, s.free())
+			if ferr := s.free(); ferr != nil {
+				// What could not be freed stays with the System, which retries it.
+				err = errors.Join(err, ferr, dev.System().Keep("stager on "+dev.String(), s.free))
+			}
 			s = nil
 		}
 	}()
@@ -95,7 +98,7 @@ func NewStager(dev *vmm.Device, opts StagerOptions) (s *Stager, err error) {
 			return s, fmt.Errorf("pinned: new stager: its region is not visible to %s (Region.Grant must include it): %w", dev, ErrInvalidValue)
 		}
 	}
-	if s.stream, err = dev.NewStream(true); err != nil {
+	if s.stream, err = dev.CreateStream(vmm.StreamOptions{NonBlocking: true}); err != nil {
 		return s, fmt.Errorf("pinned: new stager: %w", err)
 	}
 	for i := 0; i < nbuf; i++ {
@@ -105,6 +108,7 @@ func NewStager(dev *vmm.Device, opts StagerOptions) (s *Stager, err error) {
 		}
 		s.events = append(s.events, e)
 	}
+	lifetime.Track(s, &s.own)
 	return s, nil
 }
 
@@ -119,14 +123,14 @@ func (s *Stager) Stream() *vmm.Stream { return s.stream }
 
 // begin locks the stager for a transfer and takes its buffers.
 func (s *Stager) begin(ctx context.Context, op string) ([]*Buffer, error) {
-	s.mu.Lock()
-	if s.closed {
-		s.mu.Unlock()
+	s.own.Lock()
+	if s.closing || s.own.Closed() {
+		s.own.Unlock()
 		return nil, fmt.Errorf("pinned: %s: stager: %w", op, ErrClosed)
 	}
 	bufs, err := s.pool.getN(ctx, s.nbuf)
 	if err != nil {
-		s.mu.Unlock()
+		s.own.Unlock()
 		return nil, fmt.Errorf("pinned: %s: %w", op, err)
 	}
 	return bufs, nil
@@ -143,7 +147,7 @@ func (s *Stager) end(bufs []*Buffer, err error) error {
 			err = errors.Join(err, perr)
 		}
 	}
-	s.mu.Unlock()
+	s.own.Unlock()
 	return err
 }
 
@@ -266,12 +270,19 @@ func (s *Stager) ReaderToDevice(ctx context.Context, dst driver.DevicePtr, r io.
 
 func (s *Stager) free() error {
 	var errs []error
+	left := s.events[:0]
 	for _, e := range s.events {
-		errs = append(errs, e.Close())
+		if err := e.Close(); err != nil {
+			errs = append(errs, err)
+			left = append(left, e)
+		}
 	}
-	s.events = nil
-	errs = append(errs, s.stream.Close())
-	s.stream = nil
+	s.events = left
+	if err := s.stream.Close(); err != nil {
+		errs = append(errs, err)
+	} else {
+		s.stream = nil
+	}
 	if s.ownsPool {
 		errs = append(errs, s.pool.Close())
 	}
@@ -279,16 +290,21 @@ func (s *Stager) free() error {
 }
 
 // Close waits for a running transfer, then destroys the stream and events and closes the stager's
-// own pool (a pool given in the options stays open). Idempotent, nil-safe.
+// own pool (a pool given in the options stays open). Idempotent, nil-safe; when a step fails the
+// stager keeps what it could not free and a later Close retries.
 func (s *Stager) Close() error {
 	if s == nil {
 		return nil
 	}
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	if s.closed {
+	s.own.Lock()
+	defer s.own.Unlock()
+	if s.own.Closed() {
 		return nil
 	}
-	s.closed = true
-	return s.free()
+	s.closing = true
+	if err := s.free(); err != nil {
+		return err
+	}
+	s.own.MarkClosed()
+	return nil
 }

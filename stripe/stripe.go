@@ -18,9 +18,9 @@ import (
 	"sort"
 	"strconv"
 	"strings"
-	"sync"
 
 	"github.com/cuvmm/cuvmm/driver"
+	"github.com/cuvmm/cuvmm/internal/lifetime"
 	"github.com/cuvmm/cuvmm/internal/units"
 	"github.com/cuvmm/cuvmm/vmm"
 )
@@ -69,8 +69,7 @@ type Range struct {
 	maps   []*vmm.Mapping // maps[i] holds pieces[i]
 	segs   map[*vmm.Device][]Segment
 
-	mu     sync.Mutex
-	closed bool
+	own lifetime.Owner // closed once Close freed everything
 }
 
 var _ vmm.Chunked = (*Range)(nil)
@@ -78,9 +77,9 @@ var _ vmm.Chunked = (*Range)(nil)
 // New builds a range of at least size bytes over devices (the devices that hold memory, in layout
 // order) and grants access to every device in devices and opts.AccessOnly.
 //
-// Granularity: the size and every stripe are multiples of the largest minimum allocation granularity
-// (cuMemGetAllocationGranularity) among the holders and the access-only devices, and never less than
-// the granularity of the system's reservations (vmm.System.Granularity; 2 MiB on every current GPU).
+// Granularity: the size and every stripe are multiples of the granularity common to the holders, the
+// access-only devices and the system's reservations (vmm.System.CommonGranularity: the least common
+// multiple of their minimum granularities; 2 MiB on every current GPU).
 // size is rounded up to it; Size reports the result. For Interleaved, the stripe size must already be
 // a multiple of it (it is not rounded: an error wrapping vmm.ErrInvalidValue says so).
 //
@@ -113,26 +112,15 @@ func New(devices []*vmm.Device, size uint64, layout Layout, opts Options) (*Rang
 		return nil, fmt.Errorf("stripe: new range over devices %s: size 0: %w", names, vmm.ErrInvalidValue)
 	}
 
-	// The granularity: the largest among the devices that hold or access the range, and the one the
-	// reservation will be made with.
+	// The granularity: common to the devices that hold or access the range, and to the reservation.
 	sys := devices[0].System()
-	var gran uint64
-	for _, d := range all {
-		g, err := d.DeviceGranularity()
-		if err != nil {
-			return nil, fmt.Errorf("stripe: new range over devices %s: %w", names, err)
-		}
-		gran = max(gran, g)
-	}
-	sysGran, err := sys.Granularity()
+	gran, err := sys.CommonGranularity(driver.Location{}, all...)
 	if err != nil {
 		return nil, fmt.Errorf("stripe: new range over devices %s: %w", names, err)
 	}
-	gran = max(gran, sysGran) // both are powers of two
-	rounded, ok := units.RoundUp(size, gran)
-	if !ok {
-		return nil, fmt.Errorf("stripe: new range over devices %s: size %d overflows when rounded to the granularity %s: %w",
-			names, size, units.FormatSize(gran), vmm.ErrInvalidValue)
+	rounded, err := vmm.RoundUp("stripe: new range over devices "+names, size, gran)
+	if err != nil {
+		return nil, err
 	}
 	var total uint64
 	for _, d := range devices {
@@ -160,6 +148,7 @@ func New(devices []*vmm.Device, size uint64, layout Layout, opts Options) (*Rang
 		return nil, fmt.Errorf("stripe: build %s %s over devices %s: %w", units.FormatSize(rounded), layout, names, err)
 	}
 	r.segs = segments(r.holders, pieces)
+	lifetime.Track(r, &r.own)
 	return r, nil
 }
 
@@ -217,18 +206,10 @@ func checkPeers(holders, all []*vmm.Device) error {
 	return nil
 }
 
-// build reserves the range and maps every piece; on failure it undoes everything.
+// build reserves the range and maps every piece (vmm.System.ReserveChunks: all or nothing).
 func (r *Range) build(all []*vmm.Device) error {
 	sys := r.holders[0].System()
 	size := r.size()
-	res, err := sys.Reserve(size, vmm.ReserveOptions{})
-	if err != nil {
-		return fmt.Errorf("reserve the address range (cuMemAddressReserve): %w", err)
-	}
-	if res.Size() != size {
-		err := fmt.Errorf("reserved %s instead of %s: %w", units.FormatSize(res.Size()), units.FormatSize(size), vmm.ErrInvalidValue)
-		return errors.Join(err, undo(res, nil))
-	}
 	// The access each holder's stripes get: read-write for the holder, read-write or read-only for the
 	// others.
 	access := make([][]vmm.Access, len(r.holders))
@@ -244,46 +225,23 @@ func (r *Range) build(all []*vmm.Device) error {
 		access[i] = acc
 	}
 	aopts := vmm.AllocOptions{HandleTypes: r.opts.HandleTypes}
-	maps := make([]*vmm.Mapping, 0, len(r.pieces))
+	specs := make([]vmm.ChunkSpec, len(r.pieces))
 	for i, p := range r.pieces {
-		h := r.holders[p.holder]
-		m, err := res.MapNew(p.off, p.size, h, aopts, access[p.holder]...)
-		if err != nil {
-			err = fmt.Errorf("stripe %d of %d (%s at offset %#x) on device %d: %w", i, len(r.pieces), units.FormatSize(p.size), p.off, h.Ordinal(), err)
-			return errors.Join(err, undo(res, maps))
+		specs[i] = vmm.ChunkSpec{Offset: p.off, Size: p.size, Device: r.holders[p.holder], Alloc: aopts, Access: access[p.holder]}
+	}
+	res, maps, err := sys.ReserveChunks(size, vmm.ReserveOptions{}, specs)
+	if err != nil {
+		return err
+	}
+	res.SetKind("stripe")
+	if res.Size() != size {
+		err := fmt.Errorf("reserved %s instead of %s: %w", units.FormatSize(res.Size()), units.FormatSize(size), vmm.ErrInvalidValue)
+		for i := len(maps) - 1; i >= 0; i-- {
+			err = errors.Join(err, vmm.UndoClose(maps[i]))
 		}
-		maps = append(maps, m)
+		return errors.Join(err, vmm.UndoClose(res))
 	}
 	r.res, r.maps = res, maps
-	return nil
-}
-
-// undo unmaps maps (a run of adjacent mappings from offset 0) with one cuMemUnmap, releasing their
-// allocations, then frees the reservation. Should the single unmap fail, each mapping is closed alone.
-func undo(res *vmm.Reservation, maps []*vmm.Mapping) error {
-	var errs []error
-	if n := len(maps); n > 0 {
-		last := maps[n-1]
-		if err := res.UnmapRange(0, last.Offset()+last.Size()); err != nil {
-			errs = append(errs, err)
-			for _, m := range maps {
-				if err := m.Close(); err != nil {
-					errs = append(errs, err)
-				}
-			}
-		}
-		for _, m := range maps {
-			if err := m.Allocation().Close(); err != nil { // idempotent: retries a failed release
-				errs = append(errs, err)
-			}
-		}
-	}
-	if err := res.Close(); err != nil {
-		errs = append(errs, err)
-	}
-	if err := errors.Join(errs...); err != nil {
-		return fmt.Errorf("undo: %w", err)
-	}
 	return nil
 }
 
@@ -350,11 +308,7 @@ func (r *Range) String() string {
 	return fmt.Sprintf("striped range %#x+%s %s over devices %s", uint64(r.Ptr()), units.FormatSize(r.size()), r.layout, deviceNames(r.holders))
 }
 
-func (r *Range) isClosed() bool {
-	r.mu.Lock()
-	defer r.mu.Unlock()
-	return r.closed
-}
+func (r *Range) isClosed() bool { return r.own.IsClosed() }
 
 // Owner is the device whose memory holds the byte at offset. Offsets at or past Size are errors
 // wrapping vmm.ErrInvalidValue; after Close, vmm.ErrClosed.
@@ -404,35 +358,23 @@ func (r *Range) Chunks() []vmm.Chunk {
 
 // Close unmaps the whole range with one cuMemUnmap, releases every stripe's memory and frees the
 // address range. Work still using the range must have finished. Close is idempotent and safe on nil;
-// when it fails it may be called again.
+// when it fails the range stays open (it never reports success while memory is held) and Close may
+// be called again.
 func (r *Range) Close() error {
 	if r == nil {
 		return nil
 	}
-	r.mu.Lock()
-	defer r.mu.Unlock()
-	if r.closed {
-		return nil
-	}
-	if err := r.res.UnmapRange(0, r.size()); err != nil {
-		// Nothing was unmapped when cuMemUnmap failed; a failed release leaves its mapping forgotten
-		// but the allocation open, which the loop below retries.
+	return r.own.Close("stripe: close "+r.String(), func() error {
 		if len(r.res.Mappings()) > 0 {
+			// A failed cuMemUnmap changes nothing; a failed release leaves its mapping pending in
+			// the reservation, whose Close retries it.
+			if err := r.res.UnmapRange(0, r.size()); err != nil && len(r.res.Mappings()) > 0 {
+				return fmt.Errorf("stripe: close %s: %w", r, err)
+			}
+		}
+		if err := r.res.Close(); err != nil {
 			return fmt.Errorf("stripe: close %s: %w", r, err)
 		}
-	}
-	var errs []error
-	for _, m := range r.maps {
-		if err := m.Allocation().Close(); err != nil {
-			errs = append(errs, err)
-		}
-	}
-	if len(errs) > 0 {
-		return fmt.Errorf("stripe: close %s: %w", r, errors.Join(errs...))
-	}
-	if err := r.res.Close(); err != nil {
-		return fmt.Errorf("stripe: close %s: %w", r, err)
-	}
-	r.closed = true
-	return nil
+		return nil
+	})
 }

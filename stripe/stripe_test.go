@@ -372,15 +372,21 @@ func TestFaultInjection(t *testing.T) {
 			}
 		}
 
-		// The undo's single cuMemUnmap fails too: each mapping is then unmapped alone.
+		// The undo's cuMemUnmap fails too: the mapping it could not unmap goes to the System, which
+		// frees it when asked (and in Close).
 		b.Sim.FailNth("cuMemMap", 4, driver.ErrorOutOfMemory)
-		b.Sim.FailNth("cuMemUnmap", 1, driver.ErrorUnknown)
+		for n := 1; n <= 10; n++ {
+			b.Sim.FailNth("cuMemUnmap", n, driver.ErrorUnknown) // every unmap of the undo, and its retries
+		}
 		r, err := stripe.New(devs, 10*mib, stripe.Interleaved{Stripe: 2 * mib}, opts)
 		require.Nil(t, r)
 		require.ErrorIs(t, err, driver.ErrOutOfMemory)
-		require.ErrorContains(t, err, "stripe 3 of 5")
+		require.ErrorContains(t, err, "chunk 3 of 5")
 		require.ErrorContains(t, err, "undo")
 		b.Sim.ClearFaults()
+		require.NotEmpty(t, b.Sys.Orphans(), "the mappings and their reservation")
+		require.NoError(t, b.Sys.RetryOrphans())
+		require.Empty(t, b.Sys.Orphans())
 		requireNothingLeft(t, b, "failed undo")
 
 		// Close retries after a failed unmap.

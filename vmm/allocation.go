@@ -38,6 +38,7 @@ type Allocation struct {
 
 	mappings atomic.Int64 // live Mappings of this allocation
 	own      lifetime.Owner
+	sleep    sleepState // released while asleep, exported (sleep.go); guarded by own's lock
 }
 
 func (o AllocOptions) prop(d *Device) driver.AllocationProp {
@@ -156,6 +157,7 @@ func (a *Allocation) Export(typ driver.HandleType) (*os.File, error) {
 	if err != nil {
 		return nil, fmt.Errorf("vmm: export %s as %s: %w", a, typ, err)
 	}
+	a.noteExported()
 	return os.NewFile(uintptr(fd), fmt.Sprintf("cuvmm-%s-%s", typ, units.FormatSize(a.size))), nil
 }
 
@@ -177,6 +179,7 @@ func (a *Allocation) ExportFabric() (driver.FabricHandle, error) {
 	if err != nil {
 		return fh, fmt.Errorf("vmm: export %s as fabric: %w", a, err)
 	}
+	a.noteExported()
 	return fh, nil
 }
 
@@ -232,7 +235,7 @@ func (d *Device) Import(f *os.File, size uint64, typ driver.HandleType) (*Alloca
 // (to retry in its Close) and the error says so.
 func (a *Allocation) undo() error {
 	if err := a.Close(); err != nil {
-		return errors.Join(fmt.Errorf("undo: %w", err), a.dev.sys.adopt(a.String(), a.Close))
+		return errors.Join(fmt.Errorf("undo: %w", err), a.dev.sys.adopt(a.String(), &a.own, a.Close))
 	}
 	return nil
 }
@@ -250,6 +253,9 @@ func (a *Allocation) Close() error {
 		}
 		if err := a.checkHeld("close"); err != nil {
 			return err
+		}
+		if a.closeAsleep() {
+			return nil
 		}
 		if err := a.dev.do(func(api driver.API) error { return api.MemRelease(a.handle) }); err != nil {
 			return fmt.Errorf("vmm: release %s: %w", a, err)

@@ -6,6 +6,7 @@ import (
 	"slices"
 
 	"github.com/cuvmm/cuvmm/driver"
+	"github.com/cuvmm/cuvmm/internal/lifetime"
 )
 
 // Chunk is one physical allocation of a buffer made of several, at its offset from the buffer's
@@ -123,7 +124,21 @@ func UndoClose(o Closer) error {
 	if m, ok := o.(*Mapping); ok {
 		m.orphan.Store(true)
 	}
-	return errors.Join(fmt.Errorf("undo: %w", err), sys.adopt(o.String(), o.Close))
+	return errors.Join(fmt.Errorf("undo: %w", err), sys.adopt(o.String(), ownerOf(o), o.Close))
+}
+
+func ownerOf(o Closer) *lifetime.Owner {
+	switch x := o.(type) {
+	case *Mapping:
+		return &x.own
+	case *Allocation:
+		return &x.own
+	case *Reservation:
+		return &x.own
+	case interface{ lifetimeOwner() *lifetime.Owner }:
+		return x.lifetimeOwner()
+	}
+	return nil
 }
 
 func systemOf(o Closer) *System {

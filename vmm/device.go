@@ -36,6 +36,8 @@ type Device struct {
 	kernMu  sync.Mutex // serializes loading the kernels, never held across a launch
 	kernels atomic.Pointer[kernelSet]
 	lanes   lanePool
+
+	counted countingAPI // the API do hands out: the driver, counted for Stats
 }
 
 type granKey struct {
@@ -66,7 +68,8 @@ func openDevice(s *System, ordinal int) (*Device, error) {
 		return nil, fmt.Errorf("vmm: device %d: cuDevicePrimaryCtxRetain: %w", ordinal, err)
 	}
 	return &Device{sys: s, ordinal: ordinal, dev: dev, ctx: ctx, name: name, total: total, uuid: uuid,
-		gran: map[granKey]uint64{}, feats: map[Feature]error{}}, nil
+		gran: map[granKey]uint64{}, feats: map[Feature]error{},
+		counted: newCountingAPI(api, &s.stats, ordinal)}, nil
 }
 
 // release frees the kernels and releases the primary context; the caller (System.Close) holds the
@@ -103,7 +106,7 @@ func (d *Device) do(fn func(api driver.API) error) error {
 	if d.released.Load() {
 		return fmt.Errorf("vmm: device %d: %w", d.ordinal, ErrClosed)
 	}
-	return bind(d.sys.api, d.ctx, fn)
+	return bind(&d.counted, d.ctx, fn)
 }
 
 // Raw runs fn with this device's primary context bound on a locked OS thread and gives it the driver

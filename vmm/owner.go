@@ -3,6 +3,7 @@ package vmm
 import (
 	"errors"
 	"fmt"
+	"slices"
 	"strings"
 
 	"github.com/cuvmm/cuvmm/driver"
@@ -15,6 +16,11 @@ type owner struct {
 	dev *Device
 	own lifetime.Owner
 }
+
+// Device is the device the object belongs to.
+func (o *owner) Device() *Device { return o.dev }
+
+func (o *owner) lifetimeOwner() *lifetime.Owner { return &o.own }
 
 // use reports ErrClosed, naming op, once the owner is closed.
 func (o *owner) use(op string) error {
@@ -52,29 +58,35 @@ func (d *Device) create(o *lifetime.Owner, kind string, fn func(api driver.API) 
 // Close in System.Close, so that no failure leaves an object no API can free.
 type adoptee struct {
 	what  string
+	own   *lifetime.Owner // nil when unknown
 	close func() error
 }
 
+func (a adoptee) done() bool { return a.own != nil && a.own.IsClosed() }
+
 // adopt hands an object whose clean-up failed to the System. what names it; close is its idempotent
 // Close. The returned error names it for the caller's error message.
-func (s *System) adopt(what string, close func() error) error {
+func (s *System) adopt(what string, own *lifetime.Owner, close func() error) error {
 	s.adoptMu.Lock()
-	s.adopted = append(s.adopted, adoptee{what, close})
+	s.adopted = append(s.adopted, adoptee{what, own, close})
 	s.adoptMu.Unlock()
 	return fmt.Errorf("vmm: %s is kept by the System, and its Close retries freeing it", what)
 }
 
 // retryAdopted closes the adopted objects, pass after pass while a pass frees something (a mapping
-// must go before its reservation), and keeps those that still fail.
+// must go before its reservation), and keeps those that still fail. The closes run without the
+// list's lock, so that one may hand the System something new.
 func (s *System) retryAdopted() error {
 	s.adoptMu.Lock()
-	defer s.adoptMu.Unlock()
+	list := s.adopted
+	s.adopted = nil
+	s.adoptMu.Unlock()
 	var errs []error
-	for progress := true; progress && len(s.adopted) > 0; {
+	for progress := true; progress && len(list) > 0; {
 		progress = false
 		errs = errs[:0]
-		left := s.adopted[:0]
-		for _, a := range s.adopted {
+		left := list[:0]
+		for _, a := range list {
 			if err := a.close(); err != nil {
 				errs = append(errs, err)
 				left = append(left, a)
@@ -82,17 +94,31 @@ func (s *System) retryAdopted() error {
 			}
 			progress = true
 		}
-		clear(s.adopted[len(left):])
-		s.adopted = left
+		clear(list[len(left):])
+		list = left
 	}
+	s.adoptMu.Lock()
+	s.adopted = append(list, s.adopted...)
+	s.adoptMu.Unlock()
 	return errors.Join(errs...)
 }
 
+// Keep hands the System an object of another package whose clean-up failed while a failed operation
+// was being undone, so that no API loses it: close (idempotent) is retried by RetryOrphans and Close,
+// and what names it in Orphans until close succeeds. The returned error says so, for the caller's
+// error message.
+func (s *System) Keep(what string, close func() error) error { return s.adopt(what, nil, close) }
+
+// RetryOrphans retries freeing the objects in Orphans now (System.Close does it too), for services
+// that run long; it returns the errors of those that still fail.
+func (s *System) RetryOrphans() error { return s.retryAdopted() }
+
 // Orphans lists the objects whose clean-up failed during an undo and that the System keeps to retry
-// in Close (empty when every undo succeeded or the retries worked).
+// in Close (empty when every undo succeeded or a retry, by the System or by their owner, worked).
 func (s *System) Orphans() []string {
 	s.adoptMu.Lock()
 	defer s.adoptMu.Unlock()
+	s.adopted = slices.DeleteFunc(s.adopted, adoptee.done)
 	out := make([]string, len(s.adopted))
 	for i, a := range s.adopted {
 		out[i] = a.what

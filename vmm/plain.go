@@ -140,7 +140,7 @@ func (d *Device) HostRegister(mem []byte, flags uint32) (*HostRegistration, erro
 	runtime.KeepAlive(mem)
 	if err != nil {
 		if unregFailed {
-			err = errors.Join(err, d.sys.adopt(r.what(), r.Close))
+			err = errors.Join(err, d.sys.adopt(r.what(), &r.own, r.Close))
 		}
 		return nil, fmt.Errorf("vmm: host register %s at %#x: %w", units.FormatSize(size), uintptr(p), err)
 	}

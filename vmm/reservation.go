@@ -131,8 +131,10 @@ func (s *System) Reserve(size uint64, opts ReserveOptions) (*Reservation, error)
 	r := &Reservation{dev: d, size: rounded, gran: g, mappings: map[uint64]*Mapping{}}
 	err = d.create(&r.own, "reservation", func(api driver.API) error {
 		var err error
-		r.ptr, err = api.MemAddressReserve(rounded, opts.Alignment, opts.Hint, 0)
-		return err
+		if r.ptr, err = api.MemAddressReserve(rounded, opts.Alignment, opts.Hint, 0); err != nil {
+			return fmt.Errorf("cuMemAddressReserve: %w", err)
+		}
+		return nil
 	})
 	if err != nil {
 		return nil, fmt.Errorf("vmm: reserve %s (hint %#x): %w", units.FormatSize(rounded), opts.Hint, err)
@@ -142,7 +144,7 @@ func (s *System) Reserve(size uint64, opts ReserveOptions) (*Reservation, error)
 		err := fmt.Errorf("vmm: reserve %s (hint %#x): %w: got %#x", units.FormatSize(rounded), opts.Hint, ErrHintNotGranted, uint64(r.ptr))
 		if ferr := r.Close(); ferr != nil {
 			// The misplaced range stays owned: the System retries freeing it.
-			err = errors.Join(err, fmt.Errorf("freeing the misplaced range: %w", ferr), s.adopt(r.String(), r.Close))
+			err = errors.Join(err, fmt.Errorf("freeing the misplaced range: %w", ferr), s.adopt(r.String(), &r.own, r.Close))
 		}
 		return nil, err
 	}
@@ -513,7 +515,7 @@ func (r *Reservation) closeOrphans() error {
 func (r *Reservation) keepOrphan(off uint64, a *Allocation, owns bool) error {
 	m := r.addMapping(off, a, owns)
 	m.orphan.Store(true)
-	return r.dev.sys.adopt(m.String(), m.Close)
+	return r.dev.sys.adopt(m.String(), &m.own, m.Close)
 }
 
 // Mapping is an allocation mapped into a reservation at an offset (cuMemMap).

@@ -56,9 +56,6 @@ func (s *Stream) Handle() driver.Stream {
 	return s.s
 }
 
-// Device is the stream's device.
-func (s *Stream) Device() *Device { return s.dev }
-
 func (s *Stream) use(op string) error {
 	if s == nil {
 		return nil // the legacy default stream

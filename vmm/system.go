@@ -6,7 +6,9 @@
 // HostBuffer) has Close, which is idempotent and safe on a nil receiver. A child keeps its parent
 // alive: closing an Allocation or Reservation that still has mappings, or a System whose devices
 // still own objects, returns an error wrapping ErrInUse and frees nothing. Teardown order is unmap,
-// release, address free.
+// release, address free. A clean-up that fails during an undo never orphans its object: the owner
+// keeps it, or the System does (Orphans), and a later Close retries it. Built with the cuvmmleak tag,
+// owners that become unreachable without Close are reported with the stack that made them.
 //
 // Thread rule: the driver's current context is per OS thread and goroutines move between threads, so
 // every call that needs a context locks the goroutine to its thread, binds the device's primary
@@ -58,6 +60,9 @@ type System struct {
 
 	adoptMu sync.Mutex
 	adopted []adoptee // objects whose undo failed, retried by Close
+
+	own   lifetime.Owner // leak tracking: closed by Close
+	stats statsTable     // what the devices' counting APIs recorded (Stats)
 }
 
 // Open initialises the driver (cuInit) and reads its version and device count. Devices are opened
@@ -77,7 +82,9 @@ func Open(api driver.API) (*System, error) {
 	if err != nil {
 		return nil, fmt.Errorf("vmm: cuDeviceGetCount: %w", err)
 	}
-	return &System{api: api, version: v, count: n, devices: make([]*Device, n)}, nil
+	s := &System{api: api, version: v, count: n, devices: make([]*Device, n)}
+	lifetime.Track(s, &s.own)
+	return s, nil
 }
 
 // DriverVersion is cuDriverGetVersion's answer, for example 13000 for CUDA 13.0.
@@ -176,6 +183,9 @@ func (s *System) Close() error {
 		}
 	}
 	s.closed = true
+	s.own.Lock()
+	s.own.MarkClosed()
+	s.own.Unlock()
 	return errors.Join(errs...)
 }
 

@@ -10,7 +10,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/cuvmm/cuvmm/driver"
-	"github.com/cuvmm/cuvmm/internal/kernels"
+	"github.com/cuvmm/cuvmm/internal/pattern"
 	"github.com/cuvmm/cuvmm/internal/testutil"
 	"github.com/cuvmm/cuvmm/vmm"
 )
@@ -82,7 +82,7 @@ func TestReserveMapAccessVerify(t *testing.T) {
 		require.NoError(t, d.CopyDtoH(buf, m.Ptr()+1024))
 		for i := 0; i < 8; i++ {
 			w := *(*uint64)(unsafe.Pointer(&buf[i*8]))
-			require.Equal(t, kernels.Pattern(uint64(1024/8+i), 7), w)
+			require.Equal(t, pattern.Word(uint64(1024/8+i), 7), w)
 		}
 
 		// Parents refuse to close under live children.
@@ -296,7 +296,7 @@ func TestHostNUMACPUAccess(t *testing.T) {
 		view := vmm.HostView(m.Ptr(), m.Size())
 		words := unsafe.Slice((*uint64)(unsafe.Pointer(&view[0])), len(view)/8)
 		for _, i := range []int{0, 1, len(words) - 1} {
-			require.Equal(t, kernels.Pattern(uint64(i), 5), words[i])
+			require.Equal(t, pattern.Word(uint64(i), 5), words[i])
 		}
 		words[3] = 0
 		bad, err := d.Verify(m.Ptr(), m.Size(), 0, 5)
@@ -360,7 +360,7 @@ func TestStreamsEventsCopies(t *testing.T) {
 		require.NoError(t, err)
 		require.GreaterOrEqual(t, el, 0*el)
 		words := unsafe.Slice((*uint64)(host.Pointer()), 2*mib/8)
-		require.Equal(t, kernels.Pattern(100, 11), words[100])
+		require.Equal(t, pattern.Word(100, 11), words[100])
 
 		// Round trip through a host registration.
 		mem, err := unix.Mmap(-1, 0, 2*mib, unix.PROT_READ|unix.PROT_WRITE, unix.MAP_PRIVATE|unix.MAP_ANONYMOUS)

@@ -5,10 +5,8 @@ import (
 	"flag"
 	"fmt"
 	"io"
-	"os"
 
 	"github.com/cuvmm/cuvmm/internal/units"
-	"github.com/cuvmm/cuvmm/internal/worker"
 	"github.com/cuvmm/cuvmm/measure"
 )
 
@@ -94,11 +92,7 @@ func (c *common) open(e *env) (*measure.Backend, error) {
 // measureEnv is what a measurement runs with: the backend, a progress bar on a terminal (not with
 // --json), notes on stderr.
 func (c *common) measureEnv(e *env, b *measure.Backend) measure.Env {
-	// Worker processes write to the log too: one lock for all of them.
 	me := measure.Env{Backend: b, Log: e.stderr}
-	if _, isFile := e.stderr.(*os.File); !isFile {
-		me.Log = worker.SyncWriter(e.stderr)
-	}
 	if e.interactive && !c.json {
 		me.Progress = e
 	}

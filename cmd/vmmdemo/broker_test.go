@@ -6,15 +6,17 @@ import (
 	"testing"
 
 	"github.com/stretchr/testify/require"
+
+	"github.com/cuvmm/cuvmm/measure"
 )
 
-// `vmmdemo broker` re-executes its own binary as `broker-worker` (the test binary stands in, see
+// `vmmdemo broker` re-executes its own binary as its workers (the test binary stands in, see
 // TestMain).
-func runBrokerJSON(t *testing.T, args ...string) brokerResult {
+func runBrokerJSON(t *testing.T, args ...string) measure.BrokerResult {
 	t.Helper()
 	code, out, errOut := runPinnedCmd(t, append([]string{"broker", "--backend", "sim", "--json"}, args...)...)
 	require.Equal(t, 0, code, errOut)
-	var res brokerResult
+	var res measure.BrokerResult
 	require.NoError(t, json.Unmarshal([]byte(out), &res), out)
 	require.Empty(t, errOut, "no progress bar or notice without a terminal")
 	return res
@@ -97,6 +99,6 @@ func TestBrokerCommandText(t *testing.T) {
 	require.Equal(t, 2, code)
 	require.Contains(t, errOut, "at least 1")
 	code, _, errOut = runPinnedCmd(t, "broker", "--backend", "sim", "--devices", "5", "--size", "4MiB")
-	require.Equal(t, 1, code)
-	require.Contains(t, errOut, "out of range")
+	require.Equal(t, 2, code)
+	require.Contains(t, errOut, "there is no device 5")
 }

@@ -3,7 +3,6 @@ package main
 import (
 	"bytes"
 	"encoding/json"
-	"strings"
 	"testing"
 
 	"github.com/stretchr/testify/require"
@@ -54,10 +53,4 @@ func TestBadArguments(t *testing.T) {
 	require.Equal(t, 2, code)
 	code, _, _ = runCmd(t, "info", "extra")
 	require.Equal(t, 2, code)
-}
-
-func TestTourSim(t *testing.T) {
-	code, out, stderr := runCmd(t, "tour", "--backend", "sim")
-	require.Equal(t, 0, code, "stdout:\n%s\nstderr:\n%s", out, stderr)
-	require.True(t, strings.HasSuffix(strings.TrimSpace(out), "tour complete"), out)
 }

@@ -9,6 +9,7 @@
 //	vmmdemo bandwidth [--device N] [--json]
 //	vmmdemo pinned    --size SIZE --procs N [--devices LIST] [--json]
 //	vmmdemo broker    --size SIZE --workers N [--json]
+//	vmmdemo sleep     --size SIZE [--devices LIST] [--mode keep|discard|file] [--file PATH] [--json]
 //	vmmdemo tour      [--backend ...]   every subcommand with small sizes
 //
 // Run "vmmdemo help" for the list of subcommands.
@@ -22,14 +23,18 @@ import (
 	"os"
 	"sort"
 	"strings"
+	"sync"
 
 	"golang.org/x/term"
 
-	"github.com/cuvmm/cuvmm/internal/worker"
 	"github.com/cuvmm/cuvmm/measure"
 )
 
-// command is one subcommand.
+// command is one subcommand. Each lives in a file of its own that registers it in an init()
+// (register(&command{...})) and does three things: parse its flags (newFlags, common.register,
+// parse), call its measurement in package measure, and render the result (measureAndShow: text
+// through the result's Text method, or --json through encoding/json). The measuring itself, and
+// any worker process, belongs in package measure.
 type command struct {
 	name    string
 	summary string
@@ -47,12 +52,24 @@ type env struct {
 	stdout, stderr io.Writer
 	// interactive is true when stderr is a terminal (progress bars are drawn only then).
 	interactive bool
+
+	mu   sync.Mutex
+	dirs []string // temporary directories to remove (tempDir)
 }
 
 func main() {
-	worker.Main() // a measurement's worker process runs its role here and exits
+	measure.RunWorker() // a measurement's worker process runs its role here and exits
+	os.Exit(runProcess(os.Args[1:]))
+}
+
+// runProcess runs vmmdemo as this process: on its standard streams, removing what earlier runs
+// killed with SIGKILL left behind, and cleaning up on SIGINT and SIGTERM.
+func runProcess(args []string) int {
 	e := &env{stdout: os.Stdout, stderr: os.Stderr, interactive: term.IsTerminal(int(os.Stderr.Fd()))}
-	os.Exit(run(e, os.Args[1:]))
+	removeStale(os.TempDir())
+	stop := e.cleanUpOnSignal()
+	defer stop()
+	return run(e, args)
 }
 
 func run(e *env, args []string) int {
@@ -69,7 +86,9 @@ func run(e *env, args []string) int {
 		usage(e.stderr)
 		return 2
 	}
-	if err := c.run(e, args[1:]); err != nil {
+	err := c.run(e, args[1:])
+	e.removeTempDirs()
+	if err != nil {
 		if errors.Is(err, flag.ErrHelp) {
 			return 0
 		}

@@ -11,8 +11,8 @@ import (
 	"github.com/cuvmm/cuvmm/measure"
 )
 
-// `vmmdemo pinned` re-executes its own binary as `pinned-worker`; under `go test` that binary is the
-// test binary, which becomes the worker here before the testing package sees the arguments.
+// `vmmdemo pinned` re-executes its own binary as its workers; under `go test` that binary is the
+// test binary, whose TestMain runs the worker's role before the testing package sees the arguments.
 func runPinnedCmd(t *testing.T, args ...string) (code int, stdout, stderr string) {
 	t.Helper()
 	t.Setenv("GORACE", "atexit_sleep_ms=0") // race-enabled workers otherwise sleep a second at exit
@@ -25,7 +25,7 @@ func TestPinnedCommandJSON(t *testing.T) {
 	const size = 8 << 20
 	code, out, errOut := runPinnedCmd(t, "pinned", "--backend", "sim", "--sim-devices", "2", "--size", "8MiB", "--procs", "3", "--json")
 	require.Equal(t, 0, code, errOut)
-	var res pinResult
+	var res measure.PinnedResult
 	require.NoError(t, json.Unmarshal([]byte(out), &res))
 	require.Equal(t, "sim", res.Backend)
 	require.Equal(t, uint64(size), res.SizeBytes)
@@ -72,8 +72,8 @@ func TestPinnedCommandText(t *testing.T) {
 	require.Equal(t, 2, code)
 	require.Contains(t, errOut, "unknown mode")
 	code, _, errOut = runPinnedCmd(t, "pinned", "--backend", "sim", "--devices", "7", "--size", "4MiB")
-	require.Equal(t, 1, code)
-	require.Contains(t, errOut, "out of range")
+	require.Equal(t, 2, code)
+	require.Contains(t, errOut, "there is no device 7")
 }
 
 func TestBandwidthCommand(t *testing.T) {

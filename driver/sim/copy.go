@@ -122,7 +122,7 @@ type copyArgs struct {
 // keeps stream order.
 func (s *Sim) memcpy(c copyArgs) error {
 	s.mu.Lock()
-	d, err := s.begin(c.fn, ctxBound)
+	d, err := s.beginOp(c.fn)
 	if err != nil {
 		s.mu.Unlock()
 		return err
@@ -130,6 +130,10 @@ func (s *Sim) memcpy(c copyArgs) error {
 	if c.stream != nil && !s.validStream(*c.stream) {
 		s.mu.Unlock()
 		return driver.ErrorInvalidHandle
+	}
+	if c.stream != nil && s.captureNode(*c.stream, c.fn, graphNode{kind: nodeCopy, copy: c}) {
+		s.mu.Unlock()
+		return nil
 	}
 	dd, sd := d, d
 	if c.peer {
@@ -210,7 +214,7 @@ func (s *Sim) MemcpyPeerAsync(dst driver.DevicePtr, dstCtx driver.Context, src d
 // host memory must be registered (not read-only) or from cuMemHostAlloc.
 func (s *Sim) memset(fn string, ptr driver.DevicePtr, pattern []byte, count uint64, stream *driver.Stream) error {
 	s.mu.Lock()
-	d, err := s.begin(fn, ctxBound)
+	d, err := s.beginOp(fn)
 	if err != nil {
 		s.mu.Unlock()
 		return err
@@ -218,6 +222,10 @@ func (s *Sim) memset(fn string, ptr driver.DevicePtr, pattern []byte, count uint
 	if stream != nil && !s.validStream(*stream) {
 		s.mu.Unlock()
 		return driver.ErrorInvalidHandle
+	}
+	if stream != nil && s.captureNode(*stream, fn, graphNode{kind: nodeMemset, fn: fn, ptr: ptr, pattern: pattern, count: count}) {
+		s.mu.Unlock()
+		return nil
 	}
 	size := uint64(len(pattern))
 	n := count * size

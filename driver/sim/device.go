@@ -300,8 +300,28 @@ func (s *Sim) CtxGetCurrent() (driver.Context, error) {
 func (s *Sim) CtxSynchronize() error {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	_, err := s.begin("cuCtxSynchronize", ctxBound)
-	return err
+	d, err := s.begin("cuCtxSynchronize", ctxBound)
+	if err != nil {
+		return err
+	}
+	s.waitFor(func() bool { return s.deviceIdle(d) })
+	s.syncPoint(d)
+	return nil
+}
+
+// deviceIdle reports whether every stream of d (and the default streams) has completed its work.
+func (s *Sim) deviceIdle(d *device) bool {
+	for _, st := range []driver.Stream{0, 1, 2} {
+		if !s.streamIdle(st) {
+			return false
+		}
+	}
+	for h, st := range s.streams {
+		if st.dev == d && !s.streamIdle(h) {
+			return false
+		}
+	}
+	return true
 }
 
 // MemGetInfo calls cuMemGetInfo_v2 for the current context's device: total is MemoryPerDevice; free

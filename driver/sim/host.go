@@ -181,24 +181,36 @@ func (s *Sim) MemAlloc(size uint64) (driver.DevicePtr, error) {
 	if err != nil {
 		return 0, err
 	}
+	l, err := s.newLegacyBuffer(d, size)
+	if err != nil {
+		return 0, err
+	}
+	s.legacy[driver.DevicePtr(l.res.base)] = l
+	return driver.DevicePtr(l.res.base), nil
+}
+
+// newLegacyBuffer makes the backing of a cuMemAlloc or cuMemAllocAsync buffer of size bytes (rounded
+// up to the granularity) on d: an internal reservation, allocation and mapping, invisible to the VMM
+// calls. The caller holds s.mu.
+func (s *Sim) newLegacyBuffer(d *device, size uint64) (*legacyAlloc, error) {
 	if size == 0 {
-		return 0, driver.ErrorInvalidValue
+		return nil, driver.ErrorInvalidValue
 	}
 	n := roundUp(size, s.gran())
 	if n < size {
-		return 0, driver.ErrorOutOfMemory
+		return nil, driver.ErrorOutOfMemory
 	}
 	prop := driver.AllocationProp{Type: driver.AllocationTypePinned, Location: driver.DeviceLocation(driver.Device(d.ordinal))}
 	a, err := s.createAllocation(prop, n, fmt.Sprintf("cuvmm-sim-legacy dev=%d size=%d", d.ordinal, n))
 	if err != nil {
-		return 0, err
+		return nil, err
 	}
 	a.legacy = true
 	a.refs++ // held by the buffer itself until MemFree
 	base, ok := reserveVA(n, s.gran(), 0)
 	if !ok {
 		s.unref(a)
-		return 0, driver.ErrorOutOfMemory
+		return nil, driver.ErrorOutOfMemory
 	}
 	r := &reservation{base: base, size: n, legacy: true}
 	s.addReservation(r)
@@ -209,8 +221,14 @@ func (s *Sim) MemAlloc(size uint64) (driver.DevicePtr, error) {
 			s.setDevAccess(m, peer.ordinal, driver.AccessReadWrite)
 		}
 	}
-	s.legacy[driver.DevicePtr(base)] = &legacyAlloc{res: r, m: m}
-	return driver.DevicePtr(base), nil
+	return &legacyAlloc{res: r, m: m}, nil
+}
+
+// dropLegacyBuffer frees what newLegacyBuffer made. The caller holds s.mu.
+func (s *Sim) dropLegacyBuffer(l *legacyAlloc) {
+	s.removeMapping(l.m)
+	_ = releaseVA(l.res.base, l.res.size)
+	s.res = removeItem(s.res, l.res)
 }
 
 // MemFree calls cuMemFree_v2; ptr must be what MemAlloc returned, else CUDA_ERROR_INVALID_VALUE.
@@ -225,8 +243,6 @@ func (s *Sim) MemFree(ptr driver.DevicePtr) error {
 		return driver.ErrorInvalidValue
 	}
 	delete(s.legacy, ptr)
-	s.removeMapping(l.m)
-	_ = releaseVA(l.res.base, l.res.size)
-	s.res = removeItem(s.res, l.res)
+	s.dropLegacyBuffer(l)
 	return nil
 }

@@ -221,19 +221,24 @@ func (s *Sim) unloadModule(h driver.Module, mod *module) {
 // read-only memory, makes the launch fail with CUDA_ERROR_ILLEGAL_ADDRESS. (The real driver reports
 // that asynchronously and the context is unusable afterwards; the simulator's stays usable.)
 func (s *Sim) LaunchKernel(f driver.Function, grid, block driver.Dim3, sharedMem uint32, st driver.Stream, args ...uint64) error {
+	return s.launch("cuLaunchKernel", f, grid, block, sharedMem, st, args)
+}
+
+// launch is LaunchKernel under the name fn (a graph replays its kernels under another).
+func (s *Sim) launch(fn string, f driver.Function, grid, block driver.Dim3, sharedMem uint32, st driver.Stream, args []uint64) error {
 	s.mu.Lock()
-	d, err := s.begin("cuLaunchKernel", ctxBound)
+	d, err := s.beginOp(fn)
 	if err != nil {
 		s.mu.Unlock()
 		return err
 	}
-	fn, ok := s.funcs[f]
+	kf, ok := s.funcs[f]
 	switch {
 	case !ok:
 		err = driver.ErrorInvalidHandle
-	case fn.mod.dev != d:
+	case kf.mod.dev != d:
 		err = driver.ErrorInvalidContext
-	case !d.launchShapeOK(grid, block) || len(args) != fn.params:
+	case !d.launchShapeOK(grid, block) || len(args) != kf.params:
 		err = driver.ErrorInvalidValue
 	case !s.validStream(st):
 		err = driver.ErrorInvalidHandle
@@ -242,14 +247,18 @@ func (s *Sim) LaunchKernel(f driver.Function, grid, block driver.Dim3, sharedMem
 		s.mu.Unlock()
 		return err
 	}
+	if s.captureNode(st, fn, graphNode{kind: nodeKernel, f: f, grid: grid, block: block, shared: sharedMem, args: append([]uint64(nil), args...)}) {
+		s.mu.Unlock()
+		return nil
+	}
 	k := &KernelCall{
-		Name: fn.name, Device: driver.Device(d.ordinal), Grid: grid, Block: block, SharedMem: sharedMem,
+		Name: kf.name, Device: driver.Device(d.ordinal), Grid: grid, Block: block, SharedMem: sharedMem,
 		Stream: st, Args: append([]uint64(nil), args...), s: s, dev: d,
 	}
 	s.mu.Unlock()
 
 	var kerr error
-	ok = guard(func() { kerr = fn.fn(k) })
+	ok = guard(func() { kerr = kf.fn(k) })
 
 	s.mu.Lock()
 	k.done = true

@@ -129,6 +129,9 @@ type Sim struct {
 	modules    map[driver.Module]*module
 	funcs      map[driver.Function]*function
 	fds        int // file descriptors the simulator holds open
+
+	graphs graphTables // stream captures, graphs and executable graphs (graph.go)
+	as     *asyncState // stream order and the default memory pools (async.go), made on first use
 }
 
 // handleCounter makes every opaque value (allocation handles, contexts, streams, events, modules,
@@ -268,6 +271,12 @@ func init() {
 		"cuStreamSynchronize", "cuEventCreate", "cuEventRecord", "cuEventSynchronize",
 		"cuEventElapsedTime", "cuEventDestroy", "cuModuleLoadData", "cuModuleGetFunction",
 		"cuModuleUnload", "cuLaunchKernel",
+		// Graphs
+		"cuStreamBeginCapture", "cuStreamEndCapture", "cuGraphInstantiateWithFlags", "cuGraphLaunch",
+		"cuGraphExecDestroy", "cuGraphDestroy",
+		// Stream-ordered allocation and event queries (async.go).
+		"cuStreamWaitEvent", "cuEventQuery", "cuMemAllocAsync", "cuMemFreeAsync",
+		"cuDeviceGetDefaultMemPool", "cuMemPoolSetAttribute", "cuMemPoolGetAttribute", "cuMemPoolTrimTo",
 	} {
 		functions[n] = true
 	}
@@ -365,10 +374,12 @@ type Live struct {
 	HostRegistrations int // cuMemHostRegister ranges
 	HostAllocs        int // cuMemHostAlloc buffers
 	LegacyAllocs      int // cuMemAlloc buffers
+	AsyncAllocs       int // cuMemAllocAsync buffers, live or cached in a pool (trim the pool to free those)
 	Streams           int
 	Events            int
 	Modules           int
 	OpenFDs           int // file descriptors the simulator holds beyond one per live allocation (0 unless it leaks)
+	Graphs            int // graphs (cuStreamEndCapture) and executable graphs (cuGraphInstantiateWithFlags); open captures count too
 }
 
 // Zero reports whether nothing is live.
@@ -389,10 +400,12 @@ func (l Live) String() string {
 	add("host-registrations", l.HostRegistrations)
 	add("host-allocs", l.HostAllocs)
 	add("legacy-allocs", l.LegacyAllocs)
+	add("async-allocs", l.AsyncAllocs)
 	add("streams", l.Streams)
 	add("events", l.Events)
 	add("modules", l.Modules)
 	add("open-fds", l.OpenFDs)
+	add("graphs", l.Graphs)
 	if len(parts) == 0 {
 		return "none"
 	}
@@ -428,10 +441,12 @@ func (s *Sim) Live() Live {
 		}
 	}
 	l.LegacyAllocs = len(s.legacy)
+	l.AsyncAllocs = s.asyncLive()
 	l.Streams = len(s.streams)
 	l.Events = len(s.events)
 	l.Modules = len(s.modules)
 	l.OpenFDs = s.fds - len(s.allocs)
+	l.Graphs = len(s.graphs.captures) + len(s.graphs.graphs) + len(s.graphs.execs)
 	return l
 }
 
@@ -472,6 +487,8 @@ func (s *Sim) Close() error {
 	clear(s.modules)
 	clear(s.funcs)
 	clear(s.threads)
+	s.graphs = graphTables{}
+	s.as = nil
 	if err := errors.Join(errs...); err != nil {
 		return fmt.Errorf("sim: close: %w", err)
 	}

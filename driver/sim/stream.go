@@ -48,6 +48,11 @@ func (s *Sim) StreamDestroy(st driver.Stream) error {
 		return driver.ErrorInvalidHandle
 	}
 	delete(s.streams, st)
+	delete(s.graphs.captures, st) // the driver ends an open capture with its stream
+	if s.as != nil {
+		delete(s.as.waits, st)
+		delete(s.as.holds, st)
+	}
 	return nil
 }
 
@@ -55,12 +60,18 @@ func (s *Sim) StreamDestroy(st driver.Stream) error {
 func (s *Sim) StreamSynchronize(st driver.Stream) error {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	if _, err := s.begin("cuStreamSynchronize", ctxBound); err != nil {
+	d, err := s.begin("cuStreamSynchronize", ctxBound)
+	if err != nil {
 		return err
 	}
 	if !s.validStream(st) {
 		return driver.ErrorInvalidHandle
 	}
+	if s.invalidateCapture(st) {
+		return driver.ErrorStreamCaptureUnsupported
+	}
+	s.waitFor(func() bool { return s.streamIdle(st) })
+	s.syncPoint(d)
 	return nil
 }
 
@@ -96,6 +107,7 @@ func (s *Sim) EventRecord(e driver.Event, st driver.Stream) error {
 	}
 	ev.recorded = true
 	ev.at = time.Now()
+	s.recorded(e, st) // completes when st passes this point (async.go)
 	return nil
 }
 
@@ -103,12 +115,15 @@ func (s *Sim) EventRecord(e driver.Event, st driver.Stream) error {
 func (s *Sim) EventSynchronize(e driver.Event) error {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	if _, err := s.begin("cuEventSynchronize", ctxBound); err != nil {
+	d, err := s.begin("cuEventSynchronize", ctxBound)
+	if err != nil {
 		return err
 	}
 	if _, ok := s.events[e]; !ok {
 		return driver.ErrorInvalidHandle
 	}
+	s.waitFor(func() bool { return s.eventDone(e) })
+	s.syncPoint(d)
 	return nil
 }
 
@@ -141,5 +156,8 @@ func (s *Sim) EventDestroy(e driver.Event) error {
 		return driver.ErrorInvalidHandle
 	}
 	delete(s.events, e)
+	if s.as != nil {
+		delete(s.as.events, e)
+	}
 	return nil
 }

@@ -200,9 +200,12 @@ func (r *reader) read(conn *net.UnixConn, lim readLimits, minPayload int) (f Fra
 		_ = conn.SetReadDeadline(time.Now().Add(lim.idle))
 	}
 	b := r.payload[:first]
-	if err := r.fill(conn, b, 0, 0, "header", lim); err != nil {
+	got, err := r.fill(conn, b, 0, HeaderSize, 0, "header", lim)
+	if err != nil {
 		return Frame{}, err
 	}
+	// The header is checked as soon as it is in, so that a frame shorter than first is refused at
+	// once rather than waited on.
 	h, err := ParseHeader(b, lim.maxPayload)
 	if err != nil {
 		return Frame{}, fmt.Errorf("read message: %w", err)
@@ -216,7 +219,7 @@ func (r *reader) read(conn *net.UnixConn, lim readLimits, minPayload int) (f Fra
 		copy(grown, b)
 		r.payload = grown
 	}
-	if err := r.fill(conn, r.payload[:total], first, HeaderSize, fmt.Sprintf("kind %d payload", h.Kind), lim); err != nil {
+	if _, err := r.fill(conn, r.payload[:total], got, total, HeaderSize, fmt.Sprintf("kind %d payload", h.Kind), lim); err != nil {
 		return Frame{}, err
 	}
 	if lim.idle > 0 || lim.message > 0 {
@@ -245,12 +248,13 @@ func (r *reader) finish(h Header, payload []byte) (Frame, error) {
 	return f, nil
 }
 
-// fill reads b[got:] from conn, collecting the descriptors that arrive with any of its bytes. Once
-// a frame has started (its first byte is in), the deadline becomes the message timeout. b[base:] is
-// the part named what, for errors; base 0 is the start of a frame.
-func (r *reader) fill(conn *net.UnixConn, b []byte, got, base int, what string, lim readLimits) error {
+// fill reads into b[got:] from conn until at least need bytes of b are in, collecting the
+// descriptors that arrive with any of them, and returns how many are. Once a frame has started (its
+// first byte is in), the deadline becomes the message timeout. b[base:] is the part named what, for
+// errors; base 0 is the start of a frame.
+func (r *reader) fill(conn *net.UnixConn, b []byte, got, need, base int, what string, lim readLimits) (int, error) {
 	atStart := base == 0
-	for got < len(b) {
+	for got < need {
 		n, oobn, flags, _, err := conn.ReadMsgUnix(b[got:], r.oob)
 		n, oobn = max(n, 0), max(oobn, 0)
 		if oobn > 0 {
@@ -269,10 +273,10 @@ func (r *reader) fill(conn *net.UnixConn, b []byte, got, base int, what string, 
 			err = io.EOF
 		}
 		if err != nil {
-			return readError(err, got-base, len(b)-base, what, atStart && got == 0, lim)
+			return got, readError(err, got-base, len(b)-base, what, atStart && got == 0, lim)
 		}
 	}
-	return nil
+	return got, nil
 }
 
 func readError(err error, got, want int, what string, none bool, lim readLimits) error {

@@ -17,6 +17,7 @@ import (
 	"os"
 	"os/exec"
 	"strconv"
+	"strings"
 	"sync"
 
 	"golang.org/x/sys/unix"
@@ -54,17 +55,13 @@ func Main() {
 	if !ok {
 		return
 	}
+	// Processes this worker starts are not workers of this role.
+	os.Unsetenv(EnvRole)
 	if err := runRole(role); err != nil {
 		fmt.Fprintf(os.Stderr, "worker %s: %v\n", role, err)
 		os.Exit(1)
 	}
 	os.Exit(0)
-}
-
-// IsChild reports whether this process was started as a worker.
-func IsChild() bool {
-	_, ok := os.LookupEnv(EnvRole)
-	return ok
 }
 
 func runRole(role string) error {
@@ -89,6 +86,7 @@ func runRole(role string) error {
 // parentConn turns the inherited descriptor named in EnvFD into the control connection.
 func parentConn() (*Conn, error) {
 	s := os.Getenv(EnvFD)
+	os.Unsetenv(EnvFD)
 	if s == "" {
 		return nil, nil // started without a control socket (Options.NoControl)
 	}
@@ -145,7 +143,7 @@ func Start(role string, opts Options) (*Process, error) {
 		return nil, fmt.Errorf("worker %s: finding this executable: %w", role, err)
 	}
 	cmd := exec.Command(exe, opts.Args...)
-	cmd.Env = append(os.Environ(), opts.Env...)
+	cmd.Env = append(parentEnv(), opts.Env...)
 	if role != "" {
 		cmd.Env = append(cmd.Env, EnvRole+"="+role)
 	}
@@ -178,6 +176,18 @@ func Start(role string, opts Options) (*Process, error) {
 		return nil, fmt.Errorf("worker %s: starting %s: %w", role, exe, err)
 	}
 	return p, nil
+}
+
+// parentEnv is this process's environment less this package's variables (a child started by a
+// worker is not that worker again).
+func parentEnv() []string {
+	var env []string
+	for _, kv := range os.Environ() {
+		if !strings.HasPrefix(kv, EnvRole+"=") && !strings.HasPrefix(kv, EnvFD+"=") {
+			env = append(env, kv)
+		}
+	}
+	return env
 }
 
 // output is w, serialised unless it is a file, already serialised, or nil (the parent's stderr).

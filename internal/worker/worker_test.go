@@ -114,3 +114,19 @@ func TestOutputAndNoControl(t *testing.T) {
 	require.NoError(t, p.Wait())
 	require.True(t, strings.Contains(out.String(), "hello from the child"), out.String())
 }
+
+func init() {
+	worker.Register("env", func(c *worker.Conn) error {
+		return c.Report(map[string]string{"role": os.Getenv(worker.EnvRole), "fd": os.Getenv(worker.EnvFD)}, nil)
+	})
+}
+
+// TestRoleNotInherited: a worker's own children do not inherit its role.
+func TestRoleNotInherited(t *testing.T) {
+	p, err := worker.Start("env", testArgs)
+	require.NoError(t, err)
+	var got map[string]string
+	require.NoError(t, p.Conn.Receive(&got))
+	require.Equal(t, map[string]string{"role": "", "fd": ""}, got)
+	require.NoError(t, p.Wait())
+}

@@ -280,11 +280,11 @@ func TestPeerRefused(t *testing.T) {
 
 		// A peer whose credentials say another uid.
 		srv4, path4 := startServerWith(t, region, Options{StreamsPerDevice: 1}, func(s *Server) {
-			s.peerCred = func(c *net.UnixConn) (unix.Ucred, error) {
+			s.ln.SetPeerCred(func(c *net.UnixConn) (unix.Ucred, error) {
 				cred, err := ipc.PeerCredentials(c)
 				cred.Uid = uint32(other)
 				return cred, err
-			}
+			})
 		})
 		_, err = DialContext(ctx, path4, DialOptions{})
 		require.ErrorIs(t, err, ErrPermission)
@@ -376,9 +376,9 @@ func TestRefusals(t *testing.T) {
 		dev0, dev1 := b.Device(t, 0), b.Device(t, 1)
 		region := newRegion(t, dev0, 4*mib, pinned.Options{}) // host-NUMA on the simulator: granted to device 0
 		if region.Kind() == pinned.HostNUMA {
-			_, err := NewServer(region, t.TempDir()+"/x.sock", Options{Devices: []*vmm.Device{dev1}})
+			_, err := NewServer(region, privateDir(t)+"/x.sock", Options{Devices: []*vmm.Device{dev1}})
 			require.ErrorIs(t, err, ErrDeviceNotServed)
-			_, err = NewServer(nil, t.TempDir()+"/x.sock", Options{})
+			_, err = NewServer(nil, privateDir(t)+"/x.sock", Options{})
 			require.ErrorIs(t, err, ErrInvalidValue)
 		}
 		srv, path := startServer(t, region, Options{MaxBuffers: 1, Devices: nil})

@@ -5,16 +5,15 @@ import (
 	"errors"
 	"fmt"
 	"net"
-	"os"
 	"sync"
 	"sync/atomic"
-	"syscall"
 	"time"
 
 	"golang.org/x/sys/unix"
 
 	"github.com/cuvmm/cuvmm/driver"
 	"github.com/cuvmm/cuvmm/internal/units"
+	"github.com/cuvmm/cuvmm/internal/unixsock"
 	"github.com/cuvmm/cuvmm/ipc"
 	"github.com/cuvmm/cuvmm/pinned"
 	"github.com/cuvmm/cuvmm/vmm"
@@ -41,17 +40,20 @@ type Info struct {
 	Grant Grant
 	// Devices are the ordinals of the devices the broker copies on (below 64).
 	Devices []int
+	// IdleTimeout is how long the broker keeps a silent worker (0: forever); the Client pings it
+	// ahead of that on its own.
+	IdleTimeout time.Duration
 }
 
 // Client is a worker's connection to a broker. Its methods are safe for concurrent use: requests
 // are pipelined on the one connection and complete in any order.
 type Client struct {
-	conn *net.UnixConn
+	conn *unixsock.Conn
 	info Info
 
-	fr   *frameReader // used by the reader goroutine only
-	wmu  sync.Mutex   // serializes writes; guards wbuf
-	wbuf [requestFrame]byte
+	wbuf     [RequestSize]byte // request payloads; guarded by conn's write lock
+	lastSend atomic.Int64      // unix nanoseconds of the last request written
+	stopPing chan struct{}     // closed by Close: ends the keep-alive
 
 	mu      sync.Mutex
 	pending map[uint64]*Completion
@@ -123,26 +125,15 @@ func Dial(path string) (*Client, error) {
 }
 
 // DialContext is Dial with a context (bounding the connect and the hello) and options. A broker that
-// refuses this process (its uid, the Authorize hook, no grant) gives an error wrapping ErrPermission.
+// refuses this process (its uid, the Authorize hook, no grant) gives an error wrapping ErrPermission;
+// one at its connection cap, ErrConnLimit; a socket the filesystem does not let this process reach
+// (EACCES), ErrPermission as well.
 func DialContext(ctx context.Context, path string, opts DialOptions) (*Client, error) {
-	var d net.Dialer
-	var conn *net.UnixConn
-	for {
-		c, err := d.DialContext(ctx, "unix", path)
-		if err == nil {
-			conn = c.(*net.UnixConn)
-			break
-		}
-		if !opts.Retry || ctx.Err() != nil || !(errors.Is(err, syscall.ENOENT) || errors.Is(err, syscall.ECONNREFUSED)) {
-			return nil, fmt.Errorf("broker: dial %s: %w", path, err)
-		}
-		select {
-		case <-ctx.Done():
-			return nil, fmt.Errorf("broker: dial %s: %w (last: %v)", path, ctx.Err(), err)
-		case <-time.After(10 * time.Millisecond):
-		}
+	conn, err := unixsock.Dial(ctx, path, unixsock.DialOptions{AllowUIDs: opts.AllowUIDs, Retry: opts.Retry})
+	if err != nil {
+		return nil, fmt.Errorf("broker: %w", err)
 	}
-	cl, err := hello(ctx, conn, path, opts)
+	cl, err := hello(ctx, conn, path)
 	if err != nil {
 		conn.Close()
 		return nil, err
@@ -150,35 +141,28 @@ func DialContext(ctx context.Context, path string, opts DialOptions) (*Client, e
 	return cl, nil
 }
 
-func hello(ctx context.Context, conn *net.UnixConn, path string, opts DialOptions) (*Client, error) {
-	cred, err := ipc.PeerCredentials(conn)
-	if err != nil {
-		return nil, fmt.Errorf("broker: dial %s: %w", path, err)
-	}
-	if !ipc.UIDAllowed(opts.AllowUIDs, cred.Uid) && !(len(opts.AllowUIDs) == 0 && cred.Uid == 0) {
-		return nil, fmt.Errorf("broker: dial %s: the broker (pid %d) runs as uid %d, which this worker (uid %d) does not allow: %w", path, cred.Pid, cred.Uid, os.Getuid(), ErrPermission)
-	}
+func hello(ctx context.Context, conn *unixsock.Conn, path string) (*Client, error) {
+	uc := conn.Unix()
 	deadline, ok := ctx.Deadline()
 	if !ok {
 		deadline = time.Now().Add(30 * time.Second)
 	}
-	_ = conn.SetDeadline(deadline)
-	stop := context.AfterFunc(ctx, func() { _ = conn.SetDeadline(time.Unix(1, 0)) })
+	_ = uc.SetDeadline(deadline)
+	stop := context.AfterFunc(ctx, func() { _ = uc.SetDeadline(time.Unix(1, 0)) })
 	defer stop()
-	var b [requestFrame]byte
-	putFrameHeader(b[:], KindRequest, RequestSize)
-	(&request{op: OpHello, id: 1}).encode((*[RequestSize]byte)(b[ipc.HeaderSize:]))
-	werr := writeFrame(conn, b[:])
+	var b [RequestSize]byte
+	conn.Lock()
+	werr := writeRequest(conn, &b, &request{op: OpHello, id: 1})
+	conn.Unlock()
 	// Read even when the write failed: a broker that refused us has sent why and hung up.
-	fr := newFrameReader()
-	resp, err := fr.response(conn)
+	resp, err := readResponse(conn)
 	if err == nil && resp.status != StatusOK {
-		err = &RemoteError{Op: resp.op, Status: resp.status, Message: resp.text}
+		err = &BrokerError{Op: resp.op, Status: resp.status, Message: resp.text}
 	} else if err == nil && (resp.op != OpHello || resp.id != 1) {
 		err = fmt.Errorf("broker: the answer to hello is %s for request %d: %w", opName(resp.op), resp.id, ErrProtocol)
 	}
 	if err != nil {
-		var re *RemoteError
+		var re *BrokerError
 		if werr != nil && !errors.As(err, &re) {
 			err = werr
 		}
@@ -190,18 +174,42 @@ func hello(ctx context.Context, conn *net.UnixConn, path string, opts DialOption
 	if !stop() {
 		return nil, fmt.Errorf("broker: hello to %s: %w", path, ctx.Err())
 	}
-	_ = conn.SetDeadline(time.Time{})
-	info := Info{Server: cred, RegionLen: resp.values[0], RegionKind: pinned.Kind(resp.buffer >> 8 & 0xff),
-		Grant: Grant{Offset: resp.values[1], Length: resp.values[2], ShareRegion: resp.buffer&1 != 0}}
+	_ = uc.SetDeadline(time.Time{})
+	info := Info{Server: conn.Peer(), RegionLen: resp.values[0], RegionKind: pinned.Kind(resp.buffer >> 8 & 0xff),
+		Grant:       Grant{Offset: resp.values[1], Length: resp.values[2], ShareRegion: resp.buffer&1 != 0},
+		IdleTimeout: time.Duration(resp.buffer>>16) * idleUnit}
 	for o := 0; o < 64; o++ {
 		if resp.values[3]&(1<<o) != 0 {
 			info.Devices = append(info.Devices, o)
 		}
 	}
-	c := &Client{conn: conn, fr: fr, info: info, pending: map[uint64]*Completion{}, done: make(chan struct{})}
+	c := &Client{conn: conn, info: info, pending: map[uint64]*Completion{}, done: make(chan struct{}), stopPing: make(chan struct{})}
 	c.nextID.Store(1) // 1 was the hello
+	c.lastSend.Store(time.Now().UnixNano())
 	go c.read()
+	if info.IdleTimeout > 0 {
+		go c.keepAlive(info.IdleTimeout / 3)
+	}
 	return c, nil
+}
+
+// keepAlive pings the broker when no request went out for every, so that the broker's idle timeout
+// only ever drops peers that stopped talking, not a worker that is merely quiet.
+func (c *Client) keepAlive(every time.Duration) {
+	t := time.NewTicker(every)
+	defer t.Stop()
+	for {
+		select {
+		case <-c.stopPing:
+			return
+		case <-c.done:
+			return
+		case now := <-t.C:
+			if now.UnixNano()-c.lastSend.Load() >= int64(every) {
+				_ = c.send(&Completion{}, request{op: OpPing}, nil)
+			}
+		}
+	}
 }
 
 // Info is what the broker said at connect time.
@@ -211,13 +219,13 @@ func (c *Client) Info() Info { return c.info }
 func (c *Client) read() {
 	defer close(c.done)
 	for {
-		resp, err := c.fr.response(c.conn)
+		resp, err := readResponse(c.conn)
 		if err != nil {
 			c.fail(err)
 			return
 		}
 		if resp.id == 0 {
-			c.fail(&RemoteError{Op: resp.op, Status: resp.status, Message: resp.text})
+			c.fail(&BrokerError{Op: resp.op, Status: resp.status, Message: resp.text})
 			return
 		}
 		c.mu.Lock()
@@ -233,11 +241,11 @@ func (c *Client) read() {
 		}
 		call.resp = resp
 		if resp.status != StatusOK {
-			call.finish(&RemoteError{Op: resp.op, Status: resp.status, Message: resp.text})
+			call.finish(&BrokerError{Op: resp.op, Status: resp.status, Message: resp.text})
 			continue
 		}
 		if resp.op == OpRegion {
-			r, err := pinned.Receive(c.conn, call.regionDev, call.regionOpts)
+			r, err := pinned.Receive(c.conn.Unix(), call.regionDev, call.regionOpts)
 			var res driver.Result
 			if err != nil && !errors.As(err, &res) {
 				// The messages of the region did not arrive whole: the stream is out of step.
@@ -294,14 +302,13 @@ func (c *Client) send(call *Completion, req request, exp *ipc.Exported) error {
 	}
 	c.pending[req.id] = call
 	c.mu.Unlock()
-	c.wmu.Lock()
-	putFrameHeader(c.wbuf[:], KindRequest, RequestSize)
-	req.encode((*[RequestSize]byte)(c.wbuf[ipc.HeaderSize:]))
-	err := writeFrame(c.conn, c.wbuf[:])
+	c.conn.Lock()
+	err := writeRequest(c.conn, &c.wbuf, &req)
 	if err == nil && exp != nil {
-		err = ipc.Send(c.conn, exp)
+		err = ipc.Send(c.conn.Unix(), exp)
 	}
-	c.wmu.Unlock()
+	c.conn.Unlock()
+	c.lastSend.Store(time.Now().UnixNano())
 	if err != nil {
 		c.mu.Lock()
 		delete(c.pending, req.id)
@@ -491,6 +498,7 @@ func (c *Client) Close() error {
 	if c == nil || c.closed.Swap(true) {
 		return nil
 	}
+	close(c.stopPing)
 	err := c.conn.Close()
 	<-c.done
 	if errors.Is(err, net.ErrClosed) {

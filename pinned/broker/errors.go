@@ -30,8 +30,15 @@ var (
 	// ErrInternal: a driver call failed on the broker's side (import, copy, synchronize); the
 	// message says which and why.
 	ErrInternal = errors.New("broker: the broker failed")
-	// ErrClosed: the Client (or Server) was used after Close.
-	ErrClosed = errors.New("broker: closed")
+	// ErrClosed is vmm.ErrClosed: the Client (or Server) was used after Close.
+	ErrClosed = vmm.ErrClosed
+	// ErrConnLimit is ipc.ErrConnLimit: the broker holds its maximum of connections (in total or
+	// for this uid).
+	ErrConnLimit = ipc.ErrConnLimit
+	// ErrIdle is ipc.ErrIdle: the broker dropped a worker that sent nothing for its idle timeout.
+	ErrIdle = ipc.ErrIdle
+	// ErrTimeout is ipc.ErrTimeout: the broker dropped a worker that left a message half-sent.
+	ErrTimeout = ipc.ErrTimeout
 	// ErrProtocol is ipc.ErrProtocol: a malformed message, in either direction.
 	ErrProtocol = ipc.ErrProtocol
 	// ErrPermission is ipc.ErrPermission: a peer whose uid (or Authorize hook) is refused, a copy
@@ -49,31 +56,40 @@ var (
 // Status codes of a response (0 is success).
 const (
 	StatusOK            uint16 = 0
-	StatusProtocol      uint16 = 1 // ErrProtocol; the broker closes the connection after it
-	StatusPermission    uint16 = 2 // ErrPermission
-	StatusUnknownBuffer uint16 = 3 // ErrUnknownBuffer
-	StatusOutOfRange    uint16 = 4 // ErrOutOfRange
-	StatusLimit         uint16 = 5 // ErrLimit
-	StatusDevice        uint16 = 6 // ErrDeviceNotServed
-	StatusNotSupported  uint16 = 7 // ErrNotSupported
-	StatusInternal      uint16 = 8 // ErrInternal
-	maxStatus                  = StatusInternal
+	StatusProtocol      uint16 = 1  // ErrProtocol; the broker closes the connection after it
+	StatusPermission    uint16 = 2  // ErrPermission
+	StatusUnknownBuffer uint16 = 3  // ErrUnknownBuffer
+	StatusOutOfRange    uint16 = 4  // ErrOutOfRange
+	StatusLimit         uint16 = 5  // ErrLimit
+	StatusDevice        uint16 = 6  // ErrDeviceNotServed
+	StatusNotSupported  uint16 = 7  // ErrNotSupported
+	StatusInternal      uint16 = 8  // ErrInternal
+	StatusConnLimit     uint16 = 9  // ErrConnLimit; the broker closes the connection after it
+	StatusIdle          uint16 = 10 // ErrIdle; the broker closes the connection after it
+	StatusTimeout       uint16 = 11 // ErrTimeout; the broker closes the connection after it
+	maxStatus                  = StatusTimeout
 )
 
-// RemoteError is a refusal or failure the broker reported for one request (Op, the request's
+// errRefused marks a request the broker answered with a refusal and then ended the connection for.
+var errRefused = errors.New("broker: the worker misbehaved")
+
+// BrokerError is a refusal or failure the broker reported for one request (Op, the request's
 // operation) or, with Op 0, for the whole connection. errors.Is matches the sentinel of its Status.
-type RemoteError struct {
+type BrokerError struct {
 	Op      uint16
 	Status  uint16
 	Message string
 }
 
-func (e *RemoteError) Error() string {
+// Deprecated: RemoteError is BrokerError.
+type RemoteError = BrokerError
+
+func (e *BrokerError) Error() string {
 	return fmt.Sprintf("broker: the broker refused %s: %s (status %d)", opName(e.Op), e.Message, e.Status)
 }
 
 // Is matches the sentinel of the status code.
-func (e *RemoteError) Is(target error) bool {
+func (e *BrokerError) Is(target error) bool {
 	return target != nil && target == statusSentinel(e.Status)
 }
 
@@ -95,6 +111,12 @@ func statusSentinel(code uint16) error {
 		return ErrNotSupported
 	case StatusInternal:
 		return ErrInternal
+	case StatusConnLimit:
+		return ErrConnLimit
+	case StatusIdle:
+		return ErrIdle
+	case StatusTimeout:
+		return ErrTimeout
 	}
 	return nil
 }
@@ -102,6 +124,12 @@ func statusSentinel(code uint16) error {
 // statusOf picks the status code for an error made on the broker's side.
 func statusOf(err error) uint16 {
 	switch {
+	case errors.Is(err, ErrConnLimit):
+		return StatusConnLimit
+	case errors.Is(err, ErrIdle):
+		return StatusIdle
+	case errors.Is(err, ErrTimeout):
+		return StatusTimeout
 	case errors.Is(err, ErrOutOfRange):
 		return StatusOutOfRange
 	case errors.Is(err, ErrUnknownBuffer):

@@ -2,6 +2,7 @@ package broker
 
 import (
 	"context"
+	"os"
 	"path/filepath"
 	"testing"
 	"time"
@@ -44,7 +45,7 @@ func startServer(t testing.TB, region *pinned.Region, opts Options) (*Server, st
 // startServerWith is startServer with a hook that adjusts the server before it serves.
 func startServerWith(t testing.TB, region *pinned.Region, opts Options, hook func(*Server)) (*Server, string) {
 	t.Helper()
-	path := filepath.Join(t.TempDir(), "broker.sock")
+	path := filepath.Join(privateDir(t), "broker.sock")
 	if opts.Logf == nil {
 		opts.Logf = t.Logf
 	}
@@ -144,4 +145,13 @@ func eventually(t testing.TB, what string, cond func() bool) {
 		}
 		time.Sleep(5 * time.Millisecond)
 	}
+}
+
+// privateDir is a 0700 directory of this uid for sockets (t.TempDir's mode follows the umask).
+func privateDir(t testing.TB) string {
+	t.Helper()
+	d, err := os.MkdirTemp("", "broker")
+	require.NoError(t, err)
+	t.Cleanup(func() { os.RemoveAll(d) })
+	return d
 }

@@ -153,7 +153,7 @@ func TestBrokerKilled(t *testing.T) {
 		ctx := testCtx(t)
 		dev := b.Device(t, 0)
 		buf := newDevBuffer(t, dev, 2, 2*mib)
-		path := filepath.Join(t.TempDir(), "broker.sock")
+		path := filepath.Join(privateDir(t), "broker.sock")
 		br := startChild(t, b, "broker", path)
 		require.Equal(t, "ready", br.Line())
 

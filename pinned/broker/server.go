@@ -5,7 +5,6 @@ import (
 	"fmt"
 	"io"
 	"net"
-	"os"
 	"sort"
 	"sync"
 	"sync/atomic"
@@ -16,6 +15,7 @@ import (
 
 	"github.com/cuvmm/cuvmm/driver"
 	"github.com/cuvmm/cuvmm/internal/units"
+	"github.com/cuvmm/cuvmm/internal/unixsock"
 	"github.com/cuvmm/cuvmm/ipc"
 	"github.com/cuvmm/cuvmm/pinned"
 	"github.com/cuvmm/cuvmm/vmm"
@@ -60,6 +60,21 @@ type Options struct {
 	InlineMax int64
 	// HelloTimeout bounds the wait for a new connection's first request (default 10 s).
 	HelloTimeout time.Duration
+	// MaxConns caps the connections served at once (default 256); one more is refused with
+	// StatusConnLimit (ErrConnLimit on the worker) and closed.
+	MaxConns int
+	// MaxConnsPerUID caps the connections of one uid served at once (default 64).
+	MaxConnsPerUID int
+	// IdleTimeout drops a worker that sends no request for this long while none of its copies is
+	// in flight (default 1 min); its buffers are released. The hello tells the Client, which pings
+	// ahead of it, so only peers that stopped talking are dropped.
+	IdleTimeout time.Duration
+	// ReadTimeout drops a worker that starts a message and does not finish it within this long
+	// (default 10 s).
+	ReadTimeout time.Duration
+	// WriteTimeout bounds each response and region sent (default 10 s): a worker that stops reading
+	// loses its connection instead of holding the broker.
+	WriteTimeout time.Duration
 	// Logf, when set, receives the broker's events: refused peers, protocol faults, disconnects with
 	// the work drained, failures of cleanup.
 	Logf func(format string, args ...any)
@@ -71,7 +86,8 @@ type Stats struct {
 	Buffers     int    // registered now, over all workers
 	InFlight    int64  // copies accepted and not yet answered
 	Connections uint64 // connections accepted since the start
-	Refused     uint64 // connections refused (uid, Authorize, Grant, protocol before the hello)
+	Refused     uint64 // connections refused (uid, Authorize, caps, Grant, protocol before the hello)
+	Dropped     uint64 // workers dropped for going silent (IdleTimeout) or a half-sent message
 	Copies      uint64 // copies completed
 	Bytes       uint64 // bytes copied
 	Failed      uint64 // requests answered with an error
@@ -79,25 +95,22 @@ type Stats struct {
 }
 
 // Server is a copy broker: it owns the use of a pinned region and copies between it and the device
-// buffers its workers register. Make one with NewServer, run Serve (usually in its own goroutine),
-// and Close it before closing the region.
+// buffers its workers register. Make one with Listen, run Serve (usually in its own goroutine), and
+// Close it before closing the region.
 type Server struct {
 	region  *pinned.Region
 	path    string
-	ln      *net.UnixListener
+	ln      *unixsock.Listener
 	opts    Options
 	lanes   map[int]*lane // by device ordinal
 	devMask uint64
-	// peerCred reads a connection's credentials; tests replace it.
-	peerCred func(*net.UnixConn) (unix.Ucred, error)
 
 	mu      sync.Mutex
 	workers map[*worker]struct{}
 	closed  bool
-	wg      sync.WaitGroup
 
 	inFlight                                              atomic.Int64
-	conns, refused, copies, bytes, failed, drained, nbufs atomic.Uint64
+	refused, copies, bytes, failed, drained, nbufs, drops atomic.Uint64
 }
 
 // lane is one device's copy streams; free holds the streams not in use.
@@ -107,10 +120,15 @@ type lane struct {
 	free    chan *vmm.Stream
 }
 
-// NewServer creates the socket at path (mode 0600, in a directory others cannot write to: see
-// ipc.Listen) and the copy streams, and returns a server that is not serving yet. The region stays
-// the caller's: it must stay open until the server is closed.
+// Deprecated: NewServer is Listen.
 func NewServer(region *pinned.Region, path string, opts Options) (*Server, error) {
+	return Listen(region, path, opts)
+}
+
+// Listen creates the socket at path (mode 0600, in a private directory: see ipc.Listen) and the
+// copy streams, and returns a server that is not serving yet. The region stays the caller's: it must
+// stay open until the server is closed.
+func Listen(region *pinned.Region, path string, opts Options) (*Server, error) {
 	if region == nil {
 		return nil, fmt.Errorf("broker: new server: nil region: %w", ErrInvalidValue)
 	}
@@ -132,6 +150,9 @@ func NewServer(region *pinned.Region, path string, opts Options) (*Server, error
 	if opts.HelloTimeout <= 0 {
 		opts.HelloTimeout = 10 * time.Second
 	}
+	if opts.IdleTimeout == 0 {
+		opts.IdleTimeout = time.Minute
+	}
 	if opts.StreamsPerDevice < 0 || opts.MaxBuffers < 0 || opts.MaxInFlight < 0 {
 		return nil, fmt.Errorf("broker: new server: negative StreamsPerDevice, MaxBuffers or MaxInFlight: %w", ErrInvalidValue)
 	}
@@ -152,8 +173,7 @@ func NewServer(region *pinned.Region, path string, opts Options) (*Server, error
 	if len(devs) == 0 {
 		return nil, fmt.Errorf("broker: new server on %s: the region is visible to no device (grant it one): %w", region, ErrInvalidValue)
 	}
-	s := &Server{region: region, path: path, opts: opts, lanes: map[int]*lane{}, peerCred: ipc.PeerCredentials,
-		workers: map[*worker]struct{}{}}
+	s := &Server{region: region, path: path, opts: opts, lanes: map[int]*lane{}, workers: map[*worker]struct{}{}}
 	for _, d := range devs {
 		if d == nil || d.System() != region.Device().System() {
 			s.closeLanes()
@@ -181,7 +201,10 @@ func NewServer(region *pinned.Region, path string, opts Options) (*Server, error
 			s.devMask |= 1 << d.Ordinal()
 		}
 	}
-	ln, err := ipc.ListenUnix(path)
+	ln, err := unixsock.Listen(path, unixsock.Options{AllowUIDs: opts.AllowUIDs, Authorize: opts.Authorize,
+		MaxConns: opts.MaxConns, MaxConnsPerUID: opts.MaxConnsPerUID, IdleTimeout: opts.IdleTimeout,
+		ReadTimeout: opts.ReadTimeout, WriteTimeout: opts.WriteTimeout, Refuse: s.refusePeer,
+		Logf: func(f string, a ...any) { s.logf("broker: "+f, a...) }})
 	if err != nil {
 		s.closeLanes()
 		return nil, fmt.Errorf("broker: %w", err)
@@ -221,9 +244,10 @@ func (s *Server) Devices() []int {
 
 // Stats reads the server's counters.
 func (s *Server) Stats() Stats {
-	st := Stats{InFlight: s.inFlight.Load(), Connections: s.conns.Load(), Refused: s.refused.Load(),
+	ls := s.ln.Stats()
+	st := Stats{InFlight: s.inFlight.Load(), Connections: ls.Accepted, Refused: s.refused.Load() + ls.Refused,
 		Copies: s.copies.Load(), Bytes: s.bytes.Load(), Failed: s.failed.Load(), Drained: s.drained.Load(),
-		Buffers: int(s.nbufs.Load())}
+		Buffers: int(s.nbufs.Load()), Dropped: s.drops.Load()}
 	s.mu.Lock()
 	for w := range s.workers {
 		if w.helloDone.Load() {
@@ -234,43 +258,37 @@ func (s *Server) Stats() Stats {
 	return st
 }
 
-func (s *Server) isClosed() bool {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.closed
-}
-
 func (s *Server) logf(format string, args ...any) {
 	if s.opts.Logf != nil {
 		s.opts.Logf(format, args...)
 	}
 }
 
+// refusePeer tells a peer the transport refused (uid, Authorize, a cap) why.
+func (s *Server) refusePeer(c *unixsock.Conn, err error) {
+	var b [ResponseSize + MaxText]byte
+	_ = c.Write(KindResponse, (&response{status: statusOf(err), text: err.Error()}).encode(b[:0]), nil)
+}
+
 // Serve accepts connections until Close, serving each in its own goroutine. It returns nil after
 // Close, or the listener's error.
 func (s *Server) Serve() error {
-	for {
-		conn, err := ipc.Accept(s.ln, s.isClosed, s.logf)
-		if conn == nil {
-			if err != nil {
-				err = fmt.Errorf("broker: %w", err)
-			}
-			return err
-		}
-		w := &worker{s: s, conn: conn, bufs: map[uint32]*regBuffer{}, sem: make(chan struct{}, s.opts.MaxInFlight),
-			fr: newFrameReader(), wbuf: make([]byte, ipc.HeaderSize+ResponseSize+MaxText)}
+	err := s.ln.Serve(func(c *unixsock.Conn) {
+		w := &worker{s: s, conn: c, cred: c.Peer(), bufs: map[uint32]*regBuffer{}, sem: make(chan struct{}, s.opts.MaxInFlight)}
 		s.mu.Lock()
-		if s.closed {
-			s.mu.Unlock()
-			conn.Close()
-			return nil
+		closed := s.closed
+		if !closed {
+			s.workers[w] = struct{}{}
 		}
-		s.workers[w] = struct{}{}
-		s.wg.Add(1)
 		s.mu.Unlock()
-		s.conns.Add(1)
-		go w.serve()
+		if !closed {
+			w.serve()
+		}
+	})
+	if err != nil {
+		return fmt.Errorf("broker: %w", err)
 	}
+	return nil
 }
 
 // Close stops serving: it closes the listener (removing the socket file) and every connection,
@@ -286,15 +304,11 @@ func (s *Server) Close() error {
 		return nil
 	}
 	s.closed = true
+	s.mu.Unlock()
 	var errs []error
 	if err := s.ln.Close(); err != nil {
-		errs = append(errs, fmt.Errorf("broker: close listener %s: %w", s.path, err))
+		errs = append(errs, fmt.Errorf("broker: %w", err))
 	}
-	for w := range s.workers {
-		w.conn.Close()
-	}
-	s.mu.Unlock()
-	s.wg.Wait()
 	if err := s.closeLanes(); err != nil {
 		errs = append(errs, fmt.Errorf("broker: close streams: %w", err))
 	}
@@ -304,14 +318,12 @@ func (s *Server) Close() error {
 // worker is one connection.
 type worker struct {
 	s         *Server
-	conn      *net.UnixConn
+	conn      *unixsock.Conn
 	cred      unix.Ucred
 	grant     Grant
 	helloDone atomic.Bool
 
-	fr   *frameReader // used by the connection's goroutine only
-	wmu  sync.Mutex   // serializes writes on conn; guards wbuf
-	wbuf []byte
+	pbuf [ResponseSize + MaxText]byte // response payloads; guarded by conn's write lock
 
 	mu     sync.Mutex
 	bufs   map[uint32]*regBuffer
@@ -357,16 +369,14 @@ func (w *worker) reply(r *response) {
 	if r.status != StatusOK {
 		w.s.failed.Add(1)
 	}
-	w.wmu.Lock()
+	w.conn.Lock()
 	_ = w.writeResponse(r)
-	w.wmu.Unlock()
+	w.conn.Unlock()
 }
 
-// writeResponse sends one response frame; the caller holds wmu.
+// writeResponse sends one response frame; the caller holds the connection's write lock.
 func (w *worker) writeResponse(r *response) error {
-	p := r.encode(w.wbuf[ipc.HeaderSize:ipc.HeaderSize])
-	putFrameHeader(w.wbuf, KindResponse, len(p))
-	return writeFrame(w.conn, w.wbuf[:ipc.HeaderSize+len(p)])
+	return w.conn.WriteLocked(KindResponse, r.encode(w.pbuf[:0]), nil)
 }
 
 func (w *worker) replyErr(op uint16, id uint64, err error) {
@@ -380,105 +390,117 @@ func (w *worker) refuse(status uint16, msg string) {
 }
 
 func (w *worker) serve() {
-	s := w.s
-	defer s.wg.Done()
 	defer w.cleanup()
-	cred, err := s.peerCred(w.conn)
-	if err != nil {
-		s.refused.Add(1)
-		s.logf("broker: %s: reading the peer's credentials: %v", s.path, err)
+	if !w.grantWindow() {
 		return
 	}
-	w.cred = cred
-	if !ipc.UIDAllowed(s.opts.AllowUIDs, cred.Uid) {
-		s.refused.Add(1)
-		msg := fmt.Sprintf("peer pid %d runs as uid %d, which this broker (uid %d) does not allow", cred.Pid, cred.Uid, os.Getuid())
-		w.logf("refused: %s", msg)
-		w.refuse(StatusPermission, msg)
-		return
-	}
-	if s.opts.Authorize != nil {
-		if err := s.opts.Authorize(cred); err != nil {
-			s.refused.Add(1)
-			msg := fmt.Sprintf("peer pid %d uid %d: %v", cred.Pid, cred.Uid, err)
-			w.logf("refused: %s", msg)
-			w.refuse(StatusPermission, msg)
-			return
-		}
-	}
-	w.grant = Grant{Length: s.region.Len(), ShareRegion: true}
-	if s.opts.Grant != nil {
-		g, err := s.opts.Grant(cred)
-		if err == nil && (g.Length == 0 || g.Offset > s.region.Len() || g.Length > s.region.Len()-g.Offset) {
-			err = fmt.Errorf("window %s at offset %#x does not fit the %s region", units.FormatSize(g.Length), g.Offset, units.FormatSize(s.region.Len()))
-		}
-		if err != nil {
-			s.refused.Add(1)
-			msg := fmt.Sprintf("peer pid %d uid %d: no grant: %v", cred.Pid, cred.Uid, err)
-			w.logf("refused: %s", msg)
-			w.refuse(StatusPermission, msg)
-			return
-		}
-		w.grant = g
-	}
-
-	_ = w.conn.SetReadDeadline(time.Now().Add(s.opts.HelloTimeout))
-	req, err := w.readRequest()
-	_ = w.conn.SetReadDeadline(time.Time{})
-	if err == nil && req.op != OpHello {
-		err = fmt.Errorf("broker: first request is %s, want hello: %w", opName(req.op), ErrProtocol)
-	}
+	req, err := w.hello()
 	if err != nil {
-		s.refused.Add(1)
+		w.s.refused.Add(1)
 		w.readFailed(err)
 		return
 	}
 	w.helloDone.Store(true)
-	flags := uint32(w.s.region.Kind()) << 8
+	flags := uint32(w.s.region.Kind())<<8 | idleUnits(w.s.opts.IdleTimeout)<<16
 	if w.grant.ShareRegion {
 		flags |= 1
 	}
 	w.reply(&response{op: OpHello, id: req.id, buffer: flags,
-		values: [4]uint64{s.region.Len(), w.grant.Offset, w.grant.Length, s.devMask}})
-
-	for {
-		req, err := w.readRequest()
-		if err != nil {
-			w.readFailed(err)
-			return
-		}
-		switch req.op {
-		case OpHello:
-			w.readFailed(fmt.Errorf("broker: a second hello: %w", ErrProtocol))
-			return
-		case OpPing:
-			w.reply(&response{op: OpPing, id: req.id})
-		case OpCopy:
-			w.startCopy(req)
-		case OpRegister:
-			if err := w.register(req); err != nil {
-				w.readFailed(err)
-				return
-			}
-		case OpUnregister:
-			w.unregister(req)
-		case OpRegion:
-			if err := w.shareRegion(req); err != nil {
-				w.logf("sharing the region: %v (closing the connection)", err)
-				return
-			}
-		}
+		values: [4]uint64{w.s.region.Len(), w.grant.Offset, w.grant.Length, w.s.devMask}})
+	for w.next() {
 	}
 }
 
-// readRequest reads and decodes one request frame.
-func (w *worker) readRequest() (request, error) { return w.fr.request(w.conn) }
+// idleUnits is the idle timeout as the hello carries it: tenths of a second, rounded up, at most
+// 0xffff (a longer timeout is announced as that, and the client pings more often than needed).
+func idleUnits(d time.Duration) uint32 {
+	if d <= 0 {
+		return 0
+	}
+	return uint32(min((d+idleUnit-1)/idleUnit, 0xffff))
+}
+
+const idleUnit = 100 * time.Millisecond
+
+// grantWindow gives the worker its window of the region (Options.Grant), or refuses it.
+func (w *worker) grantWindow() bool {
+	s := w.s
+	w.grant = Grant{Length: s.region.Len(), ShareRegion: true}
+	if s.opts.Grant == nil {
+		return true
+	}
+	g, err := s.opts.Grant(w.cred)
+	if err == nil && (g.Length == 0 || g.Offset > s.region.Len() || g.Length > s.region.Len()-g.Offset) {
+		err = fmt.Errorf("window %s at offset %#x does not fit the %s region", units.FormatSize(g.Length), g.Offset, units.FormatSize(s.region.Len()))
+	}
+	if err != nil {
+		s.refused.Add(1)
+		msg := fmt.Sprintf("peer pid %d uid %d: no grant: %v", w.cred.Pid, w.cred.Uid, err)
+		w.logf("refused: %s", msg)
+		w.refuse(StatusPermission, msg)
+		return false
+	}
+	w.grant = g
+	return true
+}
+
+// hello reads the first request, which must be a hello, within HelloTimeout.
+func (w *worker) hello() (request, error) {
+	idle := w.conn.IdleTimeout()
+	w.conn.SetIdleTimeout(w.s.opts.HelloTimeout)
+	req, err := readRequest(w.conn)
+	w.conn.SetIdleTimeout(idle)
+	if err == nil && req.op != OpHello {
+		err = fmt.Errorf("broker: first request is %s, want hello: %w", opName(req.op), ErrProtocol)
+	}
+	return req, err
+}
+
+// next reads and runs one request; it reports whether the connection goes on.
+func (w *worker) next() bool {
+	req, err := readRequest(w.conn)
+	if errors.Is(err, ErrIdle) && len(w.sem) > 0 {
+		return true // silent while its copies run: not idle
+	}
+	if err != nil {
+		w.readFailed(err)
+		return false
+	}
+	switch req.op {
+	case OpHello:
+		w.readFailed(fmt.Errorf("broker: a second hello: %w", ErrProtocol))
+		return false
+	case OpPing:
+		w.reply(&response{op: OpPing, id: req.id})
+	case OpCopy:
+		w.startCopy(req)
+	case OpRegister:
+		if err := w.register(req); err != nil {
+			w.readFailed(err)
+			return false
+		}
+	case OpUnregister:
+		w.unregister(req)
+	case OpRegion:
+		if err := w.shareRegion(req); err != nil {
+			w.logf("sharing the region: %v (closing the connection)", err)
+			return false
+		}
+	}
+	return true
+}
 
 // readFailed ends a connection whose reads failed: a protocol fault is answered before hanging up;
 // a hang-up is the normal end.
 func (w *worker) readFailed(err error) {
 	switch {
 	case errors.Is(err, io.EOF), errors.Is(err, net.ErrClosed), errors.Is(err, syscall.ECONNRESET):
+	case errors.Is(err, ErrIdle), errors.Is(err, ErrTimeout):
+		w.s.drops.Add(1)
+		w.logf("dropped: %v", err)
+		w.refuse(statusOf(err), err.Error())
+	case errors.Is(err, errRefused):
+		w.logf("closing the connection: %v", err)
 	case errors.Is(err, ErrProtocol):
 		w.logf("protocol fault: %v (closing the connection)", err)
 		w.refuse(StatusProtocol, err.Error())
@@ -490,7 +512,7 @@ func (w *worker) readFailed(err error) {
 // cleanup runs when the connection ends, however: it drains the worker's copies in flight, then
 // unmaps and releases every buffer the worker registered.
 func (w *worker) cleanup() {
-	w.conn.Close()
+	_ = w.conn.Close()
 	w.jobs.Wait()
 	w.mu.Lock()
 	bufs := w.bufs
@@ -596,7 +618,15 @@ func (w *worker) runCopy(req request, b *regBuffer, st *vmm.Stream) {
 // register reads the buffer that follows a register request, imports and maps it for its device.
 // A returned error means the stream's framing is lost.
 func (w *worker) register(req request) error {
-	rcv, err := ipc.Receive(w.conn)
+	uc := w.conn.Unix()
+	if d := w.s.opts.ReadTimeout; d >= 0 {
+		if d == 0 {
+			d = unixsock.DefaultReadTimeout
+		}
+		_ = uc.SetReadDeadline(time.Now().Add(d))
+	}
+	rcv, err := ipc.Receive(uc)
+	_ = uc.SetReadDeadline(time.Time{})
 	if err != nil {
 		return err
 	}
@@ -625,10 +655,16 @@ func (w *worker) register(req request) error {
 		return fail(fmt.Errorf("broker: register %s: device %d (this broker serves %v): %w", &rcv.Desc, loc.ID, w.s.Devices(), ErrDeviceNotServed))
 	}
 	buf, err := ipc.Open(l.dev, rcv, vmm.ReadWrite(l.dev))
+	if err != nil && errors.Is(err, ErrProtocol) {
+		// A file its sender could still resize (or one that lies about its size): the worker
+		// loses its connection, the broker maps nothing of it.
+		w.replyErr(OpRegister, req.id, fmt.Errorf("broker: register %s: %w", &rcv.Desc, err))
+		return fmt.Errorf("register %s refused: %w: %w", &rcv.Desc, errRefused, err)
+	}
 	if err != nil {
 		return fail(fmt.Errorf("broker: register %s: %v: %w", &rcv.Desc, err, ErrInternal))
 	}
-	b := &regBuffer{buf: buf, lane: l, ptr: buf.Ptr(), length: buf.Len()}
+	b := &regBuffer{buf: buf, lane: l, ptr: buf.Ptr(), length: buf.Cap()}
 	for _, c := range rcv.Desc.Chunks {
 		if k := len(b.extents); k > 0 && b.extents[k-1].end == c.Offset {
 			b.extents[k-1].end += c.Size
@@ -683,10 +719,10 @@ func (w *worker) shareRegion(req request) error {
 		w.replyErr(OpRegion, req.id, fmt.Errorf("broker: a %s region has no file descriptor to pass: %w", k, ErrNotSupported))
 		return nil
 	}
-	w.wmu.Lock()
-	defer w.wmu.Unlock()
+	w.conn.Lock()
+	defer w.conn.Unlock()
 	if err := w.writeResponse(&response{op: OpRegion, id: req.id}); err != nil {
 		return err
 	}
-	return w.s.region.Share(w.conn)
+	return w.s.region.Share(w.conn.Unix())
 }

@@ -8,60 +8,54 @@ import (
 	"github.com/cuvmm/cuvmm/ipc"
 )
 
-// Wire format. Every message travels in one ipc frame (ipc.WriteMessage: magic "CVMI", version,
-// kind, payload length, descriptor count) of kind KindRequest or KindResponse; the payload is one of
-// the two layouts below (little-endian). A register request is followed by the buffer itself as
-// ipc.Send writes it (a KindBuffer frame with the chunks' descriptors, then KindFDs frames if it has
-// more than ipc.MaxFDsPerMessage chunks); an OK region response is followed by the region as
-// pinned.Region.Share writes it. No other frame carries descriptors.
+// Wire format. Every message travels in one ipc frame (magic "CVMI", version, kind, payload
+// length, descriptor count: the one header of the module's transport) of kind KindRequest or
+// KindResponse; the payload is one of the two layouts below (little-endian). A register request is
+// followed by the buffer itself as ipc.Send writes it (a KindBuffer frame with the chunks'
+// descriptors, then KindFDs frames if it has more than ipc.MaxFDsPerMessage chunks); an OK region
+// response is followed by the region as pinned.Region.Share writes it. No other frame carries
+// descriptors. The frame kind names the protocol version: version 1 used kinds 0x160 and 0x161 and
+// repeated a magic and version inside each payload.
 //
 // Request, exactly RequestSize bytes:
 //
-//	0   4  magic "CVMB"
-//	4   2  version (1)
-//	6   2  op (OpHello, OpPing, OpRegister, OpUnregister, OpRegion, OpCopy)
+//	0   2  op (OpHello, OpPing, OpRegister, OpUnregister, OpRegion, OpCopy)
+//	2   2  direction (OpCopy: ToDevice 1 or ToHost 2; otherwise zero)
+//	4   4  buffer id (OpUnregister, OpCopy: non-zero; otherwise zero)
 //	8   8  request id: chosen by the client, non-zero, echoed by the response
-//	16  4  buffer id (OpUnregister, OpCopy: non-zero; otherwise zero)
-//	20  2  direction (OpCopy: ToDevice 1 or ToHost 2; otherwise zero)
-//	22  2  reserved, zero
-//	24  8  host offset: a byte offset in the broker's region (OpCopy; otherwise zero)
-//	32  8  buffer offset: a byte offset in the buffer (OpCopy; otherwise zero)
-//	40  8  length in bytes (OpCopy: non-zero, and neither range may overflow; otherwise zero)
+//	16  8  host offset: a byte offset in the broker's region (OpCopy; otherwise zero)
+//	24  8  buffer offset: a byte offset in the buffer (OpCopy; otherwise zero)
+//	32  8  length in bytes (OpCopy: non-zero, and neither range may overflow; otherwise zero)
 //
 // Response, ResponseSize bytes plus an error text:
 //
-//	0   4  magic "CVMB"
-//	4   2  version (1)
-//	6   2  op of the request answered (0 with id 0: a refusal of the whole connection)
+//	0   2  op of the request answered (0 with id 0: a refusal of the whole connection)
+//	2   2  status (StatusOK or an error code)
+//	4   4  buffer id (OpRegister: the new buffer's id; OpHello: flags; otherwise zero)
 //	8   8  request id (0 only for a refusal of the whole connection)
-//	16  2  status (StatusOK or an error code)
-//	18  2  reserved, zero
-//	20  4  buffer id (OpRegister: the new buffer's id; OpHello: flags; otherwise zero)
-//	24  32 four values whose meaning depends on op (see the ops)
-//	56  n  error text, UTF-8, at most MaxText bytes; present only when the status is not OK
+//	16  32 four values whose meaning depends on op (see the ops)
+//	48  n  error text, UTF-8, at most MaxText bytes; present only when the status is not OK
 const (
-	// Version is the protocol version this package speaks; a peer with another version is refused
-	// with StatusProtocol.
-	Version = 1
+	// Version is the protocol version this package speaks, carried by the frame kinds.
+	Version = 2
 	// KindRequest and KindResponse are the ipc frame kinds of the broker's messages.
-	KindRequest  = ipc.KindUser + 0x60
-	KindResponse = ipc.KindUser + 0x61
+	KindRequest  = ipc.KindUser + 0x62
+	KindResponse = ipc.KindUser + 0x63
 	// RequestSize is the size of a request payload.
-	RequestSize = 48
+	RequestSize = 40
 	// ResponseSize is the size of a response payload without its error text.
-	ResponseSize = 56
+	ResponseSize = 48
 	// MaxText is the longest error text a response carries.
 	MaxText = 1024
 )
-
-// wireMagic is "CVMB" read as a little-endian uint32.
-const wireMagic uint32 = 'C' | 'V'<<8 | 'M'<<16 | 'B'<<24
 
 // Operations.
 const (
 	// OpHello must be the first request of a connection. Response values: region length, grant
 	// offset, grant length, bit mask of the served device ordinals (below 64); buffer id field:
-	// bit 0 set when the region may be shared with the worker, bits 8-15 the region's pinned.Kind.
+	// bit 0 set when the region may be shared with the worker, bits 8-15 the region's pinned.Kind,
+	// bits 16-31 the broker's idle timeout in tenths of a second (0: none), which the client keeps
+	// ahead of with pings.
 	OpHello uint16 = 1
 	// OpPing is answered at once, with no value: the round trip of the protocol alone.
 	OpPing uint16 = 2
@@ -130,48 +124,37 @@ type request struct {
 }
 
 func (r *request) encode(b *[RequestSize]byte) {
-	binary.LittleEndian.PutUint32(b[0:], wireMagic)
-	binary.LittleEndian.PutUint16(b[4:], Version)
-	binary.LittleEndian.PutUint16(b[6:], r.op)
+	binary.LittleEndian.PutUint16(b[0:], r.op)
+	binary.LittleEndian.PutUint16(b[2:], uint16(r.dir))
+	binary.LittleEndian.PutUint32(b[4:], r.buffer)
 	binary.LittleEndian.PutUint64(b[8:], r.id)
-	binary.LittleEndian.PutUint32(b[16:], r.buffer)
-	binary.LittleEndian.PutUint16(b[20:], uint16(r.dir))
-	binary.LittleEndian.PutUint16(b[22:], 0)
-	binary.LittleEndian.PutUint64(b[24:], r.hostOff)
-	binary.LittleEndian.PutUint64(b[32:], r.bufOff)
-	binary.LittleEndian.PutUint64(b[40:], r.length)
+	binary.LittleEndian.PutUint64(b[16:], r.hostOff)
+	binary.LittleEndian.PutUint64(b[24:], r.bufOff)
+	binary.LittleEndian.PutUint64(b[32:], r.length)
 }
 
-// decodeRequest decodes a request strictly: the exact size, magic, version, a known op, a non-zero
-// id, zero reserved bits, and for each op exactly the fields it uses (see the wire format). Errors
-// wrap ErrProtocol.
+// decodeRequest decodes a request strictly: the exact size, a known op, a non-zero id, and for each
+// op exactly the fields it uses (see the wire format). Errors wrap ErrProtocol.
 func decodeRequest(b []byte) (request, error) {
-	var r request
 	if len(b) != RequestSize {
-		return r, fmt.Errorf("broker: request of %d bytes, want %d: %w", len(b), RequestSize, ErrProtocol)
+		return request{}, fmt.Errorf("broker: request of %d bytes, want %d: %w", len(b), RequestSize, ErrProtocol)
 	}
-	if m := binary.LittleEndian.Uint32(b[0:]); m != wireMagic {
-		return r, fmt.Errorf("broker: request magic %#08x, want %#08x \"CVMB\": %w", m, wireMagic, ErrProtocol)
-	}
-	if v := binary.LittleEndian.Uint16(b[4:]); v != Version {
-		return r, fmt.Errorf("broker: request version %d, this side speaks version %d: %w", v, Version, ErrProtocol)
-	}
-	r = request{
-		op:      binary.LittleEndian.Uint16(b[6:]),
+	r := request{
+		op:      binary.LittleEndian.Uint16(b[0:]),
+		dir:     Direction(binary.LittleEndian.Uint16(b[2:])),
+		buffer:  binary.LittleEndian.Uint32(b[4:]),
 		id:      binary.LittleEndian.Uint64(b[8:]),
-		buffer:  binary.LittleEndian.Uint32(b[16:]),
-		dir:     Direction(binary.LittleEndian.Uint16(b[20:])),
-		hostOff: binary.LittleEndian.Uint64(b[24:]),
-		bufOff:  binary.LittleEndian.Uint64(b[32:]),
-		length:  binary.LittleEndian.Uint64(b[40:]),
+		hostOff: binary.LittleEndian.Uint64(b[16:]),
+		bufOff:  binary.LittleEndian.Uint64(b[24:]),
+		length:  binary.LittleEndian.Uint64(b[32:]),
 	}
-	if err := r.validate(binary.LittleEndian.Uint16(b[22:])); err != nil {
+	if err := r.validate(); err != nil {
 		return request{}, err
 	}
 	return r, nil
 }
 
-func (r *request) validate(reserved uint16) error {
+func (r *request) validate() error {
 	bad := func(format string, args ...any) error {
 		return fmt.Errorf("broker: %s request %d: %s: %w", opName(r.op), r.id, fmt.Sprintf(format, args...), ErrProtocol)
 	}
@@ -180,9 +163,6 @@ func (r *request) validate(reserved uint16) error {
 	}
 	if r.id == 0 {
 		return bad("request id 0")
-	}
-	if reserved != 0 {
-		return bad("reserved field %#x, want 0", reserved)
 	}
 	switch r.op {
 	case OpCopy:
@@ -240,41 +220,31 @@ func (r *response) encode(b []byte) []byte {
 	start := len(b)
 	b = b[:start+ResponseSize]
 	p := b[start:]
-	binary.LittleEndian.PutUint32(p[0:], wireMagic)
-	binary.LittleEndian.PutUint16(p[4:], Version)
-	binary.LittleEndian.PutUint16(p[6:], r.op)
+	binary.LittleEndian.PutUint16(p[0:], r.op)
+	binary.LittleEndian.PutUint16(p[2:], r.status)
+	binary.LittleEndian.PutUint32(p[4:], r.buffer)
 	binary.LittleEndian.PutUint64(p[8:], r.id)
-	binary.LittleEndian.PutUint16(p[16:], r.status)
-	binary.LittleEndian.PutUint16(p[18:], 0)
-	binary.LittleEndian.PutUint32(p[20:], r.buffer)
 	for i, v := range r.values {
-		binary.LittleEndian.PutUint64(p[24+8*i:], v)
+		binary.LittleEndian.PutUint64(p[16+8*i:], v)
 	}
 	return append(b, text...)
 }
 
-// decodeResponse decodes a response strictly: size, magic, version, a known op (0 only with id 0 and
-// an error status), a known status, zero reserved bits, no text on success and valid UTF-8 text of
-// at most MaxText bytes otherwise. Errors wrap ErrProtocol.
+// decodeResponse decodes a response strictly: size, a known op (0 only with id 0 and an error
+// status), a known status, no text on success and valid UTF-8 text of at most MaxText bytes
+// otherwise. Errors wrap ErrProtocol.
 func decodeResponse(b []byte) (response, error) {
-	var r response
 	if len(b) < ResponseSize || len(b) > ResponseSize+MaxText {
-		return r, fmt.Errorf("broker: response of %d bytes, want %d to %d: %w", len(b), ResponseSize, ResponseSize+MaxText, ErrProtocol)
+		return response{}, fmt.Errorf("broker: response of %d bytes, want %d to %d: %w", len(b), ResponseSize, ResponseSize+MaxText, ErrProtocol)
 	}
-	if m := binary.LittleEndian.Uint32(b[0:]); m != wireMagic {
-		return r, fmt.Errorf("broker: response magic %#08x, want %#08x \"CVMB\": %w", m, wireMagic, ErrProtocol)
-	}
-	if v := binary.LittleEndian.Uint16(b[4:]); v != Version {
-		return r, fmt.Errorf("broker: response version %d, this side speaks version %d: %w", v, Version, ErrProtocol)
-	}
-	r = response{
-		op:     binary.LittleEndian.Uint16(b[6:]),
+	r := response{
+		op:     binary.LittleEndian.Uint16(b[0:]),
+		status: binary.LittleEndian.Uint16(b[2:]),
+		buffer: binary.LittleEndian.Uint32(b[4:]),
 		id:     binary.LittleEndian.Uint64(b[8:]),
-		status: binary.LittleEndian.Uint16(b[16:]),
-		buffer: binary.LittleEndian.Uint32(b[20:]),
 	}
 	for i := range r.values {
-		r.values[i] = binary.LittleEndian.Uint64(b[24+8*i:])
+		r.values[i] = binary.LittleEndian.Uint64(b[16+8*i:])
 	}
 	text := b[ResponseSize:]
 	bad := func(format string, args ...any) (response, error) {
@@ -285,9 +255,6 @@ func decodeResponse(b []byte) (response, error) {
 	}
 	if r.status > maxStatus {
 		return bad("unknown status %d", r.status)
-	}
-	if res := binary.LittleEndian.Uint16(b[18:]); res != 0 {
-		return bad("reserved field %#x, want 0", res)
 	}
 	if (r.op == 0) != (r.id == 0) {
 		return bad("op %d with request id %d (op 0 and id 0 go together)", r.op, r.id)

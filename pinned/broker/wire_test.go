@@ -12,9 +12,13 @@ import (
 	"time"
 
 	"github.com/stretchr/testify/require"
+	"golang.org/x/sys/unix"
 
+	"github.com/cuvmm/cuvmm/driver"
 	"github.com/cuvmm/cuvmm/driver/sim"
+	"github.com/cuvmm/cuvmm/internal/fuzzfd"
 	"github.com/cuvmm/cuvmm/internal/testutil"
+	"github.com/cuvmm/cuvmm/internal/unixsock"
 	"github.com/cuvmm/cuvmm/ipc"
 	"github.com/cuvmm/cuvmm/pinned"
 	"github.com/cuvmm/cuvmm/vmm"
@@ -64,18 +68,15 @@ func TestRequestStrict(t *testing.T) {
 		"short":            good[:RequestSize-1],
 		"long":             append(bytes.Clone(good), 0),
 		"empty":            nil,
-		"magic":            mutate(func(b []byte) { b[0] = 'X' }),
-		"version":          mutate(func(b []byte) { binary.LittleEndian.PutUint16(b[4:], 2) }),
-		"op 0":             mutate(func(b []byte) { binary.LittleEndian.PutUint16(b[6:], 0) }),
-		"op unknown":       mutate(func(b []byte) { binary.LittleEndian.PutUint16(b[6:], maxOp+1) }),
+		"op 0":             mutate(func(b []byte) { binary.LittleEndian.PutUint16(b[0:], 0) }),
+		"op unknown":       mutate(func(b []byte) { binary.LittleEndian.PutUint16(b[0:], maxOp+1) }),
 		"id 0":             mutate(func(b []byte) { binary.LittleEndian.PutUint64(b[8:], 0) }),
-		"buffer 0":         mutate(func(b []byte) { binary.LittleEndian.PutUint32(b[16:], 0) }),
-		"direction 0":      mutate(func(b []byte) { binary.LittleEndian.PutUint16(b[20:], 0) }),
-		"direction 3":      mutate(func(b []byte) { binary.LittleEndian.PutUint16(b[20:], 3) }),
-		"reserved":         mutate(func(b []byte) { b[22] = 1 }),
-		"length 0":         mutate(func(b []byte) { binary.LittleEndian.PutUint64(b[40:], 0) }),
-		"host overflow":    mutate(func(b []byte) { binary.LittleEndian.PutUint64(b[24:], ^uint64(0)) }),
-		"buffer overflow":  mutate(func(b []byte) { binary.LittleEndian.PutUint64(b[32:], ^uint64(0)-100) }),
+		"buffer 0":         mutate(func(b []byte) { binary.LittleEndian.PutUint32(b[4:], 0) }),
+		"direction 0":      mutate(func(b []byte) { binary.LittleEndian.PutUint16(b[2:], 0) }),
+		"direction 3":      mutate(func(b []byte) { binary.LittleEndian.PutUint16(b[2:], 3) }),
+		"length 0":         mutate(func(b []byte) { binary.LittleEndian.PutUint64(b[32:], 0) }),
+		"host overflow":    mutate(func(b []byte) { binary.LittleEndian.PutUint64(b[16:], ^uint64(0)) }),
+		"buffer overflow":  mutate(func(b []byte) { binary.LittleEndian.PutUint64(b[24:], ^uint64(0)-100) }),
 		"ping with fields": encodeReq(request{op: OpPing, id: 1, length: 5}),
 		"hello with dir":   encodeReq(request{op: OpHello, id: 1, dir: ToHost}),
 		"unregister 0":     encodeReq(request{op: OpUnregister, id: 1}),
@@ -110,17 +111,14 @@ func TestResponseStrict(t *testing.T) {
 	for name, b := range map[string][]byte{
 		"short":           ok[:ResponseSize-1],
 		"too long":        append(bytes.Clone(refusal), bytes.Repeat([]byte{'x'}, MaxText)...),
-		"magic":           mutate(ok, func(b []byte) { b[3] = 0 }),
-		"version":         mutate(ok, func(b []byte) { b[4] = 9 }),
-		"op unknown":      mutate(ok, func(b []byte) { b[6] = 99 }),
-		"status unknown":  mutate(ok, func(b []byte) { b[16] = 99 }),
-		"reserved":        mutate(ok, func(b []byte) { b[18] = 1 }),
+		"op unknown":      mutate(ok, func(b []byte) { b[0] = 99 }),
+		"status unknown":  mutate(ok, func(b []byte) { b[2] = 99 }),
 		"op without id":   mutate(ok, func(b []byte) { binary.LittleEndian.PutUint64(b[8:], 0) }),
 		"id without op":   mutate(refusal, func(b []byte) { b[8] = 1 }),
-		"ok refusal":      mutate(refusal[:ResponseSize], func(b []byte) { b[16] = 0 }),
+		"ok refusal":      mutate(refusal[:ResponseSize], func(b []byte) { b[2] = 0 }),
 		"text on success": append(bytes.Clone(ok), 'x'),
 		"bad utf-8":       append(bytes.Clone(refusal), 0xff),
-		"values on error": mutate(refusal, func(b []byte) { b[24] = 1 }),
+		"values on error": mutate(refusal, func(b []byte) { b[16] = 1 }),
 	} {
 		_, err := decodeResponse(b)
 		require.ErrorIs(t, err, ErrProtocol, name)
@@ -136,7 +134,7 @@ func rawConn(t *testing.T, path string, hello bool) *net.UnixConn {
 	require.NoError(t, conn.SetDeadline(time.Now().Add(time.Minute)))
 	if hello {
 		require.NoError(t, ipc.WriteMessage(conn, KindRequest, encodeReq(request{op: OpHello, id: 1}), nil))
-		resp, err := newFrameReader().response(conn)
+		resp, err := readResponse(unixsock.NewConn(conn, unix.Ucred{}))
 		require.NoError(t, err)
 		require.Equal(t, OpHello, resp.op)
 		require.Equal(t, StatusOK, resp.status)
@@ -147,12 +145,12 @@ func rawConn(t *testing.T, path string, hello bool) *net.UnixConn {
 // requireRefused reads the broker's protocol refusal of the whole connection, then its hang-up.
 func requireRefused(t *testing.T, conn *net.UnixConn, what string) {
 	t.Helper()
-	fr := newFrameReader()
-	resp, err := fr.response(conn)
+	fr := unixsock.NewConn(conn, unix.Ucred{})
+	resp, err := readResponse(fr)
 	require.NoError(t, err, what)
 	require.Equal(t, uint64(0), resp.id, what)
 	require.Equal(t, StatusProtocol, resp.status, "%s: %s", what, resp.text)
-	_, err = fr.response(conn)
+	_, err = readResponse(fr)
 	// A hang-up with part of our bytes unread resets the connection.
 	require.True(t, errors.Is(err, io.EOF) || errors.Is(err, syscall.ECONNRESET), "%s: %v", what, err)
 }
@@ -173,7 +171,7 @@ func TestMalformedRequests(t *testing.T) {
 			h := frameHeader(kind, uint32(len(payload)), 0)
 			return append(h, payload...)
 		}
-		badVersion := encodeReq(request{op: OpHello, id: 1})
+		badVersion := frame(KindRequest, encodeReq(request{op: OpHello, id: 1}))
 		badVersion[4] = 7
 		for name, tc := range map[string]struct {
 			hello bool
@@ -181,11 +179,12 @@ func TestMalformedRequests(t *testing.T) {
 		}{
 			"not a frame":          {false, []byte("GET / HTTP/1.1\r\n\r\n")},
 			"short request":        {false, frame(KindRequest, make([]byte, RequestSize-1))},
-			"version 7":            {false, frame(KindRequest, badVersion)},
+			"frame version 7":      {false, badVersion},
+			"protocol version 1":   {false, frame(ipc.KindUser+0x60, encodeReq(request{op: OpHello, id: 1}))},
 			"copy before hello":    {false, frame(KindRequest, encodeReq(request{op: OpCopy, id: 2, buffer: 1, dir: ToDevice, length: 8}))},
 			"a response frame":     {true, frame(KindResponse, encodeReq(request{op: OpPing, id: 2}))},
 			"second hello":         {true, frame(KindRequest, encodeReq(request{op: OpHello, id: 2}))},
-			"unknown op":           {true, frame(KindRequest, append(append([]byte{}, encodeReq(request{op: OpPing, id: 2})[:6]...), append([]byte{99, 0}, encodeReq(request{op: OpPing, id: 2})[8:]...)...))},
+			"unknown op":           {true, frame(KindRequest, append([]byte{99, 0}, encodeReq(request{op: OpPing, id: 2})[2:]...))},
 			"register, no buffer":  {true, append(frame(KindRequest, encodeReq(request{op: OpRegister, id: 2})), frame(KindRequest, encodeReq(request{op: OpPing, id: 3}))...)},
 			"payload over the cap": {true, frameHeader(KindRequest, ipc.MaxPayload+1, 0)},
 		} {
@@ -224,7 +223,7 @@ func FuzzDecodeRequest(f *testing.F) {
 	f.Add(encodeReq(request{op: OpHello, id: 1}))
 	f.Add(encodeReq(request{op: OpCopy, id: 7, buffer: 3, dir: ToHost, hostOff: 1 << 30, bufOff: 4096, length: 1 << 20}))
 	f.Add(encodeReq(request{op: OpUnregister, id: 8, buffer: 3}))
-	f.Add([]byte("CVMB"))
+	f.Add([]byte{1, 0})
 	f.Fuzz(func(t *testing.T, data []byte) {
 		r, err := decodeRequest(data)
 		if err != nil {
@@ -250,14 +249,24 @@ func FuzzDecodeResponse(f *testing.F) {
 	})
 }
 
-// FuzzServer feeds arbitrary bytes, after a hello, to a live broker (on the simulator): it must
-// answer or hang up, never crash or hang, close every descriptor, and keep serving.
+// FuzzServer feeds arbitrary bytes with random descriptors of every kind (sealed and unsealed
+// memfds, pipes, sockets, /dev/null, a directory), after a hello, to a live broker (on the
+// simulator): it must answer or hang up, never crash or hang, close every descriptor, map nothing
+// it keeps, and keep serving.
 func FuzzServer(f *testing.F) {
-	f.Add(encodeReq(request{op: OpPing, id: 2}))
-	f.Add(append(frameHeader(KindRequest, RequestSize, 0), encodeReq(request{op: OpPing, id: 2})...))
-	f.Add(append(frameHeader(KindRequest, RequestSize, 0), encodeReq(request{op: OpCopy, id: 2, buffer: 1, dir: ToHost, length: 8})...))
-	f.Add(append(frameHeader(KindRequest, RequestSize, 0), encodeReq(request{op: OpRegister, id: 2})...))
-	f.Add(append(frameHeader(KindRequest, RequestSize, 0), encodeReq(request{op: OpUnregister, id: 2, buffer: 1})...))
+	req := func(r request) []byte { return append(frameHeader(KindRequest, RequestSize, 0), encodeReq(r)...) }
+	f.Add(encodeReq(request{op: OpPing, id: 2}), []byte{}, uint16(0))
+	f.Add(req(request{op: OpPing, id: 2}), []byte{}, uint16(0))
+	f.Add(req(request{op: OpCopy, id: 2, buffer: 1, dir: ToHost, length: 8}), []byte{}, uint16(0))
+	f.Add(req(request{op: OpUnregister, id: 2, buffer: 1}), []byte{}, uint16(0))
+	d := ipc.Descriptor{Size: 2 * mib, Chunks: []ipc.ChunkDesc{{Size: 2 * mib, Location: driver.DeviceLocation(0), HandleType: driver.HandleTypePosixFD}}}
+	payload, err := d.MarshalBinary()
+	require.NoError(f, err)
+	register := append(req(request{op: OpRegister, id: 2}), append(frameHeader(ipc.KindBuffer, uint32(len(payload)), 1), payload...)...)
+	for k := byte(0); k < fuzzfd.Kinds; k++ {
+		f.Add(register, []byte{k}, uint16(RequestSize+ipc.HeaderSize))
+	}
+	f.Add(req(request{op: OpPing, id: 2}), []byte{3, 5}, uint16(0))
 	s := sim.New(sim.Devices(1))
 	sys, err := vmm.Open(s)
 	require.NoError(f, err)
@@ -265,8 +274,10 @@ func FuzzServer(f *testing.F) {
 	require.NoError(f, err)
 	region, err := pinned.New(dev, 4*mib, pinned.Options{})
 	require.NoError(f, err)
-	path := f.TempDir() + "/broker.sock"
-	srv, err := NewServer(region, path, Options{HelloTimeout: 5 * time.Second})
+	dir, err := os.MkdirTemp("", "broker-fuzz")
+	require.NoError(f, err)
+	path := dir + "/broker.sock"
+	srv, err := Listen(region, path, Options{HelloTimeout: 5 * time.Second})
 	require.NoError(f, err)
 	go srv.Serve()
 	f.Cleanup(func() {
@@ -275,22 +286,25 @@ func FuzzServer(f *testing.F) {
 		require.NoError(f, sys.Close())
 		require.True(f, s.Live().Zero(), "simulator objects leaked: %s", s.Live())
 		require.NoError(f, s.Close())
+		os.RemoveAll(dir)
 	})
-	f.Fuzz(func(t *testing.T, data []byte) {
+	f.Fuzz(func(t *testing.T, data, kinds []byte, cut uint16) {
 		if len(data) > 64<<10 {
 			t.Skip("larger inputs only fill the socket buffer")
 		}
+		files := fuzzfd.Make(t, kinds, 8)
 		conn := rawConn(t, path, true)
-		_, _ = conn.Write(data)
-		_ = conn.CloseWrite()
-		fr := newFrameReader()
+		sent := make(chan error, 1)
+		go func() { sent <- fuzzfd.Send(conn, data, files, cut) }()
+		fr := unixsock.NewConn(conn, unix.Ucred{})
 		for {
-			_, err := fr.response(conn)
+			_, err := readResponse(fr)
 			if err != nil {
 				require.False(t, errors.Is(err, os.ErrDeadlineExceeded), "the broker neither answered nor hung up")
 				break
 			}
 		}
+		<-sent
 		require.NoError(t, conn.Close())
 		eventually(t, "the connection to end", func() bool { return srv.Stats().Workers == 0 })
 		require.Zero(t, srv.Stats().Buffers)

@@ -1,0 +1,130 @@
+package main
+
+import (
+	"errors"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/require"
+
+	"github.com/cuvmm/cuvmm/measure"
+)
+
+// TestBadOptionsRefused: options that used to be accepted silently are refused with an error that
+// names the flag, exit status 2.
+func TestBadOptionsRefused(t *testing.T) {
+	for _, tc := range []struct {
+		args []string
+		want string
+	}{
+		{[]string{"broker", "--devices", "0,0"}, "device 0 is listed twice"},
+		{[]string{"pinned", "--devices", "1,1"}, "device 1 is listed twice"},
+		{[]string{"broker", "--max-request", "3MiB"}, "--max-request 3 MiB: want one of 1MiB, 16MiB, 256MiB"},
+		{[]string{"broker", "--max-request", "0"}, "--max-request 0"},
+		{[]string{"bandwidth", "--max-size", "0"}, "--max-size 0: want a size above 0"},
+		{[]string{"share", "--size", "1KiB"}, "--size 1 KiB in 8 chunks: each chunk must be a whole multiple of the granularity 2 MiB (try --size 16MiB)"},
+		{[]string{"share", "--size", "3MiB", "--chunks", "1"}, "(try --size 4MiB)"},
+		{[]string{"info", "--sim-devices", "100000"}, "--sim-devices 100000: want 1 to 64"},
+	} {
+		t0 := time.Now()
+		code, out, stderr := runPinnedCmd(t, append(tc.args, "--backend", "sim")...)
+		require.Equal(t, 2, code, "%v: %s", tc.args, stderr)
+		require.Empty(t, out, tc.args)
+		require.Contains(t, stderr, "vmmdemo "+tc.args[0]+": ", tc.args)
+		require.Contains(t, stderr, tc.want, tc.args)
+		require.Less(t, time.Since(t0), 10*time.Second, "%v is refused at once", tc.args)
+	}
+}
+
+// TestSimDevicesBounded: the simulator's device count has a documented maximum, and info at that
+// maximum (whose peer matrix is quadratic) finishes quickly.
+func TestSimDevicesBounded(t *testing.T) {
+	t0 := time.Now()
+	code, _, stderr := runCmd(t, "info", "--backend", "sim", "--sim-devices", strconv.Itoa(measure.MaxSimDevices), "--json")
+	require.Equal(t, 0, code, stderr)
+	require.Less(t, time.Since(t0), 20*time.Second)
+	_, err := measure.OpenSim(measure.MaxSimDevices + 1)
+	require.ErrorIs(t, err, measure.ErrInvalidOption)
+}
+
+// TestFlagErrorsAreOneLine: a flag the subcommand does not know, or a bad value, prints one line
+// with the subcommand's name and a hint, not the whole usage; -h still prints the flags.
+func TestFlagErrorsAreOneLine(t *testing.T) {
+	for _, args := range [][]string{{"grow", "--nosuch"}, {"broker", "--workers", "many"}, {"share", "--size", "lots"}} {
+		code, _, stderr := runCmd(t, args...)
+		require.Equal(t, 2, code, args)
+		lines := strings.Split(strings.TrimSpace(stderr), "\n")
+		require.Len(t, lines, 1, "%v: %s", args, stderr)
+		require.True(t, strings.HasPrefix(lines[0], "vmmdemo "+args[0]+": "), lines[0])
+		require.Contains(t, lines[0], "vmmdemo "+args[0]+" -h lists its flags")
+		require.NotContains(t, lines[0], "invalid option", "the sentinel's text is not repeated")
+	}
+	code, _, stderr := runCmd(t, "grow", "-h")
+	require.Equal(t, 0, code)
+	require.Contains(t, stderr, "usage: vmmdemo grow [flags]")
+	require.Contains(t, stderr, "-step")
+}
+
+// startVMMDemo runs this test binary as vmmdemo (see TestMain) with TMPDIR set to tmp.
+func startVMMDemo(t *testing.T, tmp string, args ...string) *exec.Cmd {
+	t.Helper()
+	cmd := exec.Command(os.Args[0], args...)
+	cmd.Env = append(os.Environ(), "TMPDIR="+tmp, "GORACE=atexit_sleep_ms=0")
+	require.NoError(t, cmd.Start())
+	t.Cleanup(func() {
+		if cmd.ProcessState == nil {
+			_ = cmd.Process.Kill()
+			_ = cmd.Wait()
+		}
+	})
+	return cmd
+}
+
+// TestTempDirRemovedOnSignal: the broker's socket directory is removed when vmmdemo is ended by
+// SIGINT or SIGTERM, and the signal still ends it.
+func TestTempDirRemovedOnSignal(t *testing.T) {
+	for _, sig := range []syscall.Signal{syscall.SIGINT, syscall.SIGTERM} {
+		tmp := t.TempDir()
+		cmd := startVMMDemo(t, tmp, "broker", "--backend", "sim", "--sim-devices", "1", "--size", "8MiB", "--workers", "1",
+			"--max-request", "1MiB", "--bytes", "64GiB", "--rtt-samples", "1")
+		pattern := filepath.Join(tmp, "vmmdemo-"+strconv.Itoa(cmd.Process.Pid)+"-*", "broker.sock")
+		require.Eventually(t, func() bool {
+			m, _ := filepath.Glob(pattern)
+			return len(m) == 1
+		}, time.Minute, 5*time.Millisecond, "the broker's socket appears")
+		require.NoError(t, cmd.Process.Signal(sig))
+		err := cmd.Wait()
+		var ee *exec.ExitError
+		require.ErrorAs(t, err, &ee, sig.String())
+		require.Equal(t, sig, ee.Sys().(syscall.WaitStatus).Signal(), "the signal ends the process")
+		left, _ := filepath.Glob(filepath.Join(tmp, "vmmdemo-*"))
+		require.Empty(t, left, "%v left its directory behind", sig)
+	}
+}
+
+// TestStaleTempDirRemoved: a directory that a SIGKILLed run left behind is removed by the next run;
+// one of a live process is kept.
+func TestStaleTempDirRemoved(t *testing.T) {
+	tmp := t.TempDir()
+	dead := exec.Command(os.Args[0], "-test.run=^$")
+	require.NoError(t, dead.Run())
+	stale := filepath.Join(tmp, "vmmdemo-"+strconv.Itoa(dead.Process.Pid)+"-123")
+	live := filepath.Join(tmp, "vmmdemo-"+strconv.Itoa(os.Getpid())+"-456")
+	other := filepath.Join(tmp, "vmmdemo-notapid")
+	for _, d := range []string{stale, live, other} {
+		require.NoError(t, os.MkdirAll(filepath.Join(d, "sub"), 0o700))
+		require.NoError(t, os.WriteFile(filepath.Join(d, "broker.sock"), nil, 0o600))
+	}
+	cmd := startVMMDemo(t, tmp, "info", "--backend", "sim")
+	require.NoError(t, cmd.Wait())
+	_, err := os.Stat(stale)
+	require.True(t, errors.Is(err, os.ErrNotExist), "the dead run's directory is removed: %v", err)
+	require.DirExists(t, live)
+	require.DirExists(t, other)
+}

@@ -1,0 +1,82 @@
+package main
+
+import (
+	"fmt"
+	"os"
+	"strings"
+
+	"github.com/cuvmm/cuvmm/measure"
+	"github.com/cuvmm/cuvmm/pool"
+)
+
+func init() {
+	register(&command{
+		name:    "pool",
+		summary: "replay an allocation trace on the cuvmm pool, cuMemAlloc, cuMemAllocAsync (and PyTorch): memory, failures, latency",
+		run:     runPool,
+		tour:    []string{"--synthetic", "serving", "--memory", "256MiB", "--cache-iters", "200"},
+	})
+}
+
+func runPool(e *env, args []string) error {
+	var c common
+	fs := newFlags(e, "pool")
+	c.register(fs, 1)
+	traceFile := fs.String("trace", "", "trace file to replay (format: docs/pool.md)")
+	synthetic := fs.String("synthetic", "", "built-in trace instead of --trace: serving")
+	streams := fs.Int("streams", 0, "streams the trace's stream indexes map onto (default: the trace's)")
+	fill := fs.Float64("fill-fraction", -1, "scale the trace so its peak in use is this fraction of --memory (default 0.95 for --synthetic, the trace's own sizes for --trace)")
+	var memory sizeFlag
+	fs.Var(&memory, "memory", "memory to size the trace against and the cuvmm pools' limit (default: the device's free memory; 2 GiB at most on the simulator)")
+	device := fs.Int("device", 0, "device ordinal")
+	verify := fs.Int("verify-every", 16, "fill and verify every Nth block")
+	allocators := fs.String("allocators", strings.Join(measure.PoolAllocators, ","), "allocators to replay on")
+	peer := fs.String("peer", "", "also replay in a peer process: torch (PyTorch's caching allocator, expandable segments)")
+	peerScript := fs.String("peer-script", "scripts/peers/torch_pool.py", "the peer's script")
+	python := fs.String("python", "python3", "the Python interpreter for the peer")
+	cacheIters := fs.Int("cache-iters", 20000, "alloc+free pairs timed from each allocator's cache")
+	if err := parse(fs, args); err != nil {
+		return err
+	}
+	tr, defFill, err := loadPoolTrace(*traceFile, *synthetic)
+	if err != nil {
+		return err
+	}
+	if *fill < 0 {
+		*fill = defFill
+	}
+	o := measure.PoolOptions{Device: *device, Trace: tr, Streams: *streams, Memory: memory.v, FillFraction: *fill,
+		VerifyEvery: *verify, Allocators: strings.Split(*allocators, ","), CacheIters: *cacheIters}
+	switch *peer {
+	case "":
+	case "torch":
+		o.PeerCommand = []string{*python, *peerScript}
+	default:
+		return fmt.Errorf("--peer %q: want torch: %w", *peer, errUsage)
+	}
+	return measureAndShow(e, &c, func(me measure.Env) (*measure.PoolResult, error) {
+		o.Env = me
+		return measure.Pool(o)
+	})
+}
+
+// loadPoolTrace reads --trace or makes --synthetic (exactly one), and the default fill fraction.
+func loadPoolTrace(file, synthetic string) (*pool.Trace, float64, error) {
+	switch {
+	case file != "" && synthetic != "":
+		return nil, 0, fmt.Errorf("--trace and --synthetic: give one: %w", errUsage)
+	case synthetic == "serving":
+		return pool.SyntheticServing(1), 0.95, nil
+	case synthetic != "":
+		return nil, 0, fmt.Errorf("--synthetic %q: want serving: %w", synthetic, errUsage)
+	case file == "":
+		return nil, 0, fmt.Errorf("give --trace FILE or --synthetic serving: %w", errUsage)
+	}
+	f, err := os.Open(file)
+	if err != nil {
+		return nil, 0, err
+	}
+	defer f.Close()
+	tr, err := pool.ParseTrace(f)
+	return tr, 0, err
+}

@@ -1,0 +1,42 @@
+package main
+
+import (
+	"github.com/cuvmm/cuvmm/measure"
+)
+
+func init() {
+	register(&command{
+		name:    "sleep",
+		summary: "put buffers to sleep (GPU memory released, content in pinned host memory or a file) and wake them at the same addresses; against raw pinned copies and cuMemHostAlloc-then-copy",
+		run:     runSleep,
+		tour:    []string{"--size", "64MiB"},
+	})
+}
+
+func runSleep(e *env, args []string) error {
+	var c common
+	fs := newFlags(e, "sleep")
+	c.register(fs, 1)
+	size := sizeFlag{1 << 30}
+	var chunk, slot sizeFlag
+	var devs deviceList
+	fs.Var(&size, "size", "buffer size on each device (a multiple of 2 MiB)")
+	fs.Var(&devs, "devices", "devices, one buffer each: a list such as 0,1, or all (default 0)")
+	mode := fs.String("mode", "keep", "what happens to the content while asleep: keep (pinned host memory), discard, or file")
+	file := fs.String("file", "", "file of --mode file (default: a temporary file, removed at the end)")
+	fs.Var(&chunk, "chunk", "the buffers' chunk size (default 512MiB, or --size when smaller)")
+	fs.Var(&slot, "slot", "the backup's slot size (default 256MiB)")
+	if err := parse(fs, args); err != nil {
+		return err
+	}
+	return measureAndShow(e, &c, func(me measure.Env) (*measure.SleepResult, error) {
+		ordinals := devs.list()
+		if ordinals == nil { // all
+			for i := 0; i < me.Backend.Sys.DeviceCount(); i++ {
+				ordinals = append(ordinals, i)
+			}
+		}
+		return measure.Sleep(measure.SleepOptions{Env: me, Size: size.v, Devices: ordinals, Mode: *mode, File: *file,
+			Chunk: chunk.v, SlotSize: slot.v})
+	})
+}

@@ -1,0 +1,72 @@
+package main
+
+import (
+	"bytes"
+	"encoding/json"
+	"os"
+	"path/filepath"
+	"testing"
+
+	"github.com/stretchr/testify/require"
+)
+
+func runSleepCmd(t *testing.T, args ...string) (stdout, stderr string, code int) {
+	t.Helper()
+	var out, errOut bytes.Buffer
+	code = run(&env{stdout: &out, stderr: &errOut}, append([]string{"sleep", "--backend", "sim"}, args...))
+	return out.String(), errOut.String(), code
+}
+
+func TestSleepJSON(t *testing.T) {
+	file := filepath.Join(t.TempDir(), "sleep.bin")
+	for _, args := range [][]string{
+		{"--size", "16MiB", "--chunk", "4MiB", "--slot", "4MiB"},
+		{"--size", "8MiB", "--sim-devices", "2", "--devices", "0,1", "--mode", "discard"},
+		{"--size", "8MiB", "--mode", "file", "--file", file},
+	} {
+		stdout, stderr, code := runSleepCmd(t, append(args, "--json")...)
+		require.Equal(t, 0, code, stderr)
+		var res map[string]any
+		require.NoError(t, json.Unmarshal([]byte(stdout), &res), stdout)
+		for _, k := range []string{"verified", "ptr_unchanged", "freed_bytes", "sleep_seconds", "wake_seconds",
+			"first_sleep_seconds", "sleep_gbps", "wake_gbps", "raw_d2h_gbps", "raw_h2d_gbps", "baseline_sleep_seconds", "per_device"} {
+			require.Contains(t, res, k, args)
+		}
+		require.Equal(t, true, res["verified"], args)
+		require.Equal(t, true, res["ptr_unchanged"], args)
+		require.Greater(t, res["freed_ratio"].(float64), 0.99, args)
+		if res["mode"] == "file" {
+			require.Contains(t, res, "raw_file_write_gbps")
+			st, err := os.Stat(file)
+			require.NoError(t, err, "--file is kept")
+			require.EqualValues(t, 8<<20, st.Size())
+		}
+		if res["mode"] == "discard" {
+			require.Contains(t, res, "aggregate_sleep_x")
+			require.Len(t, res["per_device"], 2)
+		}
+	}
+}
+
+func TestSleepHuman(t *testing.T) {
+	stdout, stderr, code := runSleepCmd(t, "--size", "8MiB")
+	require.Equal(t, 0, code, stderr)
+	require.Contains(t, stdout, "verified yes, address unchanged yes")
+	require.Contains(t, stdout, "raw D2H")
+}
+
+func TestSleepBadFlags(t *testing.T) {
+	for _, args := range [][]string{
+		{"--size", "0"},
+		{"--size", "3MiB"},
+		{"--size", "8MiB", "--mode", "maybe"},
+		{"--size", "8MiB", "--file", "/tmp/x"},
+		{"--size", "8MiB", "--chunk", "3MiB"},
+		{"--size", "8MiB", "--devices", "5"},
+		{"--size", "8MiB", "--devices", "0,0"},
+	} {
+		_, stderr, code := runSleepCmd(t, args...)
+		require.NotEqual(t, 0, code, args)
+		require.NotEmpty(t, stderr, args)
+	}
+}

@@ -1,0 +1,101 @@
+package sim
+
+import (
+	"testing"
+
+	"github.com/stretchr/testify/require"
+
+	"github.com/cuvmm/cuvmm/driver"
+)
+
+// TestGraphReplaysAtCapturedAddresses captures a memset, a copy and a kernel, then releases the
+// memory, maps new memory at the same address and launches: the nodes act on the new memory.
+func TestGraphReplaysAtCapturedAddresses(t *testing.T) {
+	s := start(t)
+	bind(t, s, 0)
+	m, fill, verify, _ := loadKernels(t, s)
+	defer func() { require.NoError(t, s.ModuleUnload(m)) }()
+	b := makeBuffer(t, s, deviceProp(0, 0), 1, 2*mib, rw(0))
+	st, err := s.StreamCreate(driver.StreamNonBlocking)
+	require.NoError(t, err)
+	defer func() { require.NoError(t, s.StreamDestroy(st)) }()
+
+	const words = 1024
+	cnt := b.base + driver.DevicePtr(mib) // the verify kernel's mismatch counter
+	require.NoError(t, s.StreamBeginCapture(st, driver.CaptureModeRelaxed))
+	require.NoError(t, s.LaunchKernel(fill, one, one, 0, st, uint64(b.base), words, 0, 7))
+	require.NoError(t, s.MemsetD8Async(cnt, 0, 8, st))
+	require.NoError(t, s.MemcpyAsync(b.base+driver.DevicePtr(64<<10), b.base, 8*words, st))
+	require.NoError(t, s.LaunchKernel(verify, one, one, 0, st, uint64(b.base)+64<<10, words, 0, 7, uint64(cnt)))
+	g, err := s.StreamEndCapture(st)
+	require.NoError(t, err)
+	require.Equal(t, 1, s.Live().Graphs)
+	e, err := s.GraphInstantiate(g, 0)
+	require.NoError(t, err)
+	require.NoError(t, s.GraphDestroy(g))
+
+	// Nothing ran during the capture.
+	require.NoError(t, s.MemsetD8(cnt, 0xff, 8))
+	require.Equal(t, ^uint64(0), counter(t, s, cnt))
+
+	// New memory at the same address: the graph writes and verifies it.
+	require.NoError(t, s.MemUnmap(b.base, b.size))
+	require.NoError(t, s.MemRelease(b.chunks[0].h))
+	h, err := s.MemCreate(2*mib, deviceProp(0, 0), 0)
+	require.NoError(t, err)
+	b.chunks[0].h = h
+	require.NoError(t, s.MemMap(b.base, 2*mib, 0, h, 0))
+	require.NoError(t, s.MemSetAccess(b.base, 2*mib, []driver.AccessDesc{rw(0)}))
+	require.NoError(t, s.MemsetD8(b.base, 0, 2*mib))
+	require.NoError(t, s.GraphLaunch(e, st))
+	require.Equal(t, uint64(0), counter(t, s, cnt))
+	var w [8]byte
+	require.NoError(t, s.MemcpyDtoH(ptr(w[:]), b.base+driver.DevicePtr(64<<10), 8))
+	require.NotEqual(t, [8]byte{}, w, "the copy node ran on the new memory")
+
+	// Unmapped at launch time: the replayed kernel faults.
+	require.NoError(t, s.MemUnmap(b.base, b.size))
+	require.ErrorIs(t, s.GraphLaunch(e, st), driver.ErrorIllegalAddress)
+	require.NoError(t, s.MemMap(b.base, 2*mib, 0, h, 0))
+	require.NoError(t, s.GraphExecDestroy(e))
+	b.free(t, s)
+}
+
+func TestCaptureRules(t *testing.T) {
+	s := start(t)
+	bind(t, s, 0)
+	st, err := s.StreamCreate(driver.StreamNonBlocking)
+	require.NoError(t, err)
+	defer func() { require.NoError(t, s.StreamDestroy(st)) }()
+
+	require.ErrorIs(t, s.StreamBeginCapture(0, driver.CaptureModeRelaxed), driver.ErrorStreamCaptureUnsupported)
+	require.ErrorIs(t, s.StreamBeginCapture(st, 3), driver.ErrorInvalidValue)
+	require.ErrorIs(t, s.StreamBeginCapture(12345, driver.CaptureModeRelaxed), driver.ErrorInvalidHandle)
+	_, err = s.StreamEndCapture(st)
+	require.ErrorIs(t, err, driver.ErrorIllegalState)
+
+	require.NoError(t, s.StreamBeginCapture(st, driver.CaptureModeGlobal))
+	require.ErrorIs(t, s.StreamBeginCapture(st, driver.CaptureModeGlobal), driver.ErrorIllegalState)
+	require.ErrorIs(t, s.StreamSynchronize(st), driver.ErrorStreamCaptureUnsupported)
+	_, err = s.StreamEndCapture(st)
+	require.ErrorIs(t, err, driver.ErrorStreamCaptureInvalidated)
+
+	_, err = s.GraphInstantiate(99, 0)
+	require.ErrorIs(t, err, driver.ErrorInvalidValue)
+	require.ErrorIs(t, s.GraphLaunch(99, st), driver.ErrorInvalidHandle)
+	require.ErrorIs(t, s.GraphExecDestroy(99), driver.ErrorInvalidValue)
+	require.ErrorIs(t, s.GraphDestroy(99), driver.ErrorInvalidValue)
+
+	// An empty capture is a graph; faults fire on the graph calls.
+	require.NoError(t, s.StreamBeginCapture(st, driver.CaptureModeRelaxed))
+	g, err := s.StreamEndCapture(st)
+	require.NoError(t, err)
+	s.FailNth("cuGraphInstantiateWithFlags", 1, driver.ErrorOutOfMemory)
+	_, err = s.GraphInstantiate(g, 0)
+	require.ErrorIs(t, err, driver.ErrorOutOfMemory)
+	e, err := s.GraphInstantiate(g, 0)
+	require.NoError(t, err)
+	require.NoError(t, s.GraphLaunch(e, st))
+	require.NoError(t, s.GraphExecDestroy(e))
+	require.NoError(t, s.GraphDestroy(g))
+}

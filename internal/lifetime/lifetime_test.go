@@ -1,0 +1,36 @@
+package lifetime
+
+import (
+	"errors"
+	"testing"
+
+	"github.com/stretchr/testify/require"
+)
+
+func TestOwner(t *testing.T) {
+	var parent, a, b Owner
+	a.Init(&parent, "allocation")
+	b.Init(&parent, "reservation")
+	require.Equal(t, 2, parent.Children())
+	require.Equal(t, "1 allocation(s), 1 reservation(s)", parent.Remaining())
+	err := parent.Close("parent", nil)
+	require.ErrorIs(t, err, ErrInUse)
+	require.ErrorContains(t, err, "parent: still owns 1 allocation(s), 1 reservation(s)")
+
+	fail := errors.New("boom")
+	require.ErrorIs(t, a.Close("a", func() error { return fail }), fail)
+	require.False(t, a.IsClosed(), "a failed free leaves the owner open")
+	require.NoError(t, a.Close("a", func() error { return nil }))
+	require.True(t, a.IsClosed())
+	require.NoError(t, a.Close("a", func() error { return fail }), "closed: nothing to do")
+	require.Equal(t, "1 reservation(s)", parent.Remaining())
+
+	b.Lock()
+	require.False(t, b.Closed())
+	b.MarkClosed()
+	b.MarkClosed()
+	b.Unlock()
+	require.Zero(t, parent.Children())
+	require.Empty(t, parent.Remaining())
+	require.NoError(t, parent.Close("parent", nil))
+}

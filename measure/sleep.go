@@ -1,0 +1,306 @@
+package measure
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"os"
+	"slices"
+	"time"
+
+	"github.com/cuvmm/cuvmm/driver"
+	"github.com/cuvmm/cuvmm/growbuf"
+	"github.com/cuvmm/cuvmm/internal/units"
+	"github.com/cuvmm/cuvmm/offload"
+	"github.com/cuvmm/cuvmm/vmm"
+)
+
+// sleepSeed varies the pattern Sleep writes.
+const sleepSeed = 0x736c6570 // "slep"
+
+// SleepOptions are Sleep's options.
+type SleepOptions struct {
+	Env
+	// Size is the buffer on each device (a multiple of the granularity).
+	Size uint64
+	// Devices are the device ordinals, one buffer each (empty: device 0).
+	Devices []int
+	// Mode is the offload policy: "keep" (default), "discard" or "file".
+	Mode string
+	// File is the file of the file mode (default: a new file in the temporary directory, removed at
+	// the end). Each device's buffer takes Size bytes of it, in device order.
+	File string
+	// Chunk is the buffers' chunk size (default 512 MiB, or Size when smaller).
+	Chunk uint64
+	// SlotSize is the set's backup slot size (default offload.DefaultSlotSize).
+	SlotSize uint64
+}
+
+// SleepDevice is one device's part of a Sleep run.
+type SleepDevice struct {
+	Device       int     `json:"device"`
+	Bytes        uint64  `json:"bytes"`
+	FreedBytes   uint64  `json:"freed_bytes"`
+	PtrUnchanged bool    `json:"ptr_unchanged"`
+	Verified     bool    `json:"verified"`
+	GraphOK      bool    `json:"graph_verified"`
+	RawD2HGBps   float64 `json:"raw_d2h_gbps"`
+	RawH2DGBps   float64 `json:"raw_h2d_gbps"`
+}
+
+// SleepResult is a sleep and wake of one buffer per device, against raw pinned copies and the usual
+// cuMemHostAlloc-then-copy backup, all measured in the same run.
+type SleepResult struct {
+	Backend    string `json:"backend"`
+	Mode       string `json:"mode"`
+	Devices    []int  `json:"devices"`
+	SizeBytes  uint64 `json:"size_bytes"`  // per device
+	TotalBytes uint64 `json:"total_bytes"` // over the devices
+	ChunkBytes uint64 `json:"chunk_bytes"`
+	// Verified: after every wake each buffer held its pattern (Discard: zeros), read by a kernel
+	// through the address saved before the first sleep, and a graph captured before it agreed.
+	Verified     bool    `json:"verified"`
+	PtrUnchanged bool    `json:"ptr_unchanged"`
+	FreedBytes   uint64  `json:"freed_bytes"` // rise of free memory over the devices at the first sleep
+	FreedRatio   float64 `json:"freed_ratio"` // FreedBytes / TotalBytes
+	// The first sleep pins its backup on the way; the later ones reuse it (warm).
+	FirstSleepSeconds float64 `json:"first_sleep_seconds"`
+	FirstWakeSeconds  float64 `json:"first_wake_seconds"`
+	SleepSeconds      float64 `json:"sleep_seconds"`
+	WakeSeconds       float64 `json:"wake_seconds"`
+	FirstSleepGBps    float64 `json:"first_sleep_gbps"`
+	SleepGBps         float64 `json:"sleep_gbps"`
+	WakeGBps          float64 `json:"wake_gbps"`
+	// Raw copies into memory already pinned (cuMemcpyDtoH / cuMemcpyHtoD in pieces of the slot
+	// size, every device at once), over the same bytes: the limit.
+	RawD2HGBps float64 `json:"raw_d2h_gbps"`
+	RawH2DGBps float64 `json:"raw_h2d_gbps"`
+	SleepVsRaw float64 `json:"sleep_vs_raw"` // SleepGBps / RawD2HGBps
+	WakeVsRaw  float64 `json:"wake_vs_raw"`  // WakeGBps / RawH2DGBps
+	// The usual approach on the first device: cuMemHostAlloc a backup, then copy the buffer into it.
+	BaselineSleepSeconds float64 `json:"baseline_sleep_seconds"`
+	BaselineAllocSeconds float64 `json:"baseline_alloc_seconds"`
+	FirstSleepSpeedup    float64 `json:"first_sleep_speedup"` // baseline / first sleep, first device alone
+	FirstSleepOneSeconds float64 `json:"first_sleep_one_device_seconds"`
+	// Several devices: the warm sleep of the first device alone, and the aggregate's ratio to it.
+	OneDeviceSleepGBps float64 `json:"one_device_sleep_gbps,omitempty"`
+	OneDeviceWakeGBps  float64 `json:"one_device_wake_gbps,omitempty"`
+	AggregateSleepX    float64 `json:"aggregate_sleep_x,omitempty"`
+	AggregateWakeX     float64 `json:"aggregate_wake_x,omitempty"`
+	// File mode: the file and raw write and read of the same bytes (os.File.WriteAt / ReadAt in
+	// pieces of the slot size), in the same run.
+	File             string        `json:"file,omitempty"`
+	RawFileWriteGBps float64       `json:"raw_file_write_gbps,omitempty"`
+	RawFileReadGBps  float64       `json:"raw_file_read_gbps,omitempty"`
+	SleepVsRawFile   float64       `json:"sleep_vs_raw_file,omitempty"`
+	WakeVsRawFile    float64       `json:"wake_vs_raw_file,omitempty"`
+	PerDevice        []SleepDevice `json:"per_device"`
+	Note             string        `json:"note,omitempty"`
+	Failure          string        `json:"failure,omitempty"`
+}
+
+// Check reports a failed verification as an error.
+func (r *SleepResult) Check() error {
+	if !r.Verified || !r.PtrUnchanged {
+		return fmt.Errorf("verification failed: %s", r.Failure)
+	}
+	return nil
+}
+
+func (o *SleepOptions) check() (offload.Policy, error) {
+	if err := o.Env.check(); err != nil {
+		return 0, err
+	}
+	if o.Mode == "" {
+		o.Mode = "keep"
+	}
+	policy, err := offload.ParsePolicy(o.Mode)
+	if err != nil {
+		return 0, fmt.Errorf("--mode %q: want keep, discard or file: %w", o.Mode, ErrInvalidOption)
+	}
+	if o.File != "" && policy != offload.File {
+		return 0, fmt.Errorf("--file is for --mode file: %w", ErrInvalidOption)
+	}
+	if o.Size == 0 || o.Size%(2<<20) != 0 {
+		return 0, fmt.Errorf("--size %s: want a non-zero multiple of 2 MiB: %w", units.FormatSize(o.Size), ErrInvalidOption)
+	}
+	if len(o.Devices) == 0 {
+		o.Devices = []int{0}
+	}
+	if o.Chunk == 0 {
+		o.Chunk = min(o.Size, 512<<20)
+	}
+	if o.Chunk%(2<<20) != 0 {
+		return 0, fmt.Errorf("--chunk %s: want a multiple of 2 MiB: %w", units.FormatSize(o.Chunk), ErrInvalidOption)
+	}
+	return policy, nil
+}
+
+// sleepRun is the state of one Sleep measurement.
+type sleepRun struct {
+	opts   *SleepOptions
+	policy offload.Policy
+	res    *SleepResult
+	devs   []*vmm.Device
+	bufs   []*growbuf.Buffer
+	ptrs   []driver.DevicePtr
+	graphs []*sleepGraph
+	set    *offload.Set
+	file   *os.File
+	bar    Bar
+}
+
+// Sleep fills one buffer of Size bytes per device, adds them to an offload set with the Mode's
+// policy, sleeps and wakes it twice (the first sleep pins its backup on the way; the second reuses
+// it), verifying content and address after each wake, and measures in the same run the raw pinned
+// copy bandwidth and the usual cuMemHostAlloc-then-copy backup.
+func Sleep(opts SleepOptions) (res *SleepResult, err error) {
+	policy, err := opts.check()
+	if err != nil {
+		return nil, err
+	}
+	r := &sleepRun{opts: &opts, policy: policy, res: &SleepResult{Backend: opts.Backend.Name, Mode: opts.Mode,
+		Devices: slices.Clone(opts.Devices), SizeBytes: opts.Size, ChunkBytes: opts.Chunk, Verified: true, PtrUnchanged: true}}
+	r.res.TotalBytes = opts.Size * uint64(len(opts.Devices))
+	if opts.Backend.Sim() {
+		r.res.Note = "simulator: times are of the Go simulation, not of a GPU"
+	}
+	defer func() { err = errors.Join(err, r.close()) }()
+	if err := r.setup(); err != nil {
+		return nil, err
+	}
+	if err := r.measureOffload(); err != nil {
+		return nil, err
+	}
+	if err := r.measureBaselines(); err != nil {
+		return nil, err
+	}
+	r.ratios()
+	return r.res, nil
+}
+
+func (r *sleepRun) setup() error {
+	for _, o := range r.opts.Devices {
+		d, err := r.opts.Backend.Sys.Device(o)
+		if err != nil {
+			if errors.Is(err, vmm.ErrNoDevice) {
+				return fmt.Errorf("--devices %d: the %s backend has %d devices: %w", o, r.opts.Backend.Name, r.opts.Backend.Sys.DeviceCount(), ErrInvalidOption)
+			}
+			return err
+		}
+		if err := d.LoadKernels(); err != nil {
+			return err
+		}
+		r.devs = append(r.devs, d)
+	}
+	if err := r.makeBuffers(); err != nil {
+		return err
+	}
+	slot := r.opts.SlotSize
+	if slot == 0 {
+		slot = offload.DefaultSlotSize
+	}
+	r.set = offload.NewSet(r.opts.Backend.Sys, offload.Options{SlotSize: slot, Progress: func(done, total uint64) {
+		if r.bar != nil {
+			r.bar.Update(done)
+		}
+	}})
+	return r.addBuffers()
+}
+
+func (r *sleepRun) makeBuffers() error {
+	for i, d := range r.devs {
+		buf, err := growbuf.New(d, growbuf.Options{MaxSize: r.opts.Size, Chunk: growbuf.FixedChunks(r.opts.Chunk)})
+		if err != nil {
+			return err
+		}
+		r.bufs = append(r.bufs, buf)
+		if err := buf.Grow(r.opts.Size); err != nil {
+			return err
+		}
+		if err := d.Fill(buf.Ptr(), r.opts.Size, 0, sleepSeed+uint64(i)); err != nil {
+			return err
+		}
+		r.ptrs = append(r.ptrs, buf.Ptr())
+		g, err := captureSleepGraph(d, buf.Ptr(), r.opts.Size, sleepSeed+uint64(i))
+		if err != nil {
+			return fmt.Errorf("capture a graph on %s: %w", d, err)
+		}
+		r.graphs = append(r.graphs, g)
+	}
+	return nil
+}
+
+func (r *sleepRun) addBuffers() error {
+	if r.policy == offload.File {
+		path := r.opts.File
+		var err error
+		if path == "" {
+			r.file, err = os.CreateTemp("", "vmmdemo-sleep-*.bin")
+		} else {
+			r.file, err = os.OpenFile(path, os.O_RDWR|os.O_CREATE|os.O_TRUNC, 0o644)
+		}
+		if err != nil {
+			return fmt.Errorf("--file: %w", err)
+		}
+		r.res.File = r.file.Name()
+	}
+	for i, buf := range r.bufs {
+		eo := offload.EntryOptions{}
+		if r.file != nil {
+			eo.File, eo.FileOffset = r.file, int64(i)*int64(r.opts.Size)
+		}
+		if err := r.set.Add(fmt.Sprintf("dev%d", r.opts.Devices[i]), buf, r.policy, eo); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+func (r *sleepRun) close() error {
+	var errs []error
+	for _, g := range r.graphs {
+		errs = append(errs, g.close())
+	}
+	for _, b := range r.bufs { // first: a buffer left asleep by a failure frees its backup
+		errs = append(errs, b.Close())
+	}
+	if r.set != nil {
+		errs = append(errs, r.set.Close())
+	}
+	if r.file != nil {
+		errs = append(errs, r.file.Close())
+		if r.opts.File == "" {
+			errs = append(errs, os.Remove(r.file.Name()))
+		}
+	}
+	return errors.Join(errs...)
+}
+
+// timed runs fn (a Sleep or Wake of tags) under a progress bar and returns its duration.
+func (r *sleepRun) timed(label string, total uint64, fn func(context.Context, ...string) error, tags ...string) (float64, error) {
+	r.bar = begin(r.opts.Progress, label, total)
+	start := time.Now()
+	err := fn(context.Background(), tags...)
+	el := time.Since(start).Seconds()
+	r.bar.Done()
+	r.bar = nil
+	if err != nil {
+		return 0, fmt.Errorf("%s: %w", label, err)
+	}
+	return el, nil
+}
+
+func sleepGBps(bytes uint64, seconds float64) float64 {
+	if seconds <= 0 {
+		return 0
+	}
+	return float64(bytes) / seconds / 1e9
+}
+
+func sleepRatio(a, b float64) float64 {
+	if b <= 0 {
+		return 0
+	}
+	return a / b
+}

@@ -1,0 +1,392 @@
+package measure
+
+import (
+	"encoding/binary"
+	"errors"
+	"fmt"
+	"os"
+	"sync"
+	"time"
+
+	"github.com/cuvmm/cuvmm/driver"
+	"github.com/cuvmm/cuvmm/offload"
+	"github.com/cuvmm/cuvmm/pinned"
+	"github.com/cuvmm/cuvmm/vmm"
+)
+
+// measureOffload sleeps and wakes the set: cold (pinning on the way), then warm; with several
+// devices also the first device alone, cold and warm.
+func (r *sleepRun) measureOffload() error {
+	total := r.res.TotalBytes
+	before, err := r.freeAll()
+	if err != nil {
+		return err
+	}
+	if r.res.FirstSleepSeconds, err = r.timed("first sleep", total, r.set.Sleep); err != nil {
+		return err
+	}
+	after, err := r.freeAll()
+	if err != nil {
+		return err
+	}
+	for i, d := range r.opts.Devices {
+		pd := SleepDevice{Device: d, Bytes: r.opts.Size}
+		if after[i] > before[i] {
+			pd.FreedBytes = after[i] - before[i]
+		}
+		r.res.FreedBytes += pd.FreedBytes
+		r.res.PerDevice = append(r.res.PerDevice, pd)
+	}
+	if r.res.FirstWakeSeconds, err = r.timed("first wake", total, r.set.Wake); err != nil {
+		return err
+	}
+	if err := r.verify("after the first wake"); err != nil {
+		return err
+	}
+	if r.res.SleepSeconds, err = r.timed("sleep", total, r.set.Sleep); err != nil {
+		return err
+	}
+	if r.res.WakeSeconds, err = r.timed("wake", total, r.set.Wake); err != nil {
+		return err
+	}
+	if err := r.verify("after the warm wake"); err != nil {
+		return err
+	}
+	r.res.FirstSleepOneSeconds = r.res.FirstSleepSeconds
+	if len(r.devs) > 1 {
+		return r.measureOneDevice()
+	}
+	return nil
+}
+
+// measureOneDevice sleeps the first device's buffer alone: cold (the pool emptied), then warm.
+func (r *sleepRun) measureOneDevice() error {
+	tag := fmt.Sprintf("dev%d", r.opts.Devices[0])
+	size := r.opts.Size
+	if err := r.set.TrimPool(); err != nil {
+		return err
+	}
+	var err error
+	if r.res.FirstSleepOneSeconds, err = r.timed("first sleep, one device", size, r.set.Sleep, tag); err != nil {
+		return err
+	}
+	if _, err := r.timed("first wake, one device", size, r.set.Wake, tag); err != nil {
+		return err
+	}
+	s, err := r.timed("sleep, one device", size, r.set.Sleep, tag)
+	if err != nil {
+		return err
+	}
+	w, err := r.timed("wake, one device", size, r.set.Wake, tag)
+	if err != nil {
+		return err
+	}
+	r.res.OneDeviceSleepGBps, r.res.OneDeviceWakeGBps = sleepGBps(size, s), sleepGBps(size, w)
+	return r.verify("after the one-device wake")
+}
+
+func (r *sleepRun) freeAll() ([]uint64, error) {
+	out := make([]uint64, len(r.devs))
+	for i, d := range r.devs {
+		if err := d.Synchronize(); err != nil {
+			return nil, err
+		}
+		f, _, err := d.MemInfo()
+		if err != nil {
+			return nil, err
+		}
+		out[i] = f
+	}
+	return out, nil
+}
+
+// verify checks every buffer through the address saved before the first sleep, with a kernel and
+// with the graph captured then. A failure is recorded in the result, not returned.
+func (r *sleepRun) verify(when string) error {
+	for i, d := range r.devs {
+		pd := &r.res.PerDevice[i]
+		pd.PtrUnchanged = r.bufs[i].Ptr() == r.ptrs[i]
+		bad, err := d.Verify(r.ptrs[i], r.opts.Size, 0, sleepSeed+uint64(i))
+		if err != nil {
+			return err
+		}
+		viaGraph, err := r.graphs[i].run()
+		if err != nil {
+			return err
+		}
+		ok := bad == 0
+		if r.policy == offload.Discard {
+			zero, err := sampleZero(d, r.ptrs[i], r.opts.Size)
+			if err != nil {
+				return err
+			}
+			ok = zero
+		}
+		pd.Verified, pd.GraphOK = ok, viaGraph == bad
+		if !pd.PtrUnchanged || !pd.Verified || !pd.GraphOK {
+			r.res.Verified = r.res.Verified && pd.Verified && pd.GraphOK
+			r.res.PtrUnchanged = r.res.PtrUnchanged && pd.PtrUnchanged
+			if r.res.Failure == "" {
+				r.res.Failure = fmt.Sprintf("device %d %s: ptr unchanged %v, %d words differ, the graph counted %d", pd.Device, when, pd.PtrUnchanged, bad, viaGraph)
+			}
+		}
+	}
+	return nil
+}
+
+// sampleZero reads the first and last MiB of a discarded buffer, which must be zeros.
+func sampleZero(d *vmm.Device, ptr driver.DevicePtr, size uint64) (bool, error) {
+	n := min(size, 1<<20)
+	b := make([]byte, n)
+	for _, off := range []uint64{0, size - n} {
+		if err := d.CopyDtoH(b, ptr+driver.DevicePtr(off)); err != nil {
+			return false, err
+		}
+		for _, v := range b {
+			if v != 0 {
+				return false, nil
+			}
+		}
+	}
+	return true, nil
+}
+
+// sleepGraph is a verify kernel captured into a graph while the buffer is awake, before any sleep.
+type sleepGraph struct {
+	d       *vmm.Device
+	st      *vmm.Stream
+	counter *vmm.PlainBuffer
+	exec    *vmm.GraphExec
+}
+
+func captureSleepGraph(d *vmm.Device, ptr driver.DevicePtr, size, seed uint64) (g *sleepGraph, err error) {
+	g = &sleepGraph{d: d}
+	defer func() {
+		if err != nil {
+			err = errors.Join(err, g.close())
+		}
+	}()
+	if g.st, err = d.CreateStream(vmm.StreamOptions{NonBlocking: true}); err != nil {
+		return nil, err
+	}
+	if g.counter, err = d.AllocPlain(8); err != nil {
+		return nil, err
+	}
+	if err = g.st.BeginCapture(); err != nil {
+		return nil, err
+	}
+	lerr := d.LaunchVerify(ptr, size, 0, seed, g.counter.Ptr(), g.st)
+	graph, err := g.st.EndCapture()
+	if err = errors.Join(lerr, err); err != nil {
+		return nil, errors.Join(err, graph.Close())
+	}
+	g.exec, err = graph.Instantiate()
+	return g, errors.Join(err, graph.Close())
+}
+
+// run launches the graph and returns the words it counted as differing.
+func (g *sleepGraph) run() (uint64, error) {
+	if err := g.d.Memset(g.counter.Ptr(), 0, 8); err != nil {
+		return 0, err
+	}
+	if err := errors.Join(g.exec.Launch(g.st), g.st.Synchronize()); err != nil {
+		return 0, err
+	}
+	var c [8]byte
+	if err := g.d.CopyDtoH(c[:], g.counter.Ptr()); err != nil {
+		return 0, err
+	}
+	return binary.LittleEndian.Uint64(c[:]), nil
+}
+
+func (g *sleepGraph) close() error {
+	if g == nil {
+		return nil
+	}
+	return errors.Join(g.exec.Close(), g.counter.Close(), g.st.Close())
+}
+
+// measureBaselines measures, after the offload runs (they overwrite the buffers): raw pinned copies
+// on every device at once, the usual backup on the first device, and raw file speed in file mode.
+func (r *sleepRun) measureBaselines() error {
+	if err := r.measureRaw(); err != nil {
+		return fmt.Errorf("raw copies: %w", err)
+	}
+	if err := r.measureUsual(); err != nil {
+		return fmt.Errorf("cuMemHostAlloc baseline: %w", err)
+	}
+	if r.file != nil {
+		if err := r.measureRawFile(); err != nil {
+			return fmt.Errorf("raw file: %w", err)
+		}
+	}
+	return nil
+}
+
+// sleepPiece is the size of the raw copies: the slot size offload copies in.
+func (r *sleepRun) sleepPiece() uint64 {
+	if r.opts.SlotSize != 0 {
+		return min(r.opts.SlotSize, r.opts.Size)
+	}
+	return min(offload.DefaultSlotSize, r.opts.Size)
+}
+
+// rawHost is pinned memory made the way offload makes its slots (registered THP), up to 2 GiB, that
+// the raw copies cycle through.
+type rawHost struct {
+	mem    []byte
+	region *pinned.Region
+}
+
+func newRawHost(d *vmm.Device, size uint64) (*rawHost, error) {
+	mem, err := pinned.MapAnonymous(size)
+	if err != nil {
+		return nil, err
+	}
+	reg, err := pinned.Register(d, mem, pinned.RegisterOptions{HugePages: true})
+	if err != nil {
+		return nil, errors.Join(err, pinned.Unmap(mem))
+	}
+	return &rawHost{mem: mem, region: reg}, nil
+}
+
+func (h *rawHost) close() error { return errors.Join(h.region.Close(), pinned.Unmap(h.mem)) }
+
+// measureRaw copies every buffer out and back in pieces, every device at once.
+func (r *sleepRun) measureRaw() error {
+	piece := r.sleepPiece()
+	hostSize := min(r.opts.Size, 2<<30)
+	hostSize -= hostSize % piece
+	d2h := make([]float64, len(r.devs))
+	h2d := make([]float64, len(r.devs))
+	errs := make([]error, len(r.devs))
+	var wg sync.WaitGroup
+	var mu sync.Mutex
+	var slowD2H, slowH2D float64
+	for i, d := range r.devs {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			h, err := newRawHost(d, hostSize)
+			if err != nil {
+				errs[i] = err
+				return
+			}
+			d2h[i], h2d[i], errs[i] = sleepRawCopies(d, r.ptrs[i], r.opts.Size, piece, h.mem)
+			errs[i] = errors.Join(errs[i], h.close())
+			mu.Lock()
+			slowD2H, slowH2D = max(slowD2H, d2h[i]), max(slowH2D, h2d[i])
+			mu.Unlock()
+		}()
+	}
+	wg.Wait()
+	if err := errors.Join(errs...); err != nil {
+		return err
+	}
+	for i := range r.devs {
+		r.res.PerDevice[i].RawD2HGBps = sleepGBps(r.opts.Size, d2h[i])
+		r.res.PerDevice[i].RawH2DGBps = sleepGBps(r.opts.Size, h2d[i])
+	}
+	r.res.RawD2HGBps = sleepGBps(r.res.TotalBytes, slowD2H)
+	r.res.RawH2DGBps = sleepGBps(r.res.TotalBytes, slowH2D)
+	return nil
+}
+
+// sleepRawCopies times cuMemcpyDtoH then cuMemcpyHtoD of size bytes at ptr in pieces, cycling through
+// host.
+func sleepRawCopies(d *vmm.Device, ptr driver.DevicePtr, size, piece uint64, host []byte) (d2h, h2d float64, err error) {
+	run := func(toHost bool) (float64, error) {
+		start := time.Now()
+		for off := uint64(0); off < size; off += piece {
+			n := min(piece, size-off)
+			h := host[off%uint64(len(host)):][:n]
+			var err error
+			if toHost {
+				err = d.CopyDtoH(h, ptr+driver.DevicePtr(off))
+			} else {
+				err = d.CopyHtoD(ptr+driver.DevicePtr(off), h)
+			}
+			if err != nil {
+				return 0, err
+			}
+		}
+		return time.Since(start).Seconds(), nil
+	}
+	if d2h, err = run(true); err != nil {
+		return 0, 0, err
+	}
+	h2d, err = run(false)
+	return d2h, h2d, err
+}
+
+// measureUsual times the usual backup on the first device: cuMemHostAlloc of the buffer's size,
+// then a copy of each chunk into it.
+func (r *sleepRun) measureUsual() error {
+	d := r.devs[0]
+	start := time.Now()
+	hb, err := d.HostAlloc(r.opts.Size, 0)
+	if err != nil {
+		return err
+	}
+	r.res.BaselineAllocSeconds = time.Since(start).Seconds()
+	host := hb.Bytes()
+	for _, c := range r.bufs[0].Chunks() {
+		n := c.Allocation.Size()
+		if err := d.CopyDtoH(host[c.Offset:c.Offset+n], r.ptrs[0]+driver.DevicePtr(c.Offset)); err != nil {
+			return errors.Join(err, hb.Close())
+		}
+	}
+	r.res.BaselineSleepSeconds = time.Since(start).Seconds()
+	return hb.Close()
+}
+
+// measureRawFile writes and reads the same number of bytes as the set's file, in pieces of the
+// slot size, to a file beside it.
+func (r *sleepRun) measureRawFile() error {
+	f, err := os.Create(r.file.Name() + ".raw")
+	if err != nil {
+		return err
+	}
+	defer os.Remove(f.Name())
+	defer f.Close()
+	piece := r.sleepPiece()
+	buf := make([]byte, piece)
+	for i := range buf {
+		buf[i] = byte(i * 7)
+	}
+	total := r.res.TotalBytes
+	start := time.Now()
+	for off := uint64(0); off < total; off += piece {
+		if _, err := f.WriteAt(buf[:min(piece, total-off)], int64(off)); err != nil {
+			return err
+		}
+	}
+	r.res.RawFileWriteGBps = sleepGBps(total, time.Since(start).Seconds())
+	start = time.Now()
+	for off := uint64(0); off < total; off += piece {
+		if _, err := f.ReadAt(buf[:min(piece, total-off)], int64(off)); err != nil {
+			return err
+		}
+	}
+	r.res.RawFileReadGBps = sleepGBps(total, time.Since(start).Seconds())
+	return nil
+}
+
+func (r *sleepRun) ratios() {
+	res := r.res
+	res.FreedRatio = sleepRatio(float64(res.FreedBytes), float64(res.TotalBytes))
+	res.FirstSleepGBps = sleepGBps(res.TotalBytes, res.FirstSleepSeconds)
+	res.SleepGBps = sleepGBps(res.TotalBytes, res.SleepSeconds)
+	res.WakeGBps = sleepGBps(res.TotalBytes, res.WakeSeconds)
+	res.SleepVsRaw = sleepRatio(res.SleepGBps, res.RawD2HGBps)
+	res.WakeVsRaw = sleepRatio(res.WakeGBps, res.RawH2DGBps)
+	res.FirstSleepSpeedup = sleepRatio(res.BaselineSleepSeconds, res.FirstSleepOneSeconds)
+	if len(r.devs) > 1 {
+		res.AggregateSleepX = sleepRatio(res.SleepGBps, res.OneDeviceSleepGBps)
+		res.AggregateWakeX = sleepRatio(res.WakeGBps, res.OneDeviceWakeGBps)
+	}
+	if r.file != nil {
+		res.SleepVsRawFile = sleepRatio(res.SleepGBps, res.RawFileWriteGBps)
+		res.WakeVsRawFile = sleepRatio(res.WakeGBps, res.RawFileReadGBps)
+	}
+}

@@ -1,0 +1,38 @@
+package measure
+
+import (
+	"testing"
+
+	"github.com/stretchr/testify/require"
+)
+
+func TestSleepOnTheSimulator(t *testing.T) {
+	b, err := OpenSim(2)
+	require.NoError(t, err)
+	defer func() { require.NoError(t, b.Close()) }()
+	res, err := Sleep(SleepOptions{Env: Env{Backend: b}, Size: 8 << 20, Devices: []int{0, 1}, Chunk: 4 << 20, SlotSize: 4 << 20})
+	require.NoError(t, err)
+	require.NoError(t, res.Check())
+	require.True(t, res.Verified)
+	require.True(t, res.PtrUnchanged)
+	require.Len(t, res.PerDevice, 2)
+	require.Greater(t, res.FreedRatio, 0.99)
+	require.Greater(t, res.RawD2HGBps, 0.0)
+	require.Greater(t, res.BaselineSleepSeconds, 0.0)
+	require.Greater(t, res.AggregateSleepX, 0.0)
+
+	for _, o := range []SleepOptions{
+		{Size: 0},
+		{Size: 3 << 20},
+		{Size: 8 << 20, Mode: "later"},
+		{Size: 8 << 20, File: "/tmp/x"},
+		{Size: 8 << 20, Chunk: 1 << 20},
+		{Size: 8 << 20, Devices: []int{7}},
+	} {
+		o.Env = Env{Backend: b}
+		_, err := Sleep(o)
+		require.ErrorIs(t, err, ErrInvalidOption, "%+v", o)
+	}
+	_, err = Sleep(SleepOptions{Size: 8 << 20})
+	require.ErrorIs(t, err, ErrInvalidOption, "no backend")
+}

@@ -1,0 +1,40 @@
+package measure
+
+import (
+	"fmt"
+	"io"
+
+	"github.com/cuvmm/cuvmm/internal/units"
+)
+
+// Text prints the result for people.
+func (r *SleepResult) Text(w io.Writer) {
+	fmt.Fprintf(w, "sleep and wake, %s mode, %s on each of devices %v (%s backend, chunks of %s)\n",
+		r.Mode, units.FormatSize(r.SizeBytes), r.Devices, r.Backend, units.FormatSize(r.ChunkBytes))
+	if r.Note != "" {
+		fmt.Fprintf(w, "  note: %s\n", r.Note)
+	}
+	fmt.Fprintf(w, "  verified %s, address unchanged %s, freed %s (%.3f of the bytes slept)\n",
+		yesNo(r.Verified), yesNo(r.PtrUnchanged), units.FormatSize(r.FreedBytes), r.FreedRatio)
+	fmt.Fprintf(w, "  first sleep %.3f s (%.1f GB/s, pinning on the way); first wake %.3f s\n",
+		r.FirstSleepSeconds, r.FirstSleepGBps, r.FirstWakeSeconds)
+	fmt.Fprintf(w, "  warm sleep  %.3f s (%.1f GB/s, %.2fx raw D2H %.1f GB/s)\n", r.SleepSeconds, r.SleepGBps, r.SleepVsRaw, r.RawD2HGBps)
+	fmt.Fprintf(w, "  warm wake   %.3f s (%.1f GB/s, %.2fx raw H2D %.1f GB/s)\n", r.WakeSeconds, r.WakeGBps, r.WakeVsRaw, r.RawH2DGBps)
+	fmt.Fprintf(w, "  usual backup (cuMemHostAlloc, then copy), one device: %.3f s (alloc %.3f s); first sleep of one device %.3f s: %.1fx faster\n",
+		r.BaselineSleepSeconds, r.BaselineAllocSeconds, r.FirstSleepOneSeconds, r.FirstSleepSpeedup)
+	if len(r.Devices) > 1 {
+		fmt.Fprintf(w, "  one device alone: sleep %.1f GB/s, wake %.1f GB/s; all %d at once: %.2fx and %.2fx\n",
+			r.OneDeviceSleepGBps, r.OneDeviceWakeGBps, len(r.Devices), r.AggregateSleepX, r.AggregateWakeX)
+	}
+	if r.File != "" {
+		fmt.Fprintf(w, "  file %s: raw write %.2f GB/s, read %.2f GB/s; sleep %.2fx, wake %.2fx of raw\n",
+			r.File, r.RawFileWriteGBps, r.RawFileReadGBps, r.SleepVsRawFile, r.WakeVsRawFile)
+	}
+	for _, d := range r.PerDevice {
+		fmt.Fprintf(w, "  device %d: freed %s, raw D2H %.1f GB/s, raw H2D %.1f GB/s, verified %s, graph %s\n",
+			d.Device, units.FormatSize(d.FreedBytes), d.RawD2HGBps, d.RawH2DGBps, yesNo(d.Verified), yesNo(d.GraphOK))
+	}
+	if r.Failure != "" {
+		fmt.Fprintf(w, "  FAILED: %s\n", r.Failure)
+	}
+}

@@ -1,0 +1,51 @@
+package metrics_test
+
+import (
+	"fmt"
+	"strings"
+
+	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/cuvmm/cuvmm/driver/sim"
+	"github.com/cuvmm/cuvmm/growbuf"
+	"github.com/cuvmm/cuvmm/metrics"
+	"github.com/cuvmm/cuvmm/vmm"
+)
+
+// Register the collector with the registry a service already serves (promhttp.HandlerFor); every
+// scrape reports what the System holds at that moment.
+func Example() {
+	s := sim.New()
+	defer s.Close()
+	sys, _ := vmm.Open(s)
+	defer sys.Close()
+	dev, _ := sys.Device(0)
+
+	reg := prometheus.NewRegistry()
+	reg.MustRegister(metrics.New(sys, metrics.Options{}))
+
+	buf, _ := growbuf.New(dev, growbuf.Options{MaxSize: 1 << 30})
+	defer buf.Close()
+	_ = buf.Grow(48 << 20)
+
+	fams, _ := reg.Gather()
+	for _, f := range fams {
+		for _, m := range f.GetMetric() {
+			var labels []string
+			for _, l := range m.GetLabel() {
+				labels = append(labels, l.GetName()+"="+l.GetValue())
+			}
+			v := m.GetGauge().GetValue() + m.GetCounter().GetValue()
+			switch name := f.GetName(); {
+			case name == "cuvmm_mapped_bytes" && v > 0, name == "cuvmm_reserved_bytes":
+				fmt.Printf("%s{%s} %g MiB\n", name, strings.Join(labels, ","), v/(1<<20))
+			case name == "cuvmm_driver_calls_total" && labels[1] == "op=map":
+				fmt.Printf("%s{%s} %g\n", name, strings.Join(labels, ","), v)
+			}
+		}
+	}
+	// Output:
+	// cuvmm_driver_calls_total{device=0,op=map} 6
+	// cuvmm_mapped_bytes{device=0,kind=growbuf} 64 MiB
+	// cuvmm_reserved_bytes{device=0} 1024 MiB
+}

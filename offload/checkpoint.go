@@ -1,0 +1,280 @@
+package offload
+
+import (
+	"bufio"
+	"context"
+	"encoding/binary"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"hash/crc32"
+	"io"
+
+	"github.com/cuvmm/cuvmm/driver"
+	"github.com/cuvmm/cuvmm/internal/units"
+	"github.com/cuvmm/cuvmm/vmm"
+)
+
+// A checkpoint is:
+//
+//	magic "CUVMMCKP" | version uint32 | header length uint32 | header (JSON) | CRC-32C of the header
+//	then, for every entry and every chunk in header order: the chunk's bytes | their CRC-32C
+//
+// Integers are little-endian. The header describes the layout (tags, policies, addresses, chunk
+// offsets, sizes, properties and access), so that a checkpoint can be checked against a set before
+// any byte is restored, and the buffers recreated in a new process.
+const (
+	checkpointMagic   = "CUVMMCKP"
+	checkpointVersion = 1
+	maxHeader         = 64 << 20
+)
+
+var castagnoli = crc32.MakeTable(crc32.Castagnoli)
+
+type ckHeader struct {
+	Entries []ckEntry `json:"entries"`
+}
+
+type ckEntry struct {
+	Tag    string    `json:"tag"`
+	Policy string    `json:"policy"`
+	Ptr    uint64    `json:"ptr"`
+	Len    uint64    `json:"len"`
+	Chunks []ckChunk `json:"chunks"`
+}
+
+type ckChunk struct {
+	Offset        uint64     `json:"offset"`
+	Size          uint64     `json:"size"`
+	Device        int        `json:"device"`
+	LocationType  int32      `json:"location_type"`
+	LocationID    int32      `json:"location_id"`
+	HandleTypes   int32      `json:"handle_types"`
+	Compression   bool       `json:"compression,omitempty"`
+	GPUDirectRDMA bool       `json:"gpu_direct_rdma,omitempty"`
+	Access        []ckAccess `json:"access"`
+}
+
+type ckAccess struct {
+	LocationType int32 `json:"location_type"`
+	LocationID   int32 `json:"location_id"`
+	Flags        int32 `json:"flags"`
+}
+
+func (c ckChunk) allocOptions() vmm.AllocOptions {
+	return vmm.AllocOptions{Location: driver.Location{Type: driver.LocationType(c.LocationType), ID: c.LocationID},
+		HandleTypes: driver.HandleType(c.HandleTypes), Compression: c.Compression, GPUDirectRDMA: c.GPUDirectRDMA}
+}
+
+func (c ckChunk) access() []vmm.Access {
+	out := make([]vmm.Access, len(c.Access))
+	for i, a := range c.Access {
+		out[i] = vmm.Access{Location: driver.Location{Type: driver.LocationType(a.LocationType), ID: a.LocationID}, Flags: driver.AccessFlags(a.Flags)}
+	}
+	return out
+}
+
+// describe builds the header entry of e (awake) and the chunk list it describes.
+func describe(e *entry) (ckEntry, []chunkState, error) {
+	ce := ckEntry{Tag: e.tag, Policy: e.policy.String(), Ptr: uint64(e.buf.Ptr()), Len: e.buf.Len()}
+	var states []chunkState
+	for i, c := range e.buf.Chunks() {
+		a := c.Allocation
+		if a == nil || a.Asleep() {
+			return ce, nil, fmt.Errorf("offload: checkpoint %s: chunk %d is asleep or missing: %w", e, i, ErrAsleep)
+		}
+		ptr := e.buf.Ptr() + ptrOff(c.Offset)
+		acc, err := a.AccessAt(ptr)
+		if err != nil {
+			return ce, nil, fmt.Errorf("offload: checkpoint %s: chunk %d: %w", e, i, err)
+		}
+		p := a.Properties()
+		cc := ckChunk{Offset: c.Offset, Size: a.Size(), Device: a.Device().Ordinal(), LocationType: int32(p.Location.Type),
+			LocationID: p.Location.ID, HandleTypes: int32(p.RequestedHandleTypes), Compression: p.Compression != driver.CompressionNone,
+			GPUDirectRDMA: p.GPUDirectRDMACapable}
+		for _, x := range acc {
+			cc.Access = append(cc.Access, ckAccess{int32(x.Location.Type), x.Location.ID, int32(x.Flags)})
+		}
+		ce.Chunks = append(ce.Chunks, cc)
+		states = append(states, chunkState{alloc: a, ptr: ptr, size: a.Size(), access: acc})
+	}
+	return ce, states, nil
+}
+
+// Save writes a checkpoint of the buffers tagged tags (every buffer when none is given) to w: the
+// header, then each chunk's bytes with its CRC-32C. The buffers must be awake (ErrAsleep otherwise)
+// and must not be written while Save runs.
+func (s *Set) Save(ctx context.Context, w io.Writer, tags ...string) error {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	es, err := s.selectEntries("save", tags)
+	if err != nil {
+		return err
+	}
+	var hdr ckHeader
+	var refs []chunkRef
+	for _, e := range es {
+		if e.asleep {
+			return fmt.Errorf("offload: save %s: %w", e, ErrAsleep)
+		}
+		ce, states, err := describe(e)
+		if err != nil {
+			return err
+		}
+		hdr.Entries = append(hdr.Entries, ce)
+		e.chunks = states
+		for i := range states {
+			refs = append(refs, chunkRef{e, i})
+		}
+	}
+	defer forget(es)
+	bw := bufio.NewWriterSize(w, 1<<20)
+	if err := writeHeader(bw, &hdr); err != nil {
+		return fmt.Errorf("offload: save: %w", err)
+	}
+	if err := s.saveChunks(ctx, bw, refs); err != nil {
+		return fmt.Errorf("offload: save: %w", err)
+	}
+	return bw.Flush()
+}
+
+func writeHeader(w io.Writer, hdr *ckHeader) error {
+	js, err := json.Marshal(hdr)
+	if err != nil {
+		return err
+	}
+	var fixed [16]byte
+	copy(fixed[:], checkpointMagic)
+	binary.LittleEndian.PutUint32(fixed[8:], checkpointVersion)
+	binary.LittleEndian.PutUint32(fixed[12:], uint32(len(js)))
+	var sum [4]byte
+	binary.LittleEndian.PutUint32(sum[:], crc32.Checksum(js, castagnoli))
+	for _, b := range [][]byte{fixed[:], js, sum[:]} {
+		if _, err := w.Write(b); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// saveChunks streams each chunk through one pinned staging slot to w.
+func (s *Set) saveChunks(ctx context.Context, w io.Writer, refs []chunkRef) error {
+	if len(refs) == 0 {
+		return nil
+	}
+	prog := &progress{fn: s.opts.Progress}
+	for _, r := range refs {
+		prog.total += r.state().size
+	}
+	stage, err := s.staging(ctx, refs[0].state().alloc.Device())
+	if err != nil {
+		return err
+	}
+	defer s.pool.put(stage)
+	for _, r := range refs {
+		cs := r.state()
+		st, err := s.stream(cs.alloc.Device())
+		if err != nil {
+			return err
+		}
+		crc := uint32(0)
+		for off := uint64(0); off < cs.size; off += stage.size {
+			n := min(stage.size, cs.size-off)
+			if err := errors.Join(cs.alloc.Device().CopyAsync(stage.ptr(0), cs.ptr+ptrOff(off), n, st), st.Synchronize()); err != nil {
+				return fmt.Errorf("copy %s chunk %d: %w", r.e, r.i, err)
+			}
+			crc = crc32.Update(crc, castagnoli, stage.mem[:n])
+			if _, err := w.Write(stage.mem[:n]); err != nil {
+				return fmt.Errorf("write %s chunk %d: %w", r.e, r.i, err)
+			}
+			prog.add(n)
+			if err := ctx.Err(); err != nil {
+				return err
+			}
+		}
+		var sum [4]byte
+		binary.LittleEndian.PutUint32(sum[:], crc)
+		if _, err := w.Write(sum[:]); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// staging takes one slot of the set's slot size from the pool (pinning one if needed).
+func (s *Set) staging(ctx context.Context, d *vmm.Device) (*slot, error) {
+	f := s.pool.feed(ctx, d, 1, s.opts.SlotSize)
+	defer f.finish()
+	return f.take()
+}
+
+// readHeader reads and checks a checkpoint's header.
+func readHeader(r io.Reader) (*ckHeader, error) {
+	var fixed [16]byte
+	if _, err := io.ReadFull(r, fixed[:]); err != nil {
+		return nil, fmt.Errorf("offload: checkpoint header: %w: %w", ErrBadCheckpoint, err)
+	}
+	if string(fixed[:8]) != checkpointMagic {
+		return nil, fmt.Errorf("offload: not a cuvmm offload checkpoint (magic %q): %w", fixed[:8], ErrBadCheckpoint)
+	}
+	if v := binary.LittleEndian.Uint32(fixed[8:]); v != checkpointVersion {
+		return nil, fmt.Errorf("offload: checkpoint version %d, want %d: %w", v, checkpointVersion, ErrBadCheckpoint)
+	}
+	n := binary.LittleEndian.Uint32(fixed[12:])
+	if n > maxHeader {
+		return nil, fmt.Errorf("offload: checkpoint header of %d bytes: too large: %w", n, ErrBadCheckpoint)
+	}
+	js := make([]byte, n+4)
+	if _, err := io.ReadFull(r, js); err != nil {
+		return nil, fmt.Errorf("offload: checkpoint header truncated: %w: %w", ErrBadCheckpoint, err)
+	}
+	if got, want := crc32.Checksum(js[:n], castagnoli), binary.LittleEndian.Uint32(js[n:]); got != want {
+		return nil, fmt.Errorf("offload: checkpoint header checksum %#x, want %#x: %w", got, want, ErrBadCheckpoint)
+	}
+	var hdr ckHeader
+	if err := json.Unmarshal(js[:n], &hdr); err != nil {
+		return nil, fmt.Errorf("offload: checkpoint header: %w: %w", ErrBadCheckpoint, err)
+	}
+	return &hdr, nil
+}
+
+// chunkReader reads a chunk's bytes in pieces, then its checksum, which must match.
+type chunkReader struct {
+	r   io.Reader
+	crc uint32
+}
+
+func (c *chunkReader) read(b []byte, what string) error {
+	if _, err := io.ReadFull(c.r, b); err != nil {
+		return fmt.Errorf("offload: checkpoint truncated in %s: %w: %w", what, ErrBadCheckpoint, err)
+	}
+	c.crc = crc32.Update(c.crc, castagnoli, b)
+	return nil
+}
+
+func (c *chunkReader) check(what string) error {
+	var sum [4]byte
+	if _, err := io.ReadFull(c.r, sum[:]); err != nil {
+		return fmt.Errorf("offload: checkpoint truncated in %s: %w: %w", what, ErrBadCheckpoint, err)
+	}
+	if want := binary.LittleEndian.Uint32(sum[:]); c.crc != want {
+		return fmt.Errorf("offload: %s: checksum %#x, want %#x (corrupted): %w", what, c.crc, want, ErrBadCheckpoint)
+	}
+	return nil
+}
+
+// readChunk reads a chunk into dst pieces (slices of pinned memory, in order) and verifies its
+// checksum; the error names the chunk.
+func readChunk(r io.Reader, dst [][]byte, what string) error {
+	c := &chunkReader{r: r}
+	for _, b := range dst {
+		if err := c.read(b, what); err != nil {
+			return err
+		}
+	}
+	return c.check(what)
+}
+
+func chunkName(tag string, i int, c ckChunk) string {
+	return fmt.Sprintf("%q chunk %d (%s at offset %#x)", tag, i, units.FormatSize(c.Size), c.Offset)
+}

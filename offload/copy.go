@@ -1,0 +1,285 @@
+package offload
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"sync"
+
+	"github.com/cuvmm/cuvmm/internal/units"
+	"github.com/cuvmm/cuvmm/vmm"
+)
+
+// hostPiece is where a run of a Keep chunk's bytes is backed up.
+type hostPiece struct {
+	slot    *slot
+	slotOff uint64
+	off, n  uint64 // within the chunk
+}
+
+// pipe keeps two batches of copies in flight on a stream: batch j is marked with an event, and
+// the caller waits for batch j-1 while j runs, so the copy engine never waits for the host.
+type pipe struct {
+	st *vmm.Stream
+	ev [2]*vmm.Event
+}
+
+func newPipe(st *vmm.Stream) (*pipe, error) {
+	p := &pipe{st: st}
+	for i := range p.ev {
+		e, err := st.Device().NewEvent(false)
+		if err != nil {
+			return nil, errors.Join(err, p.close())
+		}
+		p.ev[i] = e
+	}
+	return p, nil
+}
+
+func (p *pipe) mark(j int) error { return p.ev[j%2].Record(p.st) }
+func (p *pipe) wait(j int) error { return p.ev[j%2].Synchronize() }
+
+func (p *pipe) close() error { return errors.Join(closeRetry(p.ev[0]), closeRetry(p.ev[1])) }
+
+// closeRetry closes c, trying once more when the first attempt fails: vmm owners stay open after a
+// failed destroy so that it can be retried, and a passing failure must not leak the object.
+func closeRetry(c interface{ Close() error }) error {
+	if err := c.Close(); err != nil {
+		if err2 := c.Close(); err2 != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// drain waits for the stream after a failure, so that no copy still runs into memory about to be
+// reused or freed; its error is secondary to the one being returned.
+func drain(st *vmm.Stream) { _ = st.Synchronize() }
+
+// keepOut copies a Keep unit's chunks into slots taken from the pool (pinned on the way when the
+// pool has too few), recording where each piece went.
+func (s *Set) keepOut(ctx context.Context, st *vmm.Stream, u *unit, prog *progress) (err error) {
+	p, err := newPipe(st)
+	if err != nil {
+		return err
+	}
+	defer func() { err = errors.Join(err, p.close()) }()
+	f := s.pool.feed(ctx, u.dev, u.nSlots, u.slotSize)
+	defer f.finish()
+	u.slots = make([]*slot, u.nSlots)
+	defer func() {
+		if err != nil {
+			drain(st)
+		}
+	}()
+	for j := 0; j < u.nSlots; j++ {
+		sl, err := f.take()
+		if err != nil {
+			return err
+		}
+		u.slots[j] = sl
+		for _, pc := range u.slotPieces(j) {
+			if err := u.dev.CopyAsync(sl.ptr(pc.slotOff), pc.dev(), pc.n, st); err != nil {
+				return err
+			}
+		}
+		if err := p.mark(j); err != nil {
+			return err
+		}
+		if j > 0 {
+			if err := p.wait(j - 1); err != nil {
+				return err
+			}
+			prog.add(u.used(j - 1))
+		}
+		if err := ctx.Err(); err != nil {
+			return err
+		}
+	}
+	if err := st.Synchronize(); err != nil {
+		return err
+	}
+	prog.add(u.used(u.nSlots - 1))
+	return nil
+}
+
+// keepIn recreates Keep chunks (recreate) and copies them back from their backup pieces, two
+// pieces in flight: chunk k+1 is recreated while chunk k's copies run.
+func keepIn(ctx context.Context, st *vmm.Stream, refs []chunkRef, recreate func(chunkRef) error, prog *progress) (err error) {
+	p, err := newPipe(st)
+	if err != nil {
+		return err
+	}
+	defer func() { err = errors.Join(err, p.close()) }()
+	defer func() {
+		if err != nil {
+			drain(st)
+		}
+	}()
+	d := st.Device()
+	j := 0
+	var last uint64
+	for _, r := range refs {
+		if err := recreate(r); err != nil {
+			return err
+		}
+		cs := r.state()
+		for _, hp := range cs.backup {
+			if err := d.CopyAsync(cs.ptr+ptrOff(hp.off), hp.slot.ptr(hp.slotOff), hp.n, st); err != nil {
+				return err
+			}
+			if err := p.mark(j); err != nil {
+				return err
+			}
+			if j > 0 {
+				if err := p.wait(j - 1); err != nil {
+					return err
+				}
+				prog.add(last)
+			}
+			if err := ctx.Err(); err != nil {
+				return err
+			}
+			j, last = j+1, hp.n
+		}
+	}
+	if err := st.Synchronize(); err != nil {
+		return err
+	}
+	prog.add(last)
+	return nil
+}
+
+// ring is two staging slots that File units cycle through.
+func (s *Set) ring(ctx context.Context, d *vmm.Device, us []*unit) ([2]*slot, error) {
+	var size uint64
+	for _, u := range us {
+		size = max(size, u.slotSize)
+	}
+	var r [2]*slot
+	f := s.pool.feed(ctx, d, 2, size)
+	defer f.finish()
+	for i := range r {
+		sl, err := f.take()
+		if err != nil {
+			s.pool.put(r[0])
+			return r, err
+		}
+		r[i] = sl
+	}
+	return r, nil
+}
+
+// fileOut copies File units to their files through two staging slots: the device fills one while
+// the other is written.
+func (s *Set) fileOut(ctx context.Context, st *vmm.Stream, us []*unit, prog *progress) error {
+	ring, err := s.ring(ctx, st.Device(), us)
+	if err != nil {
+		return err
+	}
+	defer s.pool.put(ring[:]...)
+	var wg [2]sync.WaitGroup
+	var werr [2]error
+	defer func() { wg[0].Wait(); wg[1].Wait() }()
+	k := 0
+	for _, u := range us {
+		for j := 0; j < u.nSlots; j, k = j+1, k+1 {
+			sl := ring[k%2]
+			wg[k%2].Wait() // the slot's previous write is done
+			if err := errors.Join(werr[k%2], ctx.Err()); err != nil {
+				return err
+			}
+			pcs := u.slotPieces(j)
+			for _, pc := range pcs {
+				if err := u.dev.CopyAsync(sl.ptr(pc.slotOff), pc.dev(), pc.n, st); err != nil {
+					drain(st)
+					return err
+				}
+			}
+			if err := st.Synchronize(); err != nil {
+				return err
+			}
+			wg[k%2].Add(1)
+			go func(i int) {
+				defer wg[i].Done()
+				werr[i] = writePieces(u.e, sl, pcs, prog)
+			}(k % 2)
+		}
+	}
+	wg[0].Wait()
+	wg[1].Wait()
+	return errors.Join(werr[0], werr[1])
+}
+
+func writePieces(e *entry, sl *slot, pcs []piece, prog *progress) error {
+	for _, pc := range pcs {
+		if _, err := e.opts.File.WriteAt(sl.mem[pc.slotOff:pc.slotOff+pc.n], pc.fileOff); err != nil {
+			return fmt.Errorf("write %s of %q at file offset %d: %w", units.FormatSize(pc.n), e.tag, pc.fileOff, err)
+		}
+		prog.add(pc.n)
+	}
+	return nil
+}
+
+// fileIn reads File units back from their files through two staging slots: the next slot is read
+// while the device copies the current one.
+func (s *Set) fileIn(ctx context.Context, st *vmm.Stream, us []*unit, prog *progress) (err error) {
+	ring, err := s.ring(ctx, st.Device(), us)
+	if err != nil {
+		return err
+	}
+	defer s.pool.put(ring[:]...)
+	type job struct {
+		u *unit
+		j int
+	}
+	var jobs []job
+	for _, u := range us {
+		for j := 0; j < u.nSlots; j++ {
+			jobs = append(jobs, job{u, j})
+		}
+	}
+	read := func(k int) chan error {
+		ch := make(chan error, 1)
+		go func() { ch <- readPieces(jobs[k].u.e, ring[k%2], jobs[k].u.slotPieces(jobs[k].j)) }()
+		return ch
+	}
+	next := read(0)
+	defer func() {
+		if next != nil {
+			<-next
+		}
+		if err != nil {
+			drain(st)
+		}
+	}()
+	for k, jb := range jobs {
+		rerr := <-next
+		next = nil
+		if err := errors.Join(rerr, ctx.Err()); err != nil {
+			return err
+		}
+		if err := st.Synchronize(); err != nil { // the other slot's copy is done: it may be refilled
+			return err
+		}
+		if k+1 < len(jobs) {
+			next = read(k + 1)
+		}
+		for _, pc := range jb.u.slotPieces(jb.j) {
+			if err := jb.u.dev.CopyAsync(pc.dev(), ring[k%2].ptr(pc.slotOff), pc.n, st); err != nil {
+				return err
+			}
+			prog.add(pc.n)
+		}
+	}
+	return st.Synchronize()
+}
+
+func readPieces(e *entry, sl *slot, pcs []piece) error {
+	for _, pc := range pcs {
+		if _, err := e.opts.File.ReadAt(sl.mem[pc.slotOff:pc.slotOff+pc.n], pc.fileOff); err != nil {
+			return fmt.Errorf("read %s of %q at file offset %d: %w", units.FormatSize(pc.n), e.tag, pc.fileOff, err)
+		}
+	}
+	return nil
+}

@@ -1,0 +1,214 @@
+package offload
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"sync"
+	"unsafe"
+
+	"golang.org/x/sys/unix"
+
+	"github.com/cuvmm/cuvmm/driver"
+	"github.com/cuvmm/cuvmm/internal/units"
+	"github.com/cuvmm/cuvmm/pinned"
+	"github.com/cuvmm/cuvmm/vmm"
+)
+
+const hugePage = 2 << 20
+
+// pinWorkers is how many slots are made ready at once during a first sleep: one is being
+// registered while the next one's pages are faulted in (populating spreads over several threads of
+// its own).
+const pinWorkers = 4
+
+// slot is one pinned host buffer of a backup: transparent-huge-page memory registered with the
+// driver (pinned.Register), the fastest pinned memory to make on the measured host.
+type slot struct {
+	mem    []byte
+	region *pinned.Region
+	size   uint64
+}
+
+// ptr is the address devices use for byte off of the slot.
+func (s *slot) ptr(off uint64) driver.DevicePtr { return s.region.Ptr() + driver.DevicePtr(off) }
+
+func newSlot(dev *vmm.Device, size uint64) (*slot, error) {
+	mem, err := pinned.MapAnonymous(size)
+	if err != nil {
+		return nil, err
+	}
+	preferNode(mem, dev.HostNUMAID())
+	r, err := pinned.Register(dev, mem, pinned.RegisterOptions{HugePages: true})
+	if err != nil && errors.Is(err, driver.ErrOutOfMemory) {
+		err = fmt.Errorf("out of host memory to pin: %w", err)
+	}
+	if err != nil {
+		return nil, errors.Join(err, pinned.Unmap(mem))
+	}
+	return &slot{mem: mem, region: r, size: size}, nil
+}
+
+func (s *slot) close() error {
+	if err := closeRetry(s.region); err != nil {
+		return err
+	}
+	return pinned.Unmap(s.mem)
+}
+
+// hostPool keeps pinned slots between sleeps, by size. It is used under the Set's mutex.
+type hostPool struct {
+	mu   sync.Mutex
+	idle map[uint64][]*slot
+	errs []error // failures to free, reported by trim
+}
+
+func newHostPool() *hostPool { return &hostPool{idle: map[uint64][]*slot{}} }
+
+func (p *hostPool) get(size uint64) *slot {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	l := p.idle[size]
+	if len(l) == 0 {
+		return nil
+	}
+	s := l[len(l)-1]
+	p.idle[size] = l[:len(l)-1]
+	return s
+}
+
+func (p *hostPool) put(slots ...*slot) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	for _, s := range slots {
+		if s != nil {
+			p.idle[s.size] = append(p.idle[s.size], s)
+		}
+	}
+}
+
+// free unpins slots for good (a closed buffer's backup).
+func (p *hostPool) free(slots []*slot) {
+	for _, s := range slots {
+		if s != nil {
+			if err := s.close(); err != nil {
+				p.mu.Lock()
+				p.errs = append(p.errs, err)
+				p.mu.Unlock()
+			}
+		}
+	}
+}
+
+func (p *hostPool) bytes() uint64 {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	var n uint64
+	for size, l := range p.idle {
+		n += size * uint64(len(l))
+	}
+	return n
+}
+
+// trim frees every pooled slot and reports what could not be freed since the last trim.
+func (p *hostPool) trim() error {
+	p.mu.Lock()
+	idle := p.idle
+	p.idle = map[uint64][]*slot{}
+	p.mu.Unlock()
+	for _, l := range idle {
+		p.free(l)
+	}
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	err := errors.Join(p.errs...)
+	p.errs = nil
+	return err
+}
+
+// feed delivers n slots of one size in order: first those the pool has, at once, then new ones
+// pinned by pinWorkers goroutines while the caller uses the earlier ones.
+type feed struct {
+	pool   *hostPool
+	chans  []chan slotResult
+	next   int
+	cancel context.CancelFunc
+	wg     sync.WaitGroup
+}
+
+type slotResult struct {
+	s   *slot
+	err error
+}
+
+func (p *hostPool) feed(ctx context.Context, dev *vmm.Device, n int, size uint64) *feed {
+	ctx, cancel := context.WithCancel(ctx)
+	f := &feed{pool: p, chans: make([]chan slotResult, n), cancel: cancel}
+	var todo []int
+	for i := range f.chans {
+		f.chans[i] = make(chan slotResult, 1)
+		if s := p.get(size); s != nil {
+			f.chans[i] <- slotResult{s: s}
+		} else {
+			todo = append(todo, i)
+		}
+	}
+	work := make(chan int, len(todo))
+	for _, i := range todo {
+		work <- i
+	}
+	close(work)
+	for w := 0; w < min(pinWorkers, len(todo)); w++ {
+		f.wg.Add(1)
+		go func() {
+			defer f.wg.Done()
+			for i := range work {
+				if err := ctx.Err(); err != nil {
+					f.chans[i] <- slotResult{err: err}
+					continue
+				}
+				s, err := newSlot(dev, size)
+				if err != nil {
+					err = fmt.Errorf("pin a %s backup slot: %w", units.FormatSize(size), err)
+				}
+				f.chans[i] <- slotResult{s: s, err: err}
+			}
+		}()
+	}
+	return f
+}
+
+// take returns the next slot, waiting for it to be pinned.
+func (f *feed) take() (*slot, error) {
+	r := <-f.chans[f.next]
+	f.next++
+	return r.s, r.err
+}
+
+// finish stops the workers and puts every slot that was made but not taken back in the pool.
+func (f *feed) finish() {
+	f.cancel()
+	f.wg.Wait()
+	for _, ch := range f.chans[f.next:] {
+		select {
+		case r := <-ch:
+			f.pool.put(r.s)
+		default:
+		}
+	}
+	f.next = len(f.chans)
+}
+
+// preferNode asks the kernel to place mem's pages on host NUMA node (the one closest to the GPU that
+// copies into it) before they are faulted in: mbind with MPOL_PREFERRED, which falls back to other
+// nodes when that one is full. It is advice: where the call is refused (a container without the
+// permission, a kernel without NUMA), the pages go where the kernel puts them.
+func preferNode(mem []byte, node int) {
+	const mpolPreferred = 1
+	if node < 0 || node >= 64 || len(mem) == 0 {
+		return
+	}
+	mask := uint64(1) << node
+	_, _, _ = unix.Syscall6(unix.SYS_MBIND, uintptr(unsafe.Pointer(&mem[0])), uintptr(len(mem)), mpolPreferred,
+		uintptr(unsafe.Pointer(&mask)), 64, 0)
+}

@@ -1,0 +1,130 @@
+package offload
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+
+	"github.com/cuvmm/cuvmm/driver"
+	"github.com/cuvmm/cuvmm/vmm"
+)
+
+// Load recreates the buffers of a checkpoint written by Save, in this process: for each buffer a
+// reservation at the saved address when the driver grants it (else elsewhere: Restored.Moved), and
+// one chunk per saved chunk with the same properties, device and access, filled with the saved bytes
+// after checking each checksum. It returns a set holding them (Keep and Discard as saved; File
+// buffers come back as Keep, since the file is the checkpoint) and the buffers, which the caller
+// closes after the set. On any error, a truncated or corrupted checkpoint included, everything made
+// is released: nothing is left mapped.
+func Load(ctx context.Context, sys *vmm.System, r io.Reader, opts Options) (*Set, []*Restored, error) {
+	if sys == nil {
+		return nil, nil, fmt.Errorf("offload: load: nil system: %w", ErrInvalidValue)
+	}
+	hdr, err := readHeader(r)
+	if err != nil {
+		return nil, nil, err
+	}
+	set := NewSet(sys, opts)
+	var bufs []*Restored
+	fail := func(err error) (*Set, []*Restored, error) {
+		errs := []error{err, set.Close()}
+		for _, b := range bufs {
+			errs = append(errs, b.Close())
+		}
+		return nil, nil, errors.Join(errs...)
+	}
+	for _, ce := range hdr.Entries {
+		b, err := recreate(sys, ce)
+		if err != nil {
+			return fail(err)
+		}
+		bufs = append(bufs, b)
+		policy, _ := ParsePolicy(ce.Policy)
+		if policy == File {
+			policy = Keep
+		}
+		if err := set.Add(ce.Tag, b, policy, EntryOptions{}); err != nil {
+			return fail(err)
+		}
+	}
+	for i, ce := range hdr.Entries {
+		if err := set.fill(ctx, r, ce, bufs[i]); err != nil {
+			return fail(err)
+		}
+	}
+	return set, bufs, nil
+}
+
+// recreate reserves the entry's range (at its saved address when granted) and maps its chunks.
+func recreate(sys *vmm.System, ce ckEntry) (*Restored, error) {
+	var end uint64
+	for _, c := range ce.Chunks {
+		if c.Size == 0 || c.Offset+c.Size < c.Offset {
+			return nil, fmt.Errorf("offload: load %q: bad chunk of %d bytes at %#x: %w", ce.Tag, c.Size, c.Offset, ErrBadCheckpoint)
+		}
+		end = max(end, c.Offset+c.Size)
+	}
+	if end == 0 {
+		return nil, fmt.Errorf("offload: load %q: no chunks: %w", ce.Tag, ErrBadCheckpoint)
+	}
+	res, err := sys.Reserve(end, vmm.ReserveOptions{Hint: driver.DevicePtr(ce.Ptr)})
+	if err != nil {
+		return nil, fmt.Errorf("offload: load %q: %w", ce.Tag, err)
+	}
+	b := &Restored{tag: ce.Tag, res: res, len: ce.Len, moved: res.Ptr() != driver.DevicePtr(ce.Ptr)}
+	for i, c := range ce.Chunks {
+		d, err := sys.Device(c.Device)
+		if err == nil {
+			var m *vmm.Mapping
+			m, err = res.MapNew(c.Offset, c.Size, d, c.allocOptions(), c.access()...)
+			b.maps = append(b.maps, m)
+		}
+		if err != nil {
+			b.maps = b.maps[:i]
+			return nil, errors.Join(fmt.Errorf("offload: load %s: %w", chunkName(ce.Tag, i, c), err), b.Close())
+		}
+	}
+	return b, nil
+}
+
+// fill streams an entry's chunks from r into b through one staging slot, checking each checksum.
+func (s *Set) fill(ctx context.Context, r io.Reader, ce ckEntry, b *Restored) error {
+	for i, c := range ce.Chunks {
+		a := b.maps[i].Allocation()
+		stage, err := s.staging(ctx, a.Device())
+		if err != nil {
+			return err
+		}
+		err = s.fillChunk(r, ce.Tag, i, c, b.Ptr()+driver.DevicePtr(c.Offset), a.Device(), stage)
+		s.pool.put(stage)
+		if err != nil {
+			return err
+		}
+		if err := ctx.Err(); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+func (s *Set) fillChunk(r io.Reader, tag string, i int, c ckChunk, ptr driver.DevicePtr, d *vmm.Device, stage *slot) error {
+	st, err := s.stream(d)
+	if err != nil {
+		return err
+	}
+	// Read and check the whole chunk piece by piece; a piece is copied to the device before the next
+	// is read into the same slot, and a bad checksum at the end fails the load (the new buffers are
+	// released, so a bad chunk never stays mapped).
+	crcReader := &chunkReader{r: r}
+	for off := uint64(0); off < c.Size; off += stage.size {
+		n := min(stage.size, c.Size-off)
+		if err := crcReader.read(stage.mem[:n], chunkName(tag, i, c)); err != nil {
+			return err
+		}
+		if err := errors.Join(d.CopyAsync(ptr+driver.DevicePtr(off), stage.ptr(0), n, st), st.Synchronize()); err != nil {
+			return fmt.Errorf("offload: load %s: %w", chunkName(tag, i, c), err)
+		}
+	}
+	return crcReader.check(chunkName(tag, i, c))
+}

@@ -1,0 +1,186 @@
+package offload
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+
+	"github.com/cuvmm/cuvmm/driver"
+	"github.com/cuvmm/cuvmm/vmm"
+)
+
+// Restore reads a checkpoint written by Save back into the set's buffers. Every buffer of the
+// checkpoint must be in the set under its tag, awake, with the same chunk layout. The whole
+// checkpoint is read into pinned memory and every checksum verified before a byte reaches the GPU,
+// so a truncated, corrupted or foreign checkpoint (an error wrapping ErrBadCheckpoint that names the
+// chunk) changes nothing.
+func (s *Set) Restore(ctx context.Context, r io.Reader) error {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.closed {
+		return fmt.Errorf("offload: restore: %w", ErrClosed)
+	}
+	hdr, err := readHeader(r)
+	if err != nil {
+		return err
+	}
+	refs, err := s.match(hdr)
+	if err != nil {
+		return err
+	}
+	defer forget(entriesOf(refs))
+	if len(refs) == 0 {
+		return nil
+	}
+	units := plan(refs, s.opts.SlotSize)
+	defer func() {
+		for _, us := range units {
+			for _, u := range us {
+				s.pool.put(u.slots...)
+			}
+		}
+	}()
+	if err := s.stageAll(ctx, r, hdr, units); err != nil {
+		return err
+	}
+	streams, err := s.streamsFor(units)
+	if err != nil {
+		return err
+	}
+	return perDevice(ctx, units, func(ctx context.Context, d *vmm.Device, us []*unit) error {
+		for _, u := range us {
+			for _, pc := range u.pieces {
+				if err := d.CopyAsync(pc.dev(), u.slots[pc.slot].ptr(pc.slotOff), pc.n, streams[d]); err != nil {
+					drain(streams[d])
+					return fmt.Errorf("offload: restore %s: %w", u.e, err)
+				}
+			}
+		}
+		return streams[d].Synchronize()
+	})
+}
+
+// match finds the set's entry for every entry of the checkpoint and checks the layout; it records
+// the chunks in the entries (forget clears them).
+func (s *Set) match(hdr *ckHeader) ([]chunkRef, error) {
+	var refs []chunkRef
+	for _, ce := range hdr.Entries {
+		e := s.find(ce.Tag)
+		if e == nil {
+			return nil, fmt.Errorf("offload: restore: the checkpoint has %q, which the set does not: %w", ce.Tag, ErrBadCheckpoint)
+		}
+		if e.asleep {
+			return nil, fmt.Errorf("offload: restore %s: %w", e, ErrAsleep)
+		}
+		chunks := e.buf.Chunks()
+		if len(chunks) != len(ce.Chunks) {
+			return nil, fmt.Errorf("offload: restore %s: %d chunks, the checkpoint has %d: %w", e, len(chunks), len(ce.Chunks), ErrBadCheckpoint)
+		}
+		e.chunks = make([]chunkState, len(chunks))
+		for i, c := range chunks {
+			cc := ce.Chunks[i]
+			if c.Offset != cc.Offset || c.Allocation.Size() != cc.Size {
+				return nil, fmt.Errorf("offload: restore %s: chunk %d is %d bytes at offset %#x, the checkpoint's %s: %w",
+					e, i, c.Allocation.Size(), c.Offset, chunkName(ce.Tag, i, cc), ErrBadCheckpoint)
+			}
+			e.chunks[i] = chunkState{alloc: c.Allocation, ptr: e.buf.Ptr() + ptrOff(c.Offset), size: cc.Size}
+			refs = append(refs, chunkRef{e, i})
+		}
+	}
+	return refs, nil
+}
+
+// stageAll reads every chunk of the checkpoint into slots (u.slots, in the pieces' layout) and
+// verifies the checksums. The chunks come in header order, which is the refs' order.
+func (s *Set) stageAll(ctx context.Context, r io.Reader, hdr *ckHeader, units map[*vmm.Device][]*unit) (err error) {
+	byRef := map[refKey][][]byte{}
+	for d, us := range units {
+		for _, u := range us {
+			f := s.pool.feed(ctx, d, u.nSlots, u.slotSize)
+			for j := 0; j < u.nSlots; j++ {
+				sl, ferr := f.take()
+				if ferr != nil {
+					err = errors.Join(err, ferr)
+					break
+				}
+				u.slots = append(u.slots, sl)
+			}
+			f.finish()
+			for _, pc := range u.pieces {
+				if pc.slot < len(u.slots) {
+					k := refKey{pc.ref.e.tag, pc.ref.i}
+					byRef[k] = append(byRef[k], u.slots[pc.slot].mem[pc.slotOff:pc.slotOff+pc.n])
+				}
+			}
+		}
+	}
+	if err != nil {
+		return fmt.Errorf("offload: restore: %w", err)
+	}
+	for _, ce := range hdr.Entries {
+		for i, cc := range ce.Chunks {
+			if err := readChunk(r, byRef[refKey{ce.Tag, i}], chunkName(ce.Tag, i, cc)); err != nil {
+				return err
+			}
+			if err := ctx.Err(); err != nil {
+				return err
+			}
+		}
+	}
+	return nil
+}
+
+// refKey names chunk i of the entry tagged tag.
+type refKey struct {
+	tag string
+	i   int
+}
+
+// Restored is a buffer recreated from a checkpoint by Load: a reservation with one mapping per
+// chunk, each owning its allocation. It implements vmm.Chunked; Close releases it.
+type Restored struct {
+	tag   string
+	res   *vmm.Reservation
+	maps  []*vmm.Mapping
+	len   uint64
+	moved bool
+}
+
+// Tag is the buffer's tag in the checkpoint.
+func (b *Restored) Tag() string { return b.tag }
+
+// Ptr is the buffer's address: the checkpoint's, unless Moved.
+func (b *Restored) Ptr() driver.DevicePtr { return b.res.Ptr() }
+
+// Len is the buffer's length as saved.
+func (b *Restored) Len() uint64 { return b.len }
+
+// Moved reports whether the driver did not grant the saved address, so the buffer lives elsewhere.
+func (b *Restored) Moved() bool { return b.moved }
+
+// Chunks lists the buffer's allocations (vmm.Chunked).
+func (b *Restored) Chunks() []vmm.Chunk {
+	out := make([]vmm.Chunk, len(b.maps))
+	for i, m := range b.maps {
+		out[i] = vmm.Chunk{Offset: m.Offset(), Allocation: m.Allocation()}
+	}
+	return out
+}
+
+// Close unmaps and releases the chunks and frees the reservation. Idempotent, nil-safe.
+func (b *Restored) Close() error {
+	if b == nil {
+		return nil
+	}
+	for len(b.maps) > 0 {
+		if err := b.maps[len(b.maps)-1].Close(); err != nil {
+			return fmt.Errorf("offload: close restored %q: %w", b.tag, err)
+		}
+		b.maps = b.maps[:len(b.maps)-1]
+	}
+	if err := b.res.Close(); err != nil {
+		return fmt.Errorf("offload: close restored %q: %w", b.tag, err)
+	}
+	return nil
+}

@@ -1,0 +1,416 @@
+package offload
+
+import (
+	"errors"
+	"fmt"
+	"io"
+	"slices"
+	"sync"
+	"sync/atomic"
+
+	"github.com/cuvmm/cuvmm/driver"
+	"github.com/cuvmm/cuvmm/internal/units"
+	"github.com/cuvmm/cuvmm/vmm"
+)
+
+// Policy says what happens to a buffer's content while it sleeps.
+type Policy int
+
+// Policies.
+const (
+	// Keep backs the content up in pinned host memory and restores it on wake.
+	Keep Policy = iota
+	// Discard drops the content; woken memory is zeroed unless EntryOptions.NoZero.
+	Discard
+	// File writes the content to EntryOptions.File at sleep and reads it back at wake.
+	File
+)
+
+func (p Policy) String() string {
+	switch p {
+	case Keep:
+		return "keep"
+	case Discard:
+		return "discard"
+	case File:
+		return "file"
+	}
+	return fmt.Sprintf("policy(%d)", int(p))
+}
+
+// ParsePolicy parses "keep", "discard" or "file".
+func ParsePolicy(s string) (Policy, error) {
+	for _, p := range []Policy{Keep, Discard, File} {
+		if p.String() == s {
+			return p, nil
+		}
+	}
+	return 0, fmt.Errorf("offload: policy %q: want keep, discard or file: %w", s, ErrInvalidValue)
+}
+
+// FileBacking is where a File policy keeps a buffer's content (an *os.File works).
+type FileBacking interface {
+	io.WriterAt
+	io.ReaderAt
+}
+
+// EntryOptions tunes one buffer of a set.
+type EntryOptions struct {
+	// Stream is the stream all work on the buffer is queued on: Sleep synchronizes it. When nil,
+	// Sleep synchronizes every device the buffer's chunks live on (cuCtxSynchronize).
+	Stream *vmm.Stream
+	// File and FileOffset say where a File policy keeps the content: bytes [FileOffset,
+	// FileOffset+size) of File, where size is the sum of the buffer's chunks.
+	File       FileBacking
+	FileOffset int64
+	// Force lets a buffer exported to other processes sleep; their mappings then fault until wake.
+	Force bool
+	// NoZero leaves a Discard buffer's woken memory uninitialized instead of zeroing it.
+	NoZero bool
+}
+
+// Options tunes a Set.
+type Options struct {
+	// SlotSize is the size of the pinned host slots backups are made of (default 256 MiB: copies of
+	// that size run at full speed, and pinning one takes about 10 ms). It is rounded up to 2 MiB, and
+	// a sleep smaller than one slot uses a smaller one.
+	SlotSize uint64
+	// Progress, when set, is called with the bytes copied so far and the total, during Sleep, Wake,
+	// Save and Restore (from several goroutines, never at once).
+	Progress func(done, total uint64)
+}
+
+// DefaultSlotSize is Options.SlotSize's default.
+const DefaultSlotSize uint64 = 256 << 20
+
+// Set is a set of buffers that sleep and wake together or by tag. It is safe for concurrent use;
+// Sleep, Wake, Save, Restore and Close serialize.
+type Set struct {
+	sys  *vmm.System
+	opts Options
+
+	mu      sync.Mutex
+	entries []*entry
+	pool    *hostPool
+	streams map[*vmm.Device]*vmm.Stream // one copy stream per device, made on first use
+	closed  bool
+}
+
+// entry is one buffer of a set.
+type entry struct {
+	tag    string
+	buf    vmm.Chunked
+	policy Policy
+	opts   EntryOptions
+
+	asleep bool
+	chunks []chunkState // while asleep: what it takes to recreate each chunk
+	backup []*slot      // Keep policy while asleep: the content, in chunk order
+	closed atomic.Int64 // chunks closed while asleep
+}
+
+// chunkState is one chunk of a sleeping buffer.
+type chunkState struct {
+	alloc  *vmm.Allocation
+	ptr    driver.DevicePtr
+	size   uint64
+	access []vmm.Access
+	backup []hostPiece // Keep policy: where the content is
+}
+
+func ptrOff(n uint64) driver.DevicePtr { return driver.DevicePtr(n) }
+
+// NewSet makes an empty set for the buffers of sys.
+func NewSet(sys *vmm.System, opts Options) *Set {
+	if opts.SlotSize == 0 {
+		opts.SlotSize = DefaultSlotSize
+	}
+	opts.SlotSize = (opts.SlotSize + hugePage - 1) / hugePage * hugePage
+	return &Set{sys: sys, opts: opts, pool: newHostPool(), streams: map[*vmm.Device]*vmm.Stream{}}
+}
+
+// Add adds buf under tag with policy. Every chunk of buf must belong to the set's System, and tag
+// must be new and not empty. The buffer must be awake; the set does not own it (close it yourself,
+// after removing it or closing the set).
+func (s *Set) Add(tag string, buf vmm.Chunked, policy Policy, opts EntryOptions) error {
+	if err := s.checkAdd(tag, buf, policy, opts); err != nil {
+		return err
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.closed {
+		return fmt.Errorf("offload: add %q: %w", tag, ErrClosed)
+	}
+	if s.find(tag) != nil {
+		return fmt.Errorf("offload: add %q: the tag is taken: %w", tag, ErrInvalidValue)
+	}
+	if other := s.sharing(buf); other != nil {
+		return fmt.Errorf("offload: add %q: it shares memory with %s, already in the set: %w", tag, other, ErrInvalidValue)
+	}
+	s.entries = append(s.entries, &entry{tag: tag, buf: buf, policy: policy, opts: opts})
+	return nil
+}
+
+// sharing returns the entry that holds one of buf's allocations, if any; the caller holds s.mu.
+func (s *Set) sharing(buf vmm.Chunked) *entry {
+	mine := map[*vmm.Allocation]bool{}
+	for _, c := range buf.Chunks() {
+		mine[c.Allocation] = true
+	}
+	for _, e := range s.entries {
+		if e.asleep {
+			for _, cs := range e.chunks {
+				if mine[cs.alloc] {
+					return e
+				}
+			}
+			continue
+		}
+		for _, c := range e.buf.Chunks() {
+			if mine[c.Allocation] {
+				return e
+			}
+		}
+	}
+	return nil
+}
+
+func (s *Set) checkAdd(tag string, buf vmm.Chunked, policy Policy, opts EntryOptions) error {
+	switch {
+	case s == nil || s.sys == nil:
+		return fmt.Errorf("offload: add %q: nil set or system: %w", tag, ErrInvalidValue)
+	case tag == "":
+		return fmt.Errorf("offload: add: empty tag: %w", ErrInvalidValue)
+	case buf == nil:
+		return fmt.Errorf("offload: add %q: nil buffer: %w", tag, ErrInvalidValue)
+	case policy < Keep || policy > File:
+		return fmt.Errorf("offload: add %q: %s: %w", tag, policy, ErrInvalidValue)
+	case policy == File && opts.File == nil:
+		return fmt.Errorf("offload: add %q: the file policy needs EntryOptions.File: %w", tag, ErrInvalidValue)
+	case opts.FileOffset < 0:
+		return fmt.Errorf("offload: add %q: negative file offset %d: %w", tag, opts.FileOffset, ErrInvalidValue)
+	}
+	chunks := buf.Chunks()
+	if len(chunks) == 0 {
+		return fmt.Errorf("offload: add %q: the buffer has no chunks: %w", tag, ErrInvalidValue)
+	}
+	for i, c := range chunks {
+		if c.Allocation == nil {
+			return fmt.Errorf("offload: add %q: chunk %d has no allocation: %w", tag, i, ErrInvalidValue)
+		}
+		if c.Allocation.Device().System() != s.sys {
+			return fmt.Errorf("offload: add %q: chunk %d (%s) belongs to another System: %w", tag, i, c.Allocation, ErrInvalidValue)
+		}
+		if c.Allocation.Asleep() {
+			return fmt.Errorf("offload: add %q: chunk %d is asleep (in another set?): %w", tag, i, ErrInvalidValue)
+		}
+	}
+	if opts.Stream != nil && opts.Stream.Device().System() != s.sys {
+		return fmt.Errorf("offload: add %q: the stream belongs to another System: %w", tag, ErrInvalidValue)
+	}
+	return nil
+}
+
+// Remove takes the buffer tagged tag out of the set; it must be awake.
+func (s *Set) Remove(tag string) error {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.reap()
+	e := s.find(tag)
+	if e == nil {
+		return fmt.Errorf("offload: remove %q: no such tag: %w", tag, ErrInvalidValue)
+	}
+	if e.asleep {
+		return fmt.Errorf("offload: remove %q: it is asleep (wake it first): %w", tag, ErrAsleep)
+	}
+	s.entries = slices.DeleteFunc(s.entries, func(x *entry) bool { return x == e })
+	return nil
+}
+
+func (s *Set) find(tag string) *entry {
+	for _, e := range s.entries {
+		if e.tag == tag {
+			return e
+		}
+	}
+	return nil
+}
+
+// Tags lists the tags in the order they were added.
+func (s *Set) Tags() []string {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	out := make([]string, 0, len(s.entries))
+	for _, e := range s.entries {
+		out = append(out, e.tag)
+	}
+	return out
+}
+
+// Asleep reports whether the buffer tagged tag is asleep.
+func (s *Set) Asleep(tag string) bool {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	e := s.find(tag)
+	return e != nil && e.asleep
+}
+
+// BackupBytes is the pinned host memory the set holds: backups of sleeping buffers plus the slots
+// pooled for the next sleep.
+func (s *Set) BackupBytes() uint64 {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	n := s.pool.bytes()
+	for _, e := range s.entries {
+		for _, sl := range e.backup {
+			n += sl.size
+		}
+	}
+	return n
+}
+
+// TrimPool frees the pinned slots pooled for the next sleep (backups of sleeping buffers stay).
+func (s *Set) TrimPool() error {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.pool.trim()
+}
+
+// selectEntries returns the entries named by tags (all when none is given), in the set's order; the
+// caller holds s.mu.
+func (s *Set) selectEntries(op string, tags []string) ([]*entry, error) {
+	if s.closed {
+		return nil, fmt.Errorf("offload: %s: %w", op, ErrClosed)
+	}
+	if len(tags) == 0 {
+		return slices.Clone(s.entries), nil
+	}
+	var out []*entry
+	for _, t := range tags {
+		e := s.find(t)
+		if e == nil {
+			return nil, fmt.Errorf("offload: %s: no buffer tagged %q: %w", op, t, ErrInvalidValue)
+		}
+		if !slices.Contains(out, e) {
+			out = append(out, e)
+		}
+	}
+	slices.SortFunc(out, func(a, b *entry) int { return slices.Index(s.entries, a) - slices.Index(s.entries, b) })
+	return out, nil
+}
+
+// stream is the set's copy stream for d; the caller holds s.mu.
+func (s *Set) stream(d *vmm.Device) (*vmm.Stream, error) {
+	if st := s.streams[d]; st != nil {
+		return st, nil
+	}
+	st, err := d.CreateStream(vmm.StreamOptions{NonBlocking: true})
+	if err != nil {
+		return nil, fmt.Errorf("offload: copy stream for %s: %w", d, err)
+	}
+	s.streams[d] = st
+	return st, nil
+}
+
+// reap drops the sleeping entries whose buffers were closed while asleep and frees their backups;
+// the caller holds s.mu.
+func (s *Set) reap() {
+	s.entries = slices.DeleteFunc(s.entries, func(e *entry) bool {
+		if !e.asleep || e.closed.Load() < int64(len(e.chunks)) {
+			return false
+		}
+		s.pool.free(e.backup)
+		e.backup, e.chunks = nil, nil
+		return true
+	})
+}
+
+// onChunkClosed is what a sleeping chunk's allocation runs when it is closed (under the
+// allocation's lock): once the whole buffer is closed, its backup is freed now if the set is idle,
+// else by the next call on the set.
+func (s *Set) onChunkClosed(e *entry) func() {
+	return func() {
+		if e.closed.Add(1) < int64(len(e.chunks)) {
+			return
+		}
+		if s.mu.TryLock() {
+			s.reap()
+			s.mu.Unlock()
+		}
+	}
+}
+
+// Close frees the pooled slots and the copy streams. It fails with an error wrapping vmm.ErrInUse,
+// freeing nothing, while a buffer of the set sleeps: wake it, or close the buffer (which frees its
+// backup), first, so that no content is dropped by accident. The buffers stay the caller's. Close is
+// idempotent and safe on nil.
+func (s *Set) Close() error {
+	if s == nil {
+		return nil
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.closed {
+		return nil
+	}
+	s.reap()
+	for _, e := range s.entries {
+		if e.asleep {
+			return fmt.Errorf("offload: close: %s is asleep (wake it or close it first): %w", e, vmm.ErrInUse)
+		}
+	}
+	errs := []error{s.pool.trim()}
+	for d, st := range s.streams {
+		errs = append(errs, st.Close())
+		delete(s.streams, d)
+	}
+	s.closed = true
+	if err := errors.Join(errs...); err != nil {
+		return fmt.Errorf("offload: close: %w", err)
+	}
+	return nil
+}
+
+func sizeOf(chunks []vmm.Chunk) uint64 {
+	var n uint64
+	for _, c := range chunks {
+		n += c.Allocation.Size()
+	}
+	return n
+}
+
+func (e *entry) String() string {
+	return fmt.Sprintf("%q (%s, %s at %#x)", e.tag, e.policy, units.FormatSize(e.buf.Len()), uint64(e.buf.Ptr()))
+}
+
+// Mappings makes a reservation's mappings a buffer a Set can hold: Ptr is the reservation's start,
+// the chunks are its mappings' allocations at their offsets, Len the end of the last one. The
+// mappings must not change while the buffer is in a set.
+func Mappings(r *vmm.Reservation) vmm.Chunked {
+	if r == nil {
+		return nil
+	}
+	return reservationChunks{r}
+}
+
+type reservationChunks struct{ r *vmm.Reservation }
+
+func (c reservationChunks) Ptr() driver.DevicePtr { return c.r.Ptr() }
+
+func (c reservationChunks) Len() uint64 {
+	ms := c.r.Mappings()
+	if len(ms) == 0 {
+		return 0
+	}
+	last := ms[len(ms)-1]
+	return last.Offset() + last.Size()
+}
+
+func (c reservationChunks) Chunks() []vmm.Chunk {
+	ms := c.r.Mappings()
+	out := make([]vmm.Chunk, len(ms))
+	for i, m := range ms {
+		out[i] = vmm.Chunk{Offset: m.Offset(), Allocation: m.Allocation()}
+	}
+	return out
+}

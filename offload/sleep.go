@@ -1,0 +1,233 @@
+package offload
+
+import (
+	"context"
+	"errors"
+	"fmt"
+
+	"github.com/cuvmm/cuvmm/vmm"
+)
+
+// Sleep puts the buffers tagged tags (every buffer when none is given) to sleep: it waits for the
+// work queued on them, copies their content out as their policies say, then unmaps and releases
+// their physical memory, keeping the reservations and the access description of every chunk.
+// Buffers already asleep are left as they are (so Sleep of a sleeping set is a no-op). On any error,
+// and when ctx is cancelled before the memory is released, every buffer is left awake and intact
+// and the error says which step failed.
+func (s *Set) Sleep(ctx context.Context, tags ...string) error {
+	if s == nil {
+		return fmt.Errorf("offload: sleep: nil set: %w", ErrInvalidValue)
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.reap()
+	es, err := s.selectEntries("sleep", tags)
+	if err != nil {
+		return err
+	}
+	var todo []*entry
+	for _, e := range es {
+		if !e.asleep {
+			todo = append(todo, e)
+		}
+	}
+	if len(todo) == 0 {
+		return nil
+	}
+	refs, err := s.prepare(todo)
+	if err != nil {
+		forget(todo)
+		return err
+	}
+	if err := s.copyOut(ctx, refs); err != nil {
+		s.dropBackups(todo)
+		forget(todo)
+		return fmt.Errorf("offload: sleep: %w", err)
+	}
+	if err := ctx.Err(); err != nil {
+		s.dropBackups(todo)
+		forget(todo)
+		return fmt.Errorf("offload: sleep: %w", err)
+	}
+	if err := s.release(refs); err != nil {
+		return fmt.Errorf("offload: sleep: %w", err)
+	}
+	for _, e := range todo {
+		e.asleep = true
+	}
+	return nil
+}
+
+// prepare checks the entries, waits for their queued work and records each chunk's address, size
+// and access. Nothing changes on the GPU.
+func (s *Set) prepare(es []*entry) ([]chunkRef, error) {
+	var refs []chunkRef
+	synced := map[*vmm.Device]bool{}
+	for _, e := range es {
+		chunks := e.buf.Chunks()
+		e.chunks = make([]chunkState, 0, len(chunks))
+		e.closed.Store(0)
+		for i, c := range chunks {
+			a := c.Allocation
+			if err := checkChunk(e, i, a); err != nil {
+				return nil, err
+			}
+			e.chunks = append(e.chunks, chunkState{alloc: a, ptr: e.buf.Ptr() + ptrOff(c.Offset), size: a.Size()})
+			refs = append(refs, chunkRef{e, i})
+		}
+		if err := syncEntry(e, synced); err != nil {
+			return nil, err
+		}
+	}
+	for _, r := range refs {
+		cs := r.state()
+		acc, err := cs.alloc.AccessAt(cs.ptr)
+		if err != nil {
+			return nil, fmt.Errorf("offload: sleep %s: chunk %d: %w", r.e, r.i, err)
+		}
+		cs.access = acc
+	}
+	return refs, nil
+}
+
+func checkChunk(e *entry, i int, a *vmm.Allocation) error {
+	switch {
+	case a == nil:
+		return fmt.Errorf("offload: sleep %s: chunk %d has no allocation: %w", e, i, ErrInvalidValue)
+	case a.Imported():
+		return fmt.Errorf("offload: sleep %s: chunk %d is imported from another process, which owns its memory: %w", e, i, ErrInvalidValue)
+	case a.Exported() && !e.opts.Force:
+		return fmt.Errorf("offload: sleep %s: chunk %d was exported to other processes, so releasing it would not free it (EntryOptions.Force sleeps it anyway): %w", e, i, ErrExported)
+	}
+	return nil
+}
+
+// syncEntry waits for the work queued on the entry: its stream, else every device its chunks live
+// on (once per device per Sleep).
+func syncEntry(e *entry, synced map[*vmm.Device]bool) error {
+	if e.opts.Stream != nil {
+		if err := e.opts.Stream.Synchronize(); err != nil {
+			return fmt.Errorf("offload: sleep %s: wait for its stream: %w", e, err)
+		}
+		return nil
+	}
+	for _, c := range e.chunks {
+		d := c.alloc.Device()
+		if synced[d] {
+			continue
+		}
+		if err := d.Synchronize(); err != nil {
+			return fmt.Errorf("offload: sleep %s: wait for %s: %w", e, d, err)
+		}
+		synced[d] = true
+	}
+	return nil
+}
+
+// copyOut copies the content of Keep and File chunks out, every device at once.
+func (s *Set) copyOut(ctx context.Context, refs []chunkRef) error {
+	units := plan(refs, s.opts.SlotSize)
+	prog := &progress{fn: s.opts.Progress}
+	for _, r := range refs {
+		if r.e.policy != Discard {
+			prog.total += r.state().size
+		}
+	}
+	streams, err := s.streamsFor(units)
+	if err != nil {
+		return err
+	}
+	err = perDevice(ctx, units, func(ctx context.Context, d *vmm.Device, us []*unit) error {
+		var files []*unit
+		for _, u := range us {
+			switch u.e.policy {
+			case Keep:
+				if err := s.keepOut(ctx, streams[d], u, prog); err != nil {
+					return fmt.Errorf("back up %s on %s: %w", u.e, d, err)
+				}
+			case File:
+				files = append(files, u)
+			}
+		}
+		if len(files) == 0 {
+			return nil
+		}
+		if err := s.fileOut(ctx, streams[d], files, prog); err != nil {
+			return fmt.Errorf("write to file on %s: %w", d, err)
+		}
+		return nil
+	})
+	// Record the backups, also on failure, so that dropBackups returns every slot to the pool.
+	for _, us := range units {
+		for _, u := range us {
+			u.e.backup = append(u.e.backup, u.slots...)
+			for _, pc := range u.pieces {
+				if u.e.policy != Keep || pc.slot >= len(u.slots) || u.slots[pc.slot] == nil {
+					continue
+				}
+				cs := pc.ref.state()
+				cs.backup = append(cs.backup, hostPiece{slot: u.slots[pc.slot], slotOff: pc.slotOff, off: pc.off, n: pc.n})
+			}
+		}
+	}
+	return err
+}
+
+// streamsFor makes (once) the copy stream of every device of units; the caller holds s.mu.
+func (s *Set) streamsFor(units map[*vmm.Device][]*unit) (map[*vmm.Device]*vmm.Stream, error) {
+	out := map[*vmm.Device]*vmm.Stream{}
+	for d := range units {
+		st, err := s.stream(d)
+		if err != nil {
+			return nil, err
+		}
+		out[d] = st
+	}
+	return out, nil
+}
+
+// release unmaps and releases every chunk. When one fails, the chunks already released are
+// recreated and their content restored, so that every buffer is awake again.
+func (s *Set) release(refs []chunkRef) error {
+	for k, r := range refs {
+		cs := r.state()
+		if err := cs.alloc.ReleaseAt(cs.ptr, cs.access, r.e.opts.Force, s.onChunkClosed(r.e)); err != nil {
+			err = fmt.Errorf("release %s chunk %d: %w", r.e, r.i, err)
+			if werr := s.wakeRefs(context.Background(), refs[:k]); werr != nil {
+				return errors.Join(err, fmt.Errorf("and undoing the release failed: %w", werr))
+			}
+			s.dropBackups(entriesOf(refs))
+			forget(entriesOf(refs))
+			return err
+		}
+	}
+	return nil
+}
+
+// dropBackups returns the entries' backup slots to the pool.
+func (s *Set) dropBackups(es []*entry) {
+	for _, e := range es {
+		s.pool.put(e.backup...)
+		e.backup = nil
+		for i := range e.chunks {
+			e.chunks[i].backup = nil
+		}
+	}
+}
+
+// forget clears the sleep records of awake entries.
+func forget(es []*entry) {
+	for _, e := range es {
+		e.chunks = nil
+	}
+}
+
+func entriesOf(refs []chunkRef) []*entry {
+	var out []*entry
+	for _, r := range refs {
+		if len(out) == 0 || out[len(out)-1] != r.e {
+			out = append(out, r.e)
+		}
+	}
+	return out
+}

@@ -1,0 +1,164 @@
+package offload
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"sync"
+
+	"github.com/cuvmm/cuvmm/vmm"
+)
+
+// Wake wakes the buffers tagged tags (every buffer when none is given): it creates chunks with the
+// same properties at the same offsets, grants the same access and restores the content (Keep: from
+// the backup, File: from the file, Discard: zeroed unless NoZero). Awake buffers are left as they
+// are. On failure (for example an error wrapping driver.ErrOutOfMemory when another process took
+// the memory, or ctx cancelled) the buffers stay asleep with their backups intact, and Wake can be
+// retried. Buffers closed while asleep are dropped from the set.
+func (s *Set) Wake(ctx context.Context, tags ...string) error {
+	if s == nil {
+		return fmt.Errorf("offload: wake: nil set: %w", ErrInvalidValue)
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.reap()
+	es, err := s.selectEntries("wake", tags)
+	if err != nil {
+		return err
+	}
+	var refs []chunkRef
+	var todo []*entry
+	for _, e := range es {
+		if !e.asleep {
+			continue
+		}
+		if n := e.closed.Load(); n > 0 {
+			return fmt.Errorf("offload: wake %s: %d of its %d chunks were closed while asleep: %w", e, n, len(e.chunks), ErrClosed)
+		}
+		todo = append(todo, e)
+		for i := range e.chunks {
+			refs = append(refs, chunkRef{e, i})
+		}
+	}
+	if len(refs) == 0 {
+		return nil
+	}
+	if err := s.wakeRefs(ctx, refs); err != nil {
+		return fmt.Errorf("offload: wake: %w", err)
+	}
+	s.dropBackups(todo)
+	forget(todo)
+	for _, e := range todo {
+		e.asleep = false
+	}
+	return nil
+}
+
+// wakeRefs recreates the chunks and restores their content, every device at once; on each device
+// a Keep chunk is recreated while the previous one's content is still being copied, so that the
+// cost of mapping (cuMemSetAccess above all) hides behind the copies. On failure the chunks it
+// recreated are released again, so every one is asleep as before, backups untouched.
+func (s *Set) wakeRefs(ctx context.Context, refs []chunkRef) error {
+	units := plan(refs, s.opts.SlotSize)
+	streams, err := s.streamsFor(units)
+	if err != nil {
+		return err
+	}
+	prog := &progress{fn: s.opts.Progress}
+	for _, r := range refs {
+		if r.e.policy != Discard {
+			prog.total += r.state().size
+		}
+	}
+	var mu sync.Mutex
+	var made []chunkRef
+	recreate := func(r chunkRef) error {
+		cs := r.state()
+		if err := cs.alloc.RecreateAt(cs.ptr, cs.access); err != nil {
+			return fmt.Errorf("recreate %s chunk %d: %w", r.e, r.i, err)
+		}
+		mu.Lock()
+		made = append(made, r)
+		mu.Unlock()
+		return nil
+	}
+	err = perDevice(ctx, units, func(ctx context.Context, d *vmm.Device, us []*unit) error {
+		return s.wakeDevice(ctx, streams[d], us, recreate, prog)
+	})
+	if err == nil {
+		err = ctx.Err()
+	}
+	if err != nil {
+		return errors.Join(err, s.resleep(made))
+	}
+	return nil
+}
+
+// wakeDevice recreates and restores the units of one device.
+func (s *Set) wakeDevice(ctx context.Context, st *vmm.Stream, us []*unit, recreate func(chunkRef) error, prog *progress) error {
+	var files []*unit
+	for _, u := range us {
+		refs := u.refs()
+		if u.e.policy == Keep {
+			if err := keepIn(ctx, st, refs, recreate, prog); err != nil {
+				return fmt.Errorf("restore %s on %s: %w", u.e, u.dev, err)
+			}
+			continue
+		}
+		for _, r := range refs {
+			if err := recreate(r); err != nil {
+				return err
+			}
+		}
+		if u.e.policy == File {
+			files = append(files, u)
+		} else if err := zero(u); err != nil {
+			return err
+		}
+	}
+	if len(files) > 0 {
+		if err := s.fileIn(ctx, st, files, prog); err != nil {
+			return fmt.Errorf("read back from file on %s: %w", st.Device(), err)
+		}
+	}
+	return nil
+}
+
+// refs lists the unit's chunks in order.
+func (u *unit) refs() []chunkRef {
+	var out []chunkRef
+	for _, pc := range u.pieces {
+		if pc.off == 0 {
+			out = append(out, pc.ref)
+		}
+	}
+	return out
+}
+
+// resleep releases chunks recreated by a wake that failed.
+func (s *Set) resleep(refs []chunkRef) error {
+	var errs []error
+	for _, r := range refs {
+		cs := r.state()
+		if err := cs.alloc.ReleaseAt(cs.ptr, cs.access, true, s.onChunkClosed(r.e)); err != nil {
+			errs = append(errs, fmt.Errorf("undo: release %s chunk %d again: %w", r.e, r.i, err))
+		}
+	}
+	return errors.Join(errs...)
+}
+
+// zero clears a Discard unit's chunks unless the entry asked for NoZero.
+func zero(u *unit) error {
+	if u.e.opts.NoZero {
+		return nil
+	}
+	for _, pc := range u.pieces {
+		if pc.off == 0 {
+			cs := pc.ref.state()
+			if err := u.dev.Memset(cs.ptr, 0, cs.size); err != nil {
+				return fmt.Errorf("zero %s chunk %d: %w", u.e, pc.ref.i, err)
+			}
+		}
+	}
+	return nil
+}

@@ -1,0 +1,104 @@
+package broker
+
+import (
+	"context"
+	"net"
+	"os"
+	"path/filepath"
+	"runtime"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/require"
+	"golang.org/x/sys/unix"
+
+	"github.com/cuvmm/cuvmm/internal/testutil"
+	"github.com/cuvmm/cuvmm/internal/unixsock"
+	"github.com/cuvmm/cuvmm/pinned"
+)
+
+// A peer that says hello and goes silent, and one that sends half a request, are dropped on time
+// with their buffers released, while a working client is served throughout and a quiet Client
+// (which pings ahead of the idle timeout) is kept.
+func TestBrokerDropsSilentPeers(t *testing.T) {
+	testutil.Run(t, func(t *testing.T, b *testutil.Backend) {
+		ctx := testCtx(t)
+		dev := b.Device(t, 0)
+		region := newRegion(t, dev, 4*mib, pinned.Options{})
+		const timeout = 300 * time.Millisecond
+		srv, path := startServer(t, region, Options{StreamsPerDevice: 1, IdleTimeout: timeout, ReadTimeout: timeout})
+		good := dial(t, path)
+		gb, err := good.Register(ctx, newDevBuffer(t, dev, 1, 2*mib))
+		require.NoError(t, err)
+		quiet := dial(t, path)
+		require.Equal(t, timeout, quiet.Info().IdleTimeout)
+		qb, err := quiet.Register(ctx, newDevBuffer(t, dev, 1, 2*mib))
+		require.NoError(t, err)
+		silent := rawConn(t, path, true)
+		half := rawConn(t, path, true)
+		frame := append(frameHeader(KindRequest, RequestSize, 0), encodeReq(request{op: OpPing, id: 2})...)
+		_, err = half.Write(frame[:20])
+		require.NoError(t, err)
+
+		start := time.Now()
+		for time.Since(start) < 2*timeout {
+			t0 := time.Now()
+			require.NoError(t, good.Copy(ctx, Request{Buffer: gb.ID(), Dir: ToDevice, Length: mib}))
+			require.Less(t, time.Since(t0), 200*time.Millisecond, "the working client waited")
+			time.Sleep(20 * time.Millisecond)
+		}
+		for name, c := range map[string]*net.UnixConn{"silent": silent, "half": half} {
+			require.NoError(t, c.SetReadDeadline(time.Now().Add(time.Second)))
+			resp, err := readResponse(unixsock.NewConn(c, unix.Ucred{}))
+			require.NoError(t, err, name)
+			want := StatusIdle
+			if name == "half" {
+				want = StatusTimeout
+			}
+			require.Equal(t, want, resp.status, "%s: %s", name, resp.text)
+		}
+		require.Less(t, time.Since(start), 4*timeout)
+		eventually(t, "the silent peers to be dropped", func() bool { return srv.Stats().Workers == 2 })
+		require.Equal(t, uint64(2), srv.Stats().Dropped)
+		require.NoError(t, quiet.Copy(ctx, Request{Buffer: qb.ID(), Dir: ToHost, Length: mib}), "the quiet client was kept")
+	})
+}
+
+func TestBrokerConnectionCapAndPaths(t *testing.T) {
+	testutil.Run(t, func(t *testing.T, b *testutil.Backend) {
+		ctx := testCtx(t)
+		dev := b.Device(t, 0)
+		region := newRegion(t, dev, 4*mib, pinned.Options{})
+		_, path := startServer(t, region, Options{StreamsPerDevice: 1, MaxConnsPerUID: 1})
+		dial(t, path)
+		_, err := DialContext(ctx, path, DialOptions{})
+		require.ErrorIs(t, err, ErrConnLimit)
+		require.ErrorContains(t, err, "MaxConnsPerUID")
+
+		_, err = Listen(region, "@cuvmm-broker", Options{})
+		require.ErrorIs(t, err, ErrPermission)
+		_, err = DialContext(ctx, "@cuvmm-broker", DialOptions{})
+		require.ErrorIs(t, err, ErrPermission)
+
+		_, path2 := startServer(t, region, Options{StreamsPerDevice: 1})
+		errc := make(chan error, 1)
+		if os.Geteuid() == 0 {
+			go func() {
+				runtime.LockOSThread() // retired with the goroutine, filesystem uid and all
+				unix.Setfsuid(65534)
+				_, err := DialContext(context.Background(), path2, DialOptions{})
+				errc <- err
+			}()
+		} else {
+			dir := filepath.Dir(path2)
+			require.NoError(t, os.Chmod(dir, 0))
+			defer os.Chmod(dir, 0o700)
+			_, err := DialContext(ctx, path2, DialOptions{})
+			errc <- err
+		}
+		err = <-errc
+		require.ErrorIs(t, err, ErrPermission)
+		require.ErrorIs(t, err, syscall.EACCES)
+	}, testutil.SimOnly())
+}

@@ -1,0 +1,61 @@
+package pool_test
+
+import (
+	"fmt"
+
+	"github.com/cuvmm/cuvmm/driver/sim"
+	"github.com/cuvmm/cuvmm/pool"
+	"github.com/cuvmm/cuvmm/vmm"
+)
+
+// A pool on a simulated GPU: blocks come from pages mapped on demand, a freed block is reused at
+// once on its stream, and when the free memory is scattered a large request is served by stitching
+// idle pages into one range instead of failing.
+func Example() {
+	s := sim.New(sim.MemoryPerDevice(1 << 30))
+	defer s.Close()
+	sys, _ := vmm.Open(s)
+	defer sys.Close()
+	dev, _ := sys.Device(0)
+
+	p, err := pool.New(dev, pool.Options{Limit: 16 << 20, HighWater: ^uint64(0)})
+	if err != nil {
+		fmt.Println(err)
+		return
+	}
+	defer p.Close()
+	stream, _ := dev.NewStream(true)
+	defer stream.Close()
+
+	// Eight 2 MiB blocks fill the limit; free every other one.
+	var blocks, keep []*pool.Block
+	for i := 0; i < 8; i++ {
+		b, _ := p.Alloc(2<<20, stream)
+		blocks = append(blocks, b)
+	}
+	for i, b := range blocks {
+		if i%2 == 0 {
+			_ = p.Free(b, stream)
+		} else {
+			keep = append(keep, b)
+		}
+	}
+	// 8 MiB are free but no two free pages are adjacent: the pool stitches them.
+	big, err := p.AllocTag(8<<20, stream, "scratch")
+	if err != nil {
+		fmt.Println(err)
+		return
+	}
+	st := p.Stats()
+	fmt.Printf("mapped %d MiB, allocated %d MiB, stitches %d, new pages %d\n", st.Mapped>>20, st.Allocated>>20, st.Stitches, st.NewPages)
+
+	_ = p.Free(big, stream)
+	for _, b := range keep {
+		_ = p.Free(b, stream)
+	}
+	released, _ := p.Trim()
+	fmt.Printf("trim released %d MiB\n", released>>20)
+	// Output:
+	// mapped 16 MiB, allocated 16 MiB, stitches 1, new pages 8
+	// trim released 16 MiB
+}

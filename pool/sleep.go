@@ -1,0 +1,136 @@
+package pool
+
+import (
+	"errors"
+	"fmt"
+	"slices"
+
+	"github.com/cuvmm/cuvmm/driver"
+	"github.com/cuvmm/cuvmm/vmm"
+)
+
+// Chunked returns the pool's mapped memory as a vmm.Chunked: Ptr is the reservation's start, and the
+// chunks are the mapped physical pages at their offsets, in offset order, with holes where nothing is
+// mapped; Len is the end of the last chunk. It is a snapshot: the pool maps and unmaps pages as blocks
+// come and go, so use it while nothing allocates or frees (for example between Freeze-like quiet
+// points of a service, or right before Sleep to copy content out and right after Wake to copy it back).
+func (p *Pool) Chunked() vmm.Chunked {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	offs := make([]uint64, 0, len(p.pages))
+	for off := range p.pages {
+		offs = append(offs, off)
+	}
+	slices.Sort(offs)
+	v := &chunkView{ptr: p.res.Ptr()}
+	for _, off := range offs {
+		v.chunks = append(v.chunks, vmm.Chunk{Offset: off, Allocation: p.pages[off].alloc})
+		v.length = off + p.pageSize
+	}
+	return v
+}
+
+type chunkView struct {
+	ptr    driver.DevicePtr
+	length uint64
+	chunks []vmm.Chunk
+}
+
+func (v *chunkView) Ptr() driver.DevicePtr { return v.ptr }
+func (v *chunkView) Len() uint64           { return v.length }
+func (v *chunkView) Chunks() []vmm.Chunk   { return v.chunks }
+
+// Sleep gives the pool's physical memory back to the driver while every block keeps its address:
+// it waits for pending frees (their events), releases idle pages for good, and unmaps and releases
+// the pages under live blocks, remembering where they were. Their content is not kept: copy what must
+// survive out first (through Chunked). Until Wake, Alloc and Free fail with ErrAsleep and work must not
+// touch the blocks.
+func (p *Pool) Sleep() error {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if err := p.usable("sleep"); err != nil {
+		return err
+	}
+	if err := p.drain(true); err != nil {
+		return fmt.Errorf("pool: sleep: %w", err)
+	}
+	if _, err := p.releaseIdle(0); err != nil {
+		return fmt.Errorf("pool: sleep: %w", err)
+	}
+	offs := make([]uint64, 0, len(p.pages))
+	for off := range p.pages {
+		offs = append(offs, off)
+	}
+	slices.Sort(offs)
+	for i, off := range offs {
+		if _, err := p.dropPages(off, 1); err != nil {
+			p.slept = offs[:i]
+			rerr := p.restore()
+			return fmt.Errorf("pool: sleep: %w", errors.Join(err, rerr))
+		}
+	}
+	p.slept, p.asleep = offs, true
+	return nil
+}
+
+// Wake maps new physical memory at every offset Sleep released, with the same access, so every block
+// is usable at its old address again (with undefined content). When the device has no room it fails
+// with an error wrapping driver.ErrOutOfMemory, stays asleep with nothing mapped, and can be retried.
+func (p *Pool) Wake() error {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if p.closed {
+		return fmt.Errorf("pool: wake: %w", vmm.ErrClosed)
+	}
+	if !p.asleep {
+		return fmt.Errorf("pool: wake: the pool is not asleep: %w", vmm.ErrInvalidValue)
+	}
+	if err := p.restore(); err != nil {
+		return fmt.Errorf("pool: wake: %w", err)
+	}
+	p.slept, p.asleep = nil, false
+	return nil
+}
+
+// restore maps new pages at the offsets in p.slept, run by run; on failure it unmaps what it mapped.
+func (p *Pool) restore() error {
+	for i := 0; i < len(p.slept); {
+		j := i + 1
+		for j < len(p.slept) && p.slept[j] == p.slept[j-1]+p.pageSize {
+			j++
+		}
+		if err := p.newRun(p.slept[i], uint64(j-i)); err != nil {
+			for _, off := range p.slept[:i] {
+				_, derr := p.dropPages(off, 1)
+				err = errors.Join(err, derr)
+			}
+			return err
+		}
+		i = j
+	}
+	return nil
+}
+
+// newRun creates and maps n new pages at off and grants access, all or nothing.
+func (p *Pool) newRun(off, n uint64) error {
+	var err error
+	var done uint64
+	for done < n {
+		var a *vmm.Allocation
+		if a, err = p.dev.Allocate(p.pageSize, vmm.AllocOptions{}); err != nil {
+			break
+		}
+		if err = p.mapPage(off+done*p.pageSize, a); err != nil {
+			break
+		}
+		done++
+	}
+	if err == nil {
+		err = p.res.SetAccess(off, n*p.pageSize, p.access...)
+	}
+	if err != nil && done > 0 {
+		_, derr := p.dropPages(off, done)
+		err = errors.Join(err, derr)
+	}
+	return err
+}

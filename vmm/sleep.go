@@ -1,0 +1,168 @@
+package vmm
+
+import (
+	"errors"
+	"fmt"
+
+	"github.com/cuvmm/cuvmm/driver"
+)
+
+// Putting an allocation to sleep: its physical memory is released while the Allocation value, the
+// Mapping values that refer to it and the reservation stay, so that the buffer that owns them
+// (growbuf.Buffer, stripe.Range, a reservation's mappings) keeps working once the memory is
+// recreated at the same address. Package offload builds sleep and wake of whole buffers on it.
+
+// ErrAsleep is returned for an operation that needs the physical memory of an allocation that is
+// asleep (ReleaseAt), or for waking one that is awake.
+var ErrAsleep = errors.New("vmm: allocation asleep")
+
+// ErrExported is returned by ReleaseAt for an allocation that was exported as a shareable handle:
+// other processes may hold it, so releasing it here would not free the memory.
+var ErrExported = errors.New("vmm: allocation exported to other processes")
+
+// sleepState is an Allocation's sleep and export state, guarded by its owner's lock.
+type sleepState struct {
+	asleep   bool
+	exported bool
+	onClose  func() // run (under the owner's lock) when the allocation is closed while asleep
+}
+
+func (a *Allocation) noteExported() {
+	a.own.Lock()
+	a.sleep.exported = true
+	a.own.Unlock()
+}
+
+// closeAsleep is Close's free step for an allocation whose memory is already released: nothing to
+// release, and the owner of the sleep hears of it. The caller holds the owner's lock. It reports
+// whether a was asleep.
+func (a *Allocation) closeAsleep() bool {
+	if !a.sleep.asleep {
+		return false
+	}
+	if f := a.sleep.onClose; f != nil {
+		a.sleep.onClose = nil
+		f()
+	}
+	return true
+}
+
+// Asleep reports whether the allocation's physical memory is released (ReleaseAt) and not yet
+// recreated (RecreateAt).
+func (a *Allocation) Asleep() bool {
+	a.own.Lock()
+	defer a.own.Unlock()
+	return a.sleep.asleep
+}
+
+// Exported reports whether the allocation was ever exported as a shareable handle (Export,
+// ExportFabric, and so ipc.Export).
+func (a *Allocation) Exported() bool {
+	a.own.Lock()
+	defer a.own.Unlock()
+	return a.sleep.exported
+}
+
+// ReleaseAt puts the allocation to sleep: it unmaps it from ptr, where it must be mapped once and
+// whole, and releases its physical memory (cuMemUnmap, cuMemRelease). The Allocation and its
+// mappings stay valid values; their memory is gone until RecreateAt. Either both calls happen or
+// neither: when the release fails, the memory is mapped again at ptr with access. Imported
+// allocations are refused (their exporter owns the memory), and so are exported ones (ErrExported)
+// unless force is set. onClose, when not nil, runs if the allocation is closed while asleep (with the
+// allocation locked: it must not call into this package). The caller must not use the memory, or Handle, until RecreateAt.
+func (a *Allocation) ReleaseAt(ptr driver.DevicePtr, access []Access, force bool, onClose func()) error {
+	if err := a.check("release to sleep"); err != nil {
+		return err
+	}
+	a.own.Lock()
+	defer a.own.Unlock()
+	switch {
+	case a.sleep.asleep:
+		return fmt.Errorf("vmm: release %s at %#x: already released: %w", a, uint64(ptr), ErrAsleep)
+	case a.imported:
+		return fmt.Errorf("vmm: release %s at %#x: it is imported, its exporter owns the memory: %w", a, uint64(ptr), ErrInvalidValue)
+	case a.sleep.exported && !force:
+		return fmt.Errorf("vmm: release %s at %#x: %w", a, uint64(ptr), ErrExported)
+	case a.mappings.Load() != 1:
+		return fmt.Errorf("vmm: release %s at %#x: it has %d mappings, want 1: %w", a, uint64(ptr), a.mappings.Load(), ErrInvalidValue)
+	}
+	descs := accessDescs(access)
+	err := a.dev.do(func(api driver.API) error {
+		if err := api.MemUnmap(ptr, a.size); err != nil {
+			return fmt.Errorf("cuMemUnmap: %w", err)
+		}
+		if err := api.MemRelease(a.handle); err != nil {
+			err = fmt.Errorf("cuMemRelease: %w", err)
+			return errors.Join(err, remap(api, ptr, a.size, a.handle, descs))
+		}
+		return nil
+	})
+	if err != nil {
+		return fmt.Errorf("vmm: release %s at %#x: %w", a, uint64(ptr), err)
+	}
+	a.handle = 0
+	a.sleep.asleep = true
+	a.sleep.onClose = onClose
+	return nil
+}
+
+// remap maps h at ptr again and restores access (undoing an unmap).
+func remap(api driver.API, ptr driver.DevicePtr, size uint64, h driver.MemHandle, descs []driver.AccessDesc) error {
+	if err := api.MemMap(ptr, size, 0, h, 0); err != nil {
+		return fmt.Errorf("undo cuMemUnmap: cuMemMap: %w", err)
+	}
+	if len(descs) == 0 {
+		return nil
+	}
+	if err := api.MemSetAccess(ptr, size, descs); err != nil {
+		return fmt.Errorf("undo cuMemUnmap: cuMemSetAccess: %w", err)
+	}
+	return nil
+}
+
+// RecreateAt wakes an allocation released with ReleaseAt: it creates physical memory with the same
+// properties and size (cuMemCreate), maps it at ptr and grants access (cuMemMap, cuMemSetAccess).
+// Either all happen or none: on failure the allocation stays asleep and the error wraps the
+// driver's (driver.ErrOutOfMemory when someone else took the memory), so the call can be retried.
+// The new memory's content is undefined.
+func (a *Allocation) RecreateAt(ptr driver.DevicePtr, access []Access) error {
+	if err := a.check("recreate"); err != nil {
+		return err
+	}
+	a.own.Lock()
+	defer a.own.Unlock()
+	if !a.sleep.asleep {
+		return fmt.Errorf("vmm: recreate %s at %#x: it is awake: %w", a, uint64(ptr), ErrInvalidValue)
+	}
+	descs := accessDescs(access)
+	var h driver.MemHandle
+	err := a.dev.do(func(api driver.API) error {
+		var err error
+		if h, err = api.MemCreate(a.size, &a.prop, 0); err != nil {
+			return fmt.Errorf("cuMemCreate: %w", err)
+		}
+		if err = api.MemMap(ptr, a.size, 0, h, 0); err != nil {
+			err = fmt.Errorf("cuMemMap: %w", err)
+		} else if len(descs) > 0 {
+			if err = api.MemSetAccess(ptr, a.size, descs); err != nil {
+				err = fmt.Errorf("cuMemSetAccess %v: %w", access, err)
+				if uerr := api.MemUnmap(ptr, a.size); uerr != nil {
+					err = errors.Join(err, fmt.Errorf("undo cuMemMap: %w", uerr))
+				}
+			}
+		}
+		if err != nil {
+			if rerr := api.MemRelease(h); rerr != nil {
+				err = errors.Join(err, fmt.Errorf("undo cuMemCreate: %w", rerr))
+			}
+		}
+		return err
+	})
+	if err != nil {
+		return fmt.Errorf("vmm: recreate %s at %#x: %w", a, uint64(ptr), err)
+	}
+	a.handle = h
+	a.sleep.asleep = false
+	a.sleep.onClose = nil
+	return nil
+}
