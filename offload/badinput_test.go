@@ -2,7 +2,6 @@ package offload_test
 
 import (
 	"context"
-	"errors"
 	"testing"
 
 	"github.com/stretchr/testify/require"
@@ -220,4 +219,3 @@ func TestOutOfHostMemory(t *testing.T) {
 	}, testutil.SimOnly())
 }
 
-var _ = errors.Is
