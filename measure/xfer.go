@@ -131,6 +131,11 @@ func (o *XferOptions) check() error {
 	if o.Devices[0] == o.Devices[1] {
 		return fmt.Errorf("--devices %d,%d: NCCL needs two different devices: %w", o.Devices[0], o.Devices[1], ErrInvalidOption)
 	}
+	for _, d := range o.Devices {
+		if n := o.Backend.Sys.DeviceCount(); d < 0 || d >= n {
+			return fmt.Errorf("--devices %d,%d: the %s backend has %d devices: %w", o.Devices[0], o.Devices[1], o.Backend.Name, n, ErrInvalidOption)
+		}
+	}
 	o.Block = cmp0(o.Block, 2<<20)
 	if o.Size == 0 || o.Size%o.Block != 0 {
 		return fmt.Errorf("--size %d: want a positive multiple of the block size %s: %w", o.Size, units.FormatSize(o.Block), ErrInvalidOption)

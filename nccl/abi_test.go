@@ -120,9 +120,28 @@ func TestABIAgainstNCCLHeader(t *testing.T) {
 	sort.Strings(names)
 	extra := []string{"NCCL_VERSION_CODE", "sizeof(ncclConfig_t)"}
 
+	got := probe(t, cc, inc, append(append([]string{}, names...), extra...))
+	for _, n := range names {
+		if g, ok := got[n]; !ok || g != want[n] {
+			t.Errorf("ABI mismatch: %s is %d in nccl.h (present %v), %d in this package", n, g, ok, want[n])
+		}
+	}
+	code, size := got["NCCL_VERSION_CODE"], got["sizeof(ncclConfig_t)"]
+	if code/100 == VersionConfigHeader/100 && size != configSize() {
+		t.Errorf("sizeof(ncclConfig_t) is %d in nccl.h %s, %d in this package's 2.28 declaration", size, FormatVersion(int(code)), configSize())
+	}
+	if size < configSize() {
+		t.Errorf("sizeof(ncclConfig_t) is %d in nccl.h %s, smaller than this package's %d", size, FormatVersion(int(code)), configSize())
+	}
+	t.Logf("checked %d sizes, offsets and values against %s/nccl.h (NCCL %s, ncclConfig_t %d bytes)", len(names), inc, FormatVersion(int(code)), size)
+}
+
+// probe compiles and runs a C program against inc/nccl.h that prints each expression in exprs.
+func probe(t *testing.T, cc, inc string, exprs []string) map[string]int64 {
+	t.Helper()
 	var b strings.Builder
 	b.WriteString("#include <stddef.h>\n#include <stdio.h>\n#include <nccl.h>\nint main(void) {\n")
-	for _, n := range append(append([]string{}, names...), extra...) {
+	for _, n := range exprs {
 		fmt.Fprintf(&b, "printf(\"%%s\\t%%lld\\n\", %q, (long long)(%s));\n", n, n)
 	}
 	b.WriteString("return 0;\n}\n")
@@ -153,17 +172,5 @@ func TestABIAgainstNCCLHeader(t *testing.T) {
 		}
 		got[k] = n
 	}
-	for _, n := range names {
-		if g, ok := got[n]; !ok || g != want[n] {
-			t.Errorf("ABI mismatch: %s is %d in nccl.h (present %v), %d in this package", n, g, ok, want[n])
-		}
-	}
-	code, size := got["NCCL_VERSION_CODE"], got["sizeof(ncclConfig_t)"]
-	if code/100 == VersionConfigHeader/100 && size != configSize() {
-		t.Errorf("sizeof(ncclConfig_t) is %d in nccl.h %s, %d in this package's 2.28 declaration", size, FormatVersion(int(code)), configSize())
-	}
-	if size < configSize() {
-		t.Errorf("sizeof(ncclConfig_t) is %d in nccl.h %s, smaller than this package's %d", size, FormatVersion(int(code)), configSize())
-	}
-	t.Logf("checked %d sizes, offsets and values against %s/nccl.h (NCCL %s, ncclConfig_t %d bytes)", len(names), inc, FormatVersion(int(code)), size)
+	return got
 }

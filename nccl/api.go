@@ -170,8 +170,10 @@ type API interface {
 	CommRegister(c CommHandle, ptr driver.DevicePtr, size uint64) (RegHandle, error)
 	// CommDeregister calls ncclCommDeregister (2.19+).
 	CommDeregister(c CommHandle, h RegHandle) error
-	// CommWindowRegister calls ncclCommWindowRegister (2.27+; collective: every rank calls it).
-	CommWindowRegister(c CommHandle, ptr driver.DevicePtr, size uint64, flags int) (Window, error)
+	// CommWindowRegister calls ncclCommWindowRegister (2.27+; collective: every rank calls it). On a
+	// non-blocking communicator NCCL writes the window when the registration completes, after the
+	// call returns InProgress: call window, once, after CommGetAsyncError reports success.
+	CommWindowRegister(c CommHandle, ptr driver.DevicePtr, size uint64, flags int) (window func() Window, err error)
 	// CommWindowDeregister calls ncclCommWindowDeregister (2.27+).
 	CommWindowDeregister(c CommHandle, w Window) error
 

@@ -1,6 +1,7 @@
 package nccl
 
 import (
+	"context"
 	"fmt"
 
 	"github.com/cuvmm/cuvmm/driver"
@@ -204,4 +205,14 @@ func (g *Group) fail(err error) *Group {
 		g.err = err
 	}
 	return g
+}
+
+// SendBuffer is a group of one SendBuffer, run (see Group.Run).
+func (c *Comm) SendBuffer(ctx context.Context, buf vmm.Chunked, peer int, s *vmm.Stream) error {
+	return c.Group().SendBuffer(buf, peer, s).Run(ctx)
+}
+
+// RecvBuffer is a group of one RecvBuffer, run.
+func (c *Comm) RecvBuffer(ctx context.Context, buf vmm.Chunked, peer int, s *vmm.Stream) error {
+	return c.Group().RecvBuffer(buf, peer, s).Run(ctx)
 }

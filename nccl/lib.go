@@ -9,6 +9,7 @@ package nccl
 import "C"
 
 import (
+	"errors"
 	"fmt"
 	"os"
 	"strings"
@@ -264,7 +265,8 @@ func (l *ncclLib) GetUniqueID() (UniqueID, error) {
 	return id, nil
 }
 
-// configToC fills c from cfg; strings become C memory the caller frees with freeConfig.
+// configToC fills c from cfg. The strings become C memory that is never freed: NCCL keeps the
+// pointers (comm->config.commName) and reads netName from its initialization thread.
 func configToC(cfg *Config, c *C.ncclConfig_) {
 	c.blocking = C.int(cfg.Blocking)
 	c.cgaClusterSize = C.int(cfg.CGAClusterSize)
@@ -286,11 +288,6 @@ func configToC(cfg *Config, c *C.ncclConfig_) {
 	c.nvlinkCentricSched = C.int(cfg.NvlinkCentricSched)
 }
 
-func freeConfig(c *C.ncclConfig_) {
-	C.free(unsafe.Pointer(c.netName))
-	C.free(unsafe.Pointer(c.commName))
-}
-
 func (l *ncclLib) CommInitRankConfig(nranks int, id UniqueID, rank int, dev driver.Device, cfg *Config) (CommHandle, error) {
 	fn, err := l.sym(symCommInitRankConfig)
 	if err != nil {
@@ -299,7 +296,6 @@ func (l *ncclLib) CommInitRankConfig(nranks int, id UniqueID, rank int, dev driv
 	c := (*C.ncclConfig_)(C.calloc(1, C.sizeof_ncclConfig_))
 	defer C.free(unsafe.Pointer(c))
 	configToC(cfg, c)
-	defer freeConfig(c)
 	cid := (*C.ncclUniqueId_)(C.calloc(1, C.sizeof_ncclUniqueId_))
 	defer C.free(unsafe.Pointer(cid))
 	C.memcpy(unsafe.Pointer(&cid.internal[0]), unsafe.Pointer(&id[0]), UniqueIDBytes)
@@ -369,14 +365,31 @@ func (l *ncclLib) CommDeregister(c CommHandle, h RegHandle) error {
 	return l.call(symCommDeregister, c, C.cuvmm_ncclCommDeregister(fn, C.uintptr_t(c), C.uintptr_t(h)))
 }
 
-func (l *ncclLib) CommWindowRegister(c CommHandle, ptr driver.DevicePtr, size uint64, flags int) (Window, error) {
+func (l *ncclLib) CommWindowRegister(c CommHandle, ptr driver.DevicePtr, size uint64, flags int) (func() Window, error) {
 	fn, err := l.sym(symCommWindowRegister)
 	if err != nil {
-		return 0, err
+		return nil, err
 	}
-	var w C.uintptr_t
-	rc := C.cuvmm_ncclCommWindowRegister(fn, C.uintptr_t(c), C.uint64_t(ptr), C.size_t(size), &w, C.int(flags))
-	return Window(w), l.call(symCommWindowRegister, c, rc)
+	// NCCL writes the window from its own thread when a non-blocking registration completes, so the
+	// slot must be C memory that outlives this call. It is freed when the window is read; a
+	// registration that never completes (an abort) leaves its 8 bytes behind, since NCCL might
+	// still write them.
+	slot := (*C.uintptr_t)(C.calloc(1, C.size_t(unsafe.Sizeof(C.uintptr_t(0)))))
+	rc := C.cuvmm_ncclCommWindowRegister(fn, C.uintptr_t(c), C.uint64_t(ptr), C.size_t(size), slot, C.int(flags))
+	err = l.call(symCommWindowRegister, c, rc)
+	if err != nil && !errors.Is(err, ErrInProgress) {
+		C.free(unsafe.Pointer(slot))
+		return nil, err
+	}
+	var once sync.Once
+	var w Window
+	return func() Window {
+		once.Do(func() {
+			w = Window(*slot)
+			C.free(unsafe.Pointer(slot))
+		})
+		return w
+	}, err
 }
 
 func (l *ncclLib) CommWindowDeregister(c CommHandle, w Window) error {

@@ -89,9 +89,9 @@ static inline int cuvmm_ncclGetUniqueId(void *fn, ncclUniqueId_ *id) {
 	return ((ncclResult_(*)(ncclUniqueId_ *))fn)(id);
 }
 
-// cuvmm_ncclCommInitRankConfig fills a config as NCCL_CONFIG_INITIALIZER does, then copies the
-// caller's fields over it. The strings are the caller's C memory, freed after the call (NCCL copies
-// netName and commName during the call).
+// cuvmm_ncclCommInitRankConfig completes the caller's config as NCCL_CONFIG_INITIALIZER does (size,
+// magic, version) and calls the function. NCCL copies the struct during the call; the strings it
+// points at must outlive the communicator.
 static inline int cuvmm_ncclCommInitRankConfig(void *fn, uintptr_t *comm, int nranks, const ncclUniqueId_ *id, int rank,
                                                const ncclConfig_ *user) {
 	ncclConfig_ cfg = *user;
@@ -125,13 +125,11 @@ static inline int cuvmm_ncclCommDeregister(void *fn, uintptr_t comm, uintptr_t h
 	return ((ncclResult_(*)(void *, void *))fn)((void *)comm, (void *)handle);
 }
 
+// win must stay valid until a non-blocking registration completes: NCCL writes it from its own thread.
 static inline int cuvmm_ncclCommWindowRegister(void *fn, uintptr_t comm, uint64_t ptr, size_t size, uintptr_t *win,
                                                int flags) {
-	void *w = NULL;
-	int rc = ((ncclResult_(*)(void *, void *, size_t, void **, int))fn)((void *)comm, (void *)(uintptr_t)ptr, size, &w,
-	                                                                     flags);
-	*win = (uintptr_t)w;
-	return rc;
+	return ((ncclResult_(*)(void *, void *, size_t, void **, int))fn)((void *)comm, (void *)(uintptr_t)ptr, size,
+	                                                                   (void **)win, flags);
 }
 
 static inline int cuvmm_ncclCommWindowDeregister(void *fn, uintptr_t comm, uintptr_t win) {

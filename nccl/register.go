@@ -120,9 +120,10 @@ func (r *Registration) bounds() (lo, hi uint64) {
 func (c *Comm) registerPiece(ctx context.Context, r *Registration, p *regPiece, o RegisterOptions) error {
 	ptr := r.ptr + driver.DevicePtr(p.off)
 	var callErr error
+	var window func() Window
 	if err := c.dev.Raw(func(driver.API) error {
 		if o.Window {
-			p.win, callErr = c.lib.CommWindowRegister(c.h, ptr, p.size, o.WindowFlags)
+			window, callErr = c.lib.CommWindowRegister(c.h, ptr, p.size, o.WindowFlags)
 		} else {
 			p.handle, callErr = c.lib.CommRegister(c.h, ptr, p.size)
 		}
@@ -131,7 +132,10 @@ func (c *Comm) registerPiece(ctx context.Context, r *Registration, p *regPiece, 
 		return err
 	}
 	if errors.Is(callErr, ErrInProgress) {
-		return c.waitLocked(ctx, "window registration")
+		callErr = c.waitLocked(ctx, "window registration")
+	}
+	if callErr == nil && window != nil {
+		p.win = window()
 	}
 	return callErr
 }

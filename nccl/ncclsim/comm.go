@@ -346,26 +346,27 @@ func (l *Lib) CommDeregister(h nccl.CommHandle, rh nccl.RegHandle) error {
 	return nil
 }
 
-func (l *Lib) CommWindowRegister(h nccl.CommHandle, ptr driver.DevicePtr, size uint64, flags int) (nccl.Window, error) {
+func (l *Lib) CommWindowRegister(h nccl.CommHandle, ptr driver.DevicePtr, size uint64, flags int) (func() nccl.Window, error) {
 	const call = "ncclCommWindowRegister"
 	if err := l.needs(call, nccl.VersionWindow); err != nil {
-		return 0, err
+		return nil, err
 	}
 	c := l.comm(h)
 	if c == nil {
-		return 0, fail(call, nccl.InvalidArgument, "unknown communicator")
+		return nil, fail(call, nccl.InvalidArgument, "unknown communicator")
 	}
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	if c.state != stateReady {
-		return 0, fail(call, nccl.InvalidUsage, "the communicator is not ready")
+		return nil, fail(call, nccl.InvalidUsage, "the communicator is not ready")
 	}
 	if ptr == 0 || size == 0 {
-		return 0, fail(call, nccl.InvalidArgument, "null buffer or zero size")
+		return nil, fail(call, nccl.InvalidArgument, "null buffer or zero size")
 	}
 	c.nextH++
-	c.wins[nccl.Window(c.nextH)] = span{ptr, size}
-	return nccl.Window(c.nextH), nil
+	w := nccl.Window(c.nextH)
+	c.wins[w] = span{ptr, size}
+	return func() nccl.Window { return w }, nil
 }
 
 func (l *Lib) CommWindowDeregister(h nccl.CommHandle, w nccl.Window) error {

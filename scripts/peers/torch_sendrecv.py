@@ -117,8 +117,14 @@ def main():
     for proc in procs:
         proc.start()
     result = None
+    deadline = time.time() + 600
     try:
-        result = queue.get(timeout=600)
+        while result is None and time.time() < deadline:
+            try:
+                result = queue.get(timeout=1)
+            except Exception:  # queue.Empty: stop waiting once a rank has failed or both ended
+                if any(p.exitcode not in (None, 0) for p in procs) or all(p.exitcode is not None for p in procs):
+                    break
     finally:
         for proc in procs:
             proc.join(timeout=60)
