@@ -218,4 +218,3 @@ func TestOutOfHostMemory(t *testing.T) {
 		requirePattern(t, d, buf.Ptr(), 8*mib, 2)
 	}, testutil.SimOnly())
 }
-
