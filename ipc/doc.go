@@ -17,7 +17,8 @@
 //   - Export / Send / Receive / Open: a buffer's descriptor and files; Open makes a Buffer, the
 //     receiver's mapping of the whole buffer.
 //   - Listen / Server.Publish / Dial / Client.Fetch: named buffers served on a socket path, with the
-//     peer's uid checked (SO_PEERCRED).
+//     peer's uid checked (SO_PEERCRED), connections capped, and silent peers dropped (see
+//     ServerOptions and docs/ipc.md, Security).
 //   - GetFD / ReceiveFromPID: the pidfd path (pidfd_open + pidfd_getfd) for peers that publish
 //     (pid, fd) pairs instead of connecting a socket.
 //   - HandleTypes / Allocate: FABRIC together with POSIX_FD where the driver grants it, POSIX_FD alone
@@ -34,7 +35,8 @@
 // # Errors
 //
 // Every received descriptor is close-on-exec, and every one is closed when a read or a decode fails.
-// Protocol faults wrap ErrProtocol (ErrTooLarge for size limits); a server's refusals arrive as a
-// *RemoteError that matches ErrNotFound, ErrPermission or ErrProtocol with errors.Is; driver failures
-// keep their driver sentinels (driver.ErrInvalidValue, driver.ErrInvalidHandle, ...).
+// A received memfd must be sealed against resizing (Open checks). Protocol faults wrap ErrProtocol
+// (ErrMessageTooLarge for size limits); a server's refusals arrive as a *ServerError that matches
+// ErrNotFound, ErrPermission, ErrProtocol, ErrConnLimit, ErrIdle or ErrTimeout with errors.Is; driver
+// failures keep their driver sentinels (driver.ErrInvalidValue, driver.ErrInvalidHandle, ...).
 package ipc

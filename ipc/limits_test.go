@@ -91,6 +91,9 @@ func TestAbstractNamesAndEACCES(t *testing.T) {
 	require.ErrorContains(t, err, "abstract")
 	_, err = ipc.Dial("@cuvmm-test")
 	require.ErrorIs(t, err, ipc.ErrPermission)
+	_, err = ipc.ListenUnix("@x") // the deprecated bare listener applies the same rules
+	require.ErrorIs(t, err, ipc.ErrPermission)
+	require.NoFileExists(t, "@x")
 
 	s := serve(t, ipc.ServerOptions{})
 	errc := make(chan error, 1)

@@ -76,7 +76,8 @@ func Listen(path string, opts ServerOptions) (*Server, error) {
 	s := &Server{path: path, opts: opts, bufs: map[string]*published{}}
 	ln, err := unixsock.Listen(path, unixsock.Options{AllowUIDs: opts.AllowUIDs, Authorize: opts.Authorize,
 		MaxConns: opts.MaxConns, MaxConnsPerUID: opts.MaxConnsPerUID, IdleTimeout: opts.IdleTimeout,
-		ReadTimeout: opts.ReadTimeout, WriteTimeout: opts.Timeout, Refuse: s.refuse, Logf: s.prefixedLogf})
+		ReadTimeout: opts.ReadTimeout, WriteTimeout: opts.Timeout, MaxPayload: MaxNameLen,
+		Refuse: s.refuse, Logf: s.prefixedLogf})
 	if err != nil {
 		return nil, fmt.Errorf("ipc: %w", err)
 	}

@@ -197,23 +197,30 @@ func pinReadyTimes(o *PinnedOptions, dev *vmm.Device, res *PinnedResult) error {
 	if err = errors.Join(err, pinned.Unmap(mem)); err != nil {
 		return err
 	}
-	if baseline {
-		bar := begin(o.Progress, "cuMemHostAlloc", size)
-		bar.Update(0)
-		t0 := time.Now()
-		hb, err := dev.HostAlloc(size, driver.HostAllocPortable|driver.HostAllocDeviceMap)
-		sec := time.Since(t0).Seconds()
-		bar.Done()
-		if err != nil {
-			return err
-		}
-		res.Ready = append(res.Ready, PinnedReady{Method: "cuMemHostAlloc", Seconds: sec, Note: "the baseline"})
-		if err := hb.Close(); err != nil {
-			return err
-		}
-		res.ReadyVsHostAlloc = def / sec
+	if !baseline {
+		return nil
 	}
+	sec, err = pinHostAllocTime(o, dev)
+	if err != nil {
+		return err
+	}
+	res.Ready = append(res.Ready, PinnedReady{Method: "cuMemHostAlloc", Seconds: sec, Note: "the baseline"})
+	res.ReadyVsHostAlloc = def / sec
 	return nil
+}
+
+// pinHostAllocTime times cuMemHostAlloc of the region's size: the baseline.
+func pinHostAllocTime(o *PinnedOptions, dev *vmm.Device) (float64, error) {
+	bar := begin(o.Progress, "cuMemHostAlloc", o.Size)
+	bar.Update(0)
+	t0 := time.Now()
+	hb, err := dev.HostAlloc(o.Size, driver.HostAllocPortable|driver.HostAllocDeviceMap)
+	sec := time.Since(t0).Seconds()
+	bar.Done()
+	if err != nil {
+		return 0, err
+	}
+	return sec, hb.Close()
 }
 
 func pinFree(devs []*vmm.Device) ([]uint64, error) {

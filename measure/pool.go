@@ -242,12 +242,12 @@ func poolRunOne(o PoolOptions, d *vmm.Device, name string, tr *pool.Trace, strea
 	r, err := poolReplay(o, d, a, tr, streams, bar)
 	bar.Done()
 	if err == nil {
+		err = a.finish(r) // the replay's peaks, before the cache benchmark adds its own blocks
+	}
+	if err == nil {
 		var lat []int64
 		lat, err = poolCacheBench(a, streams[0], o.CacheIters)
-		if err == nil {
-			r.CacheAllocFreeP50Ns, r.CacheAllocFreeP99Ns = poolPercentile(lat, 0.50), poolPercentile(lat, 0.99)
-			err = a.finish(r)
-		}
+		r.CacheAllocFreeP50Ns, r.CacheAllocFreeP99Ns = poolPercentile(lat, 0.50), poolPercentile(lat, 0.99)
 	}
 	if r != nil && r.PeakInUseBytes > 0 {
 		r.MappedOverInUse = float64(r.PeakMappedBytes) / float64(r.PeakInUseBytes)
@@ -286,88 +286,109 @@ type poolLive struct {
 	verified bool
 }
 
+// poolReplayer is one replay of a trace on one allocator.
+type poolReplayer struct {
+	o                 PoolOptions
+	d                 *vmm.Device
+	a                 poolAllocator
+	r                 *PoolAllocatorResult
+	live              []*poolLive
+	allocLat, freeLat []int64
+	inUse             uint64
+}
+
 // poolReplay runs the trace on a: frees due before each allocation, then the allocation; every
 // VerifyEvery-th block is filled and verified before its free.
 func poolReplay(o PoolOptions, d *vmm.Device, a poolAllocator, tr *pool.Trace, streams []*vmm.Stream, bar Bar) (*PoolAllocatorResult, error) {
-	r := &PoolAllocatorResult{Verified: true}
+	p := &poolReplayer{o: o, d: d, a: a, r: &PoolAllocatorResult{Verified: true}, live: make([]*poolLive, len(tr.Events))}
+	defer p.abandon()
 	frees := tr.FreesBefore()
-	live := make([]*poolLive, len(tr.Events))
-	var allocLat, freeLat []int64
-	var inUse uint64
-	release := func(j int) error {
-		b := live[j]
-		if b == nil {
-			return nil
-		}
-		live[j] = nil
-		inUse -= b.size
-		if b.verified {
-			if err := poolCheck(d, b, uint64(j)); err != nil {
-				r.Verified = false
-				r.Note = err.Error()
-			}
-		}
-		t0 := time.Now()
-		err := a.free(b.h, b.stream)
-		freeLat = append(freeLat, time.Since(t0).Nanoseconds())
-		return err
-	}
-	defer func() { // after an error: give back what is still allocated, so the next allocator has the memory
-		for j := range live {
-			if live[j] != nil {
-				_ = a.free(live[j].h, live[j].stream)
-			}
-		}
-	}()
 	start := time.Now()
 	for i, e := range tr.Events {
 		if i%256 == 0 {
 			bar.Update(uint64(i))
 		}
 		for _, j := range frees[i] {
-			if err := release(j); err != nil {
-				return r, err
+			if err := p.release(j); err != nil {
+				return p.r, err
 			}
 		}
-		s := streams[e.Stream%len(streams)]
-		t0 := time.Now()
-		ptr, h, err := a.alloc(e.Size, s)
-		allocLat = append(allocLat, time.Since(t0).Nanoseconds())
-		if err != nil {
-			if !errors.Is(err, driver.ErrOutOfMemory) {
-				return r, err
-			}
-			r.FailedAllocs++
-			if r.FirstFailure == "" {
-				r.FirstFailure = fmt.Sprintf("allocation %d of %d bytes: %v", i, e.Size, err)
-			}
-			continue
-		}
-		if err := a.sample(); err != nil {
-			return r, err
-		}
-		b := &poolLive{ptr: ptr, h: h, size: e.Size, stream: s, verified: i%o.VerifyEvery == 0 && e.Size >= 8}
-		live[i] = b
-		r.Allocs++
-		inUse += e.Size
-		r.PeakInUseBytes = max(r.PeakInUseBytes, inUse)
-		r.LargestServedBytes = max(r.LargestServedBytes, e.Size)
-		if b.verified {
-			if err := poolFill(d, b, uint64(i)); err != nil {
-				return r, err
-			}
-			r.VerifiedBlocks++
+		if err := p.allocate(i, e, streams[e.Stream%len(streams)]); err != nil {
+			return p.r, err
 		}
 	}
-	for j := len(live) - 1; j >= 0; j-- {
-		if err := release(j); err != nil {
-			return r, err
+	for j := len(p.live) - 1; j >= 0; j-- {
+		if err := p.release(j); err != nil {
+			return p.r, err
 		}
 	}
+	r := p.r
 	r.ReplaySeconds = time.Since(start).Seconds()
-	r.AllocP50Ns, r.AllocP99Ns = poolPercentile(allocLat, 0.50), poolPercentile(allocLat, 0.99)
-	r.FreeP50Ns, r.FreeP99Ns = poolPercentile(freeLat, 0.50), poolPercentile(freeLat, 0.99)
+	r.AllocP50Ns, r.AllocP99Ns = poolPercentile(p.allocLat, 0.50), poolPercentile(p.allocLat, 0.99)
+	r.FreeP50Ns, r.FreeP99Ns = poolPercentile(p.freeLat, 0.50), poolPercentile(p.freeLat, 0.99)
 	return r, nil
+}
+
+// allocate makes block i on s (timed); running out of memory is counted, other errors end the replay.
+func (p *poolReplayer) allocate(i int, e pool.TraceEvent, s *vmm.Stream) error {
+	t0 := time.Now()
+	ptr, h, err := p.a.alloc(e.Size, s)
+	p.allocLat = append(p.allocLat, time.Since(t0).Nanoseconds())
+	r := p.r
+	if err != nil {
+		if !errors.Is(err, driver.ErrOutOfMemory) {
+			return err
+		}
+		r.FailedAllocs++
+		if r.FirstFailure == "" {
+			r.FirstFailure = fmt.Sprintf("allocation %d of %d bytes: %v", i, e.Size, err)
+		}
+		return nil
+	}
+	if err := p.a.sample(); err != nil {
+		return err
+	}
+	b := &poolLive{ptr: ptr, h: h, size: e.Size, stream: s, verified: i%p.o.VerifyEvery == 0 && e.Size >= 8}
+	p.live[i] = b
+	r.Allocs++
+	p.inUse += e.Size
+	r.PeakInUseBytes = max(r.PeakInUseBytes, p.inUse)
+	r.LargestServedBytes = max(r.LargestServedBytes, e.Size)
+	if b.verified {
+		r.VerifiedBlocks++
+		return poolFill(p.d, b, uint64(i))
+	}
+	return nil
+}
+
+// release verifies block j when it was filled, then frees it (timed).
+func (p *poolReplayer) release(j int) error {
+	b := p.live[j]
+	if b == nil {
+		return nil
+	}
+	p.live[j] = nil
+	p.inUse -= b.size
+	if b.verified {
+		if err := poolCheck(p.d, b, uint64(j)); err != nil {
+			p.r.Verified = false
+			p.r.Note = err.Error()
+		}
+	}
+	t0 := time.Now()
+	err := p.a.free(b.h, b.stream)
+	p.freeLat = append(p.freeLat, time.Since(t0).Nanoseconds())
+	return err
+}
+
+// abandon frees what an interrupted replay still holds, so that the next allocator has the memory.
+func (p *poolReplayer) abandon() {
+	for j, b := range p.live {
+		if b != nil {
+			_ = p.a.free(b.h, b.stream)
+			p.live[j] = nil
+		}
+	}
 }
 
 // poolFill waits for the block's stream (the memory is ordered on it), then fills the block.

@@ -75,8 +75,21 @@ type SleepResult struct {
 	// size, every device at once), over the same bytes: the limit.
 	RawD2HGBps float64 `json:"raw_d2h_gbps"`
 	RawH2DGBps float64 `json:"raw_h2d_gbps"`
-	SleepVsRaw float64 `json:"sleep_vs_raw"` // SleepGBps / RawD2HGBps
-	WakeVsRaw  float64 `json:"wake_vs_raw"`  // WakeGBps / RawH2DGBps
+	// RawPinGBps is how fast this host pins fresh memory the way the backup is made (map, fault in
+	// from several threads, cuMemHostRegister), timed on the raw copies' host memory (up to 2 GiB per
+	// device, every device at once). FirstSleepLimitSeconds is the first sleep's floor that follows:
+	// the longer of pinning and copying the bytes.
+	RawPinGBps             float64 `json:"raw_pin_gbps"`
+	FirstSleepLimitSeconds float64 `json:"first_sleep_limit_seconds"`
+	// A second cold sleep, after TrimPool gave the backup back: it pins again, now memory the host
+	// has already provided to the process once (on a virtual machine whose memory grows as it is first
+	// touched, the first sleep also pays for that growth). RawRepinGBps is the pinning rate of such
+	// memory, RepinSleepLimitSeconds the floor that follows.
+	RepinSleepSeconds      float64 `json:"repin_sleep_seconds"`
+	RawRepinGBps           float64 `json:"raw_repin_gbps"`
+	RepinSleepLimitSeconds float64 `json:"repin_sleep_limit_seconds"`
+	SleepVsRaw             float64 `json:"sleep_vs_raw"` // SleepGBps / RawD2HGBps
+	WakeVsRaw              float64 `json:"wake_vs_raw"`  // WakeGBps / RawH2DGBps
 	// The usual approach on the first device: cuMemHostAlloc a backup, then copy the buffer into it.
 	BaselineSleepSeconds float64 `json:"baseline_sleep_seconds"`
 	BaselineAllocSeconds float64 `json:"baseline_alloc_seconds"`
@@ -87,8 +100,9 @@ type SleepResult struct {
 	OneDeviceWakeGBps  float64 `json:"one_device_wake_gbps,omitempty"`
 	AggregateSleepX    float64 `json:"aggregate_sleep_x,omitempty"`
 	AggregateWakeX     float64 `json:"aggregate_wake_x,omitempty"`
-	// File mode: the file and raw write and read of the same bytes (os.File.WriteAt / ReadAt in
-	// pieces of the slot size), in the same run.
+	// File mode: the file, and raw writes and reads of the same bytes over the same file the way the
+	// set does them (os.File.WriteAt / ReadAt in parts of 64 MiB, four at a time), each timed phase,
+	// raw or not, starting after an fsync so that no dirty pages are pending.
 	File             string        `json:"file,omitempty"`
 	RawFileWriteGBps float64       `json:"raw_file_write_gbps,omitempty"`
 	RawFileReadGBps  float64       `json:"raw_file_read_gbps,omitempty"`

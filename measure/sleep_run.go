@@ -4,7 +4,6 @@ import (
 	"encoding/binary"
 	"errors"
 	"fmt"
-	"os"
 	"sync"
 	"time"
 
@@ -43,6 +42,9 @@ func (r *sleepRun) measureOffload() error {
 	if err := r.verify("after the first wake"); err != nil {
 		return err
 	}
+	if err := r.syncFile(); err != nil {
+		return err
+	}
 	if r.res.SleepSeconds, err = r.timed("sleep", total, r.set.Sleep); err != nil {
 		return err
 	}
@@ -52,11 +54,38 @@ func (r *sleepRun) measureOffload() error {
 	if err := r.verify("after the warm wake"); err != nil {
 		return err
 	}
+	if err := r.measureRepin(); err != nil {
+		return err
+	}
 	r.res.FirstSleepOneSeconds = r.res.FirstSleepSeconds
 	if len(r.devs) > 1 {
 		return r.measureOneDevice()
 	}
 	return nil
+}
+
+// measureRepin gives the backup back (TrimPool) and sleeps again: a cold sleep on memory the host
+// has provided before.
+func (r *sleepRun) measureRepin() error {
+	if err := errors.Join(r.set.TrimPool(), r.syncFile()); err != nil {
+		return err
+	}
+	var err error
+	if r.res.RepinSleepSeconds, err = r.timed("sleep after the pool was trimmed", r.res.TotalBytes, r.set.Sleep); err != nil {
+		return err
+	}
+	if _, err := r.timed("wake", r.res.TotalBytes, r.set.Wake); err != nil {
+		return err
+	}
+	return r.verify("after the re-pinned sleep")
+}
+
+// syncFile flushes the file mode's dirty pages, so that every timed write starts alike.
+func (r *sleepRun) syncFile() error {
+	if r.file == nil {
+		return nil
+	}
+	return r.file.Sync()
 }
 
 // measureOneDevice sleeps the first device's buffer alone: cold (the pool emptied), then warm.
@@ -262,12 +291,12 @@ func (r *sleepRun) measureRaw() error {
 	errs := make([]error, len(r.devs))
 	var wg sync.WaitGroup
 	var mu sync.Mutex
-	var slowD2H, slowH2D float64
+	var slowD2H, slowH2D, slowPin, slowRepin float64
 	for i, d := range r.devs {
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
-			h, err := newRawHost(d, hostSize)
+			pin, repin, h, err := pinTwice(d, hostSize)
 			if err != nil {
 				errs[i] = err
 				return
@@ -276,6 +305,7 @@ func (r *sleepRun) measureRaw() error {
 			errs[i] = errors.Join(errs[i], h.close())
 			mu.Lock()
 			slowD2H, slowH2D = max(slowD2H, d2h[i]), max(slowH2D, h2d[i])
+			slowPin, slowRepin = max(slowPin, pin), max(slowRepin, repin)
 			mu.Unlock()
 		}()
 	}
@@ -289,7 +319,27 @@ func (r *sleepRun) measureRaw() error {
 	}
 	r.res.RawD2HGBps = sleepGBps(r.res.TotalBytes, slowD2H)
 	r.res.RawH2DGBps = sleepGBps(r.res.TotalBytes, slowH2D)
+	r.res.RawPinGBps = sleepGBps(hostSize*uint64(len(r.devs)), slowPin)
+	r.res.RawRepinGBps = sleepGBps(hostSize*uint64(len(r.devs)), slowRepin)
 	return nil
+}
+
+// pinTwice times pinning size bytes of fresh memory, gives it back, and times pinning as much again
+// (memory the process has had); it returns the second region.
+func pinTwice(d *vmm.Device, size uint64) (pin, repin float64, h *rawHost, err error) {
+	start := time.Now()
+	if h, err = newRawHost(d, size); err != nil {
+		return 0, 0, nil, err
+	}
+	pin = time.Since(start).Seconds()
+	if err = h.close(); err != nil {
+		return 0, 0, nil, err
+	}
+	start = time.Now()
+	if h, err = newRawHost(d, size); err != nil {
+		return 0, 0, nil, err
+	}
+	return pin, time.Since(start).Seconds(), h, nil
 }
 
 // sleepRawCopies times cuMemcpyDtoH then cuMemcpyHtoD of size bytes at ptr in pieces, cycling through
@@ -340,35 +390,67 @@ func (r *sleepRun) measureUsual() error {
 	return hb.Close()
 }
 
-// measureRawFile writes and reads the same number of bytes as the set's file, in pieces of the
-// slot size, to a file beside it.
+// measureRawFile writes and reads the same bytes over the same file as the set, the way the set
+// does (parts of 64 MiB, four at a time), each phase after an fsync.
 func (r *sleepRun) measureRawFile() error {
-	f, err := os.Create(r.file.Name() + ".raw")
-	if err != nil {
-		return err
-	}
-	defer os.Remove(f.Name())
-	defer f.Close()
 	piece := r.sleepPiece()
 	buf := make([]byte, piece)
 	for i := range buf {
 		buf[i] = byte(i * 7)
 	}
 	total := r.res.TotalBytes
+	if err := r.file.Sync(); err != nil {
+		return err
+	}
 	start := time.Now()
-	for off := uint64(0); off < total; off += piece {
-		if _, err := f.WriteAt(buf[:min(piece, total-off)], int64(off)); err != nil {
-			return err
-		}
+	if err := rawFileIO(total, piece, func(off, n uint64) error {
+		_, err := r.file.WriteAt(buf[off%piece:][:n], int64(off))
+		return err
+	}); err != nil {
+		return err
 	}
 	r.res.RawFileWriteGBps = sleepGBps(total, time.Since(start).Seconds())
+	if err := r.file.Sync(); err != nil {
+		return err
+	}
 	start = time.Now()
-	for off := uint64(0); off < total; off += piece {
-		if _, err := f.ReadAt(buf[:min(piece, total-off)], int64(off)); err != nil {
+	err := rawFileIO(total, piece, func(off, n uint64) error {
+		_, err := r.file.ReadAt(buf[off%piece:][:n], int64(off))
+		return err
+	})
+	r.res.RawFileReadGBps = sleepGBps(total, time.Since(start).Seconds())
+	return err
+}
+
+// rawFileIO runs fn over total bytes, slot by slot (piece bytes), each slot in parts of 64 MiB four
+// at a time, as package offload does.
+func rawFileIO(total, piece uint64, fn func(off, n uint64) error) error {
+	const part, workers = 64 << 20, 4
+	for base := uint64(0); base < total; base += piece {
+		end := min(base+piece, total)
+		var wg sync.WaitGroup
+		errs := make([]error, workers)
+		next := make(chan uint64, (end-base+part-1)/part)
+		for off := base; off < end; off += part {
+			next <- off
+		}
+		close(next)
+		for w := 0; w < workers; w++ {
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				for off := range next {
+					if err := fn(off, min(part, end-off)); err != nil && errs[w] == nil {
+						errs[w] = err
+					}
+				}
+			}()
+		}
+		wg.Wait()
+		if err := errors.Join(errs...); err != nil {
 			return err
 		}
 	}
-	r.res.RawFileReadGBps = sleepGBps(total, time.Since(start).Seconds())
 	return nil
 }
 
@@ -381,6 +463,14 @@ func (r *sleepRun) ratios() {
 	res.SleepVsRaw = sleepRatio(res.SleepGBps, res.RawD2HGBps)
 	res.WakeVsRaw = sleepRatio(res.WakeGBps, res.RawH2DGBps)
 	res.FirstSleepSpeedup = sleepRatio(res.BaselineSleepSeconds, res.FirstSleepOneSeconds)
+	floor := func(pinGBps float64) float64 {
+		if pinGBps <= 0 || res.RawD2HGBps <= 0 {
+			return 0
+		}
+		return max(float64(res.TotalBytes)/1e9/pinGBps, float64(res.TotalBytes)/1e9/res.RawD2HGBps)
+	}
+	res.FirstSleepLimitSeconds = floor(res.RawPinGBps)
+	res.RepinSleepLimitSeconds = floor(res.RawRepinGBps)
 	if len(r.devs) > 1 {
 		res.AggregateSleepX = sleepRatio(res.SleepGBps, res.OneDeviceSleepGBps)
 		res.AggregateWakeX = sleepRatio(res.WakeGBps, res.OneDeviceWakeGBps)

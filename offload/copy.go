@@ -211,14 +211,62 @@ func (s *Set) fileOut(ctx context.Context, st *vmm.Stream, us []*unit, prog *pro
 	return errors.Join(werr[0], werr[1])
 }
 
-func writePieces(e *entry, sl *slot, pcs []piece, prog *progress) error {
+// File I/O moves each slot in parts of at most ioPart bytes, ioWorkers at a time: one thread copies
+// between the page cache and memory at a few GB/s, several go several times faster.
+const (
+	ioPart    = 64 << 20
+	ioWorkers = 4
+)
+
+// ioJob is a part of a piece: bytes [off, off+n) of slot memory at file offset fileOff.
+type ioJob struct {
+	off, n  uint64
+	fileOff int64
+}
+
+// splitIO cuts pieces into parts of at most ioPart bytes.
+func splitIO(pcs []piece) []ioJob {
+	var jobs []ioJob
 	for _, pc := range pcs {
-		if _, err := e.opts.File.WriteAt(sl.mem[pc.slotOff:pc.slotOff+pc.n], pc.fileOff); err != nil {
-			return fmt.Errorf("write %s of %q at file offset %d: %w", units.FormatSize(pc.n), e.tag, pc.fileOff, err)
+		for o := uint64(0); o < pc.n; o += ioPart {
+			jobs = append(jobs, ioJob{off: pc.slotOff + o, n: min(ioPart, pc.n-o), fileOff: pc.fileOff + int64(o)})
 		}
-		prog.add(pc.n)
 	}
-	return nil
+	return jobs
+}
+
+// parallelIO runs fn over jobs, ioWorkers at a time, and joins the errors.
+func parallelIO(jobs []ioJob, fn func(j ioJob) error) error {
+	next := make(chan ioJob, len(jobs))
+	for _, j := range jobs {
+		next <- j
+	}
+	close(next)
+	errs := make([]error, ioWorkers)
+	var wg sync.WaitGroup
+	for w := 0; w < min(ioWorkers, len(jobs)); w++ {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for j := range next {
+				if err := fn(j); err != nil && errs[w] == nil {
+					errs[w] = err
+				}
+			}
+		}()
+	}
+	wg.Wait()
+	return errors.Join(errs...)
+}
+
+func writePieces(e *entry, sl *slot, pcs []piece, prog *progress) error {
+	return parallelIO(splitIO(pcs), func(j ioJob) error {
+		if _, err := e.opts.File.WriteAt(sl.mem[j.off:j.off+j.n], j.fileOff); err != nil {
+			return fmt.Errorf("write %s of %q at file offset %d: %w", units.FormatSize(j.n), e.tag, j.fileOff, err)
+		}
+		prog.add(j.n)
+		return nil
+	})
 }
 
 // fileIn reads File units back from their files through two staging slots: the next slot is read
@@ -276,10 +324,10 @@ func (s *Set) fileIn(ctx context.Context, st *vmm.Stream, us []*unit, prog *prog
 }
 
 func readPieces(e *entry, sl *slot, pcs []piece) error {
-	for _, pc := range pcs {
-		if _, err := e.opts.File.ReadAt(sl.mem[pc.slotOff:pc.slotOff+pc.n], pc.fileOff); err != nil {
-			return fmt.Errorf("read %s of %q at file offset %d: %w", units.FormatSize(pc.n), e.tag, pc.fileOff, err)
+	return parallelIO(splitIO(pcs), func(j ioJob) error {
+		if _, err := e.opts.File.ReadAt(sl.mem[j.off:j.off+j.n], j.fileOff); err != nil {
+			return fmt.Errorf("read %s of %q at file offset %d: %w", units.FormatSize(j.n), e.tag, j.fileOff, err)
 		}
-	}
-	return nil
+		return nil
+	})
 }

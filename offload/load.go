@@ -72,6 +72,7 @@ func recreate(sys *vmm.System, ce ckEntry) (*Restored, error) {
 	if err != nil {
 		return nil, fmt.Errorf("offload: load %q: %w", ce.Tag, err)
 	}
+	res.SetKind("checkpoint")
 	b := &Restored{tag: ce.Tag, res: res, len: ce.Len, moved: res.Ptr() != driver.DevicePtr(ce.Ptr)}
 	for i, c := range ce.Chunks {
 		d, err := sys.Device(c.Device)

@@ -135,6 +135,7 @@ func New(dev *vmm.Device, opts Options) (*Pool, error) {
 	if err != nil {
 		return nil, fmt.Errorf("pool: new: %w", err)
 	}
+	res.SetKind("pool") // vmm.Stats and package metrics report the pool's mapped memory as kind "pool"
 	access := opts.Access
 	if len(access) == 0 {
 		access = []vmm.Access{vmm.ReadWrite(dev)}

@@ -66,6 +66,8 @@ func TestAllocFreeReuse(t *testing.T) {
 		require.Equal(t, uint64(5*mib+1000), st.InUse)
 		require.Equal(t, 8*mib, st.Mapped, "one small page and three large ones")
 		require.Equal(t, map[string]uint64{"kv": 5 * mib}, st.Tags)
+		vs := b.Sys.Stats()
+		require.Equal(t, st.Mapped, vs.Devices[0].MappedByKind["pool"], "vmm.Stats (and package metrics) see the pool's pages")
 
 		ptr := large.Ptr
 		require.NoError(t, p.Free(large, nil))
@@ -303,7 +305,10 @@ func TestSleepKeepsAddresses(t *testing.T) {
 		_, err = p.Alloc(1, nil)
 		require.ErrorIs(t, err, pool.ErrAsleep)
 		require.ErrorIs(t, p.Free(blk, nil), pool.ErrAsleep)
-		require.Zero(t, p.Stats().Mapped)
+		st := p.Stats()
+		require.Zero(t, st.Mapped)
+		require.Zero(t, st.Cached)
+		require.Equal(t, 6*mib, st.Allocated)
 
 		require.NoError(t, p.Wake())
 		require.Equal(t, 6*mib, p.Stats().Mapped, "the pages under live blocks, at their offsets")
@@ -461,4 +466,22 @@ func (l *liveSet) remove(b *pool.Block) {
 			return
 		}
 	}
+}
+
+// TestFreeOnAStreamClosedLater: frees queued on a stream that is then closed are not lost: the next
+// request that needs them waits for the device once and reuses the memory.
+func TestFreeOnAStreamClosedLater(t *testing.T) {
+	testutil.Run(t, func(t *testing.T, b *testutil.Backend) {
+		p, d := newPool(t, b, pool.Options{Limit: 8 * mib, HighWater: ^uint64(0)})
+		s, err := d.NewStream(true)
+		require.NoError(t, err)
+		blk, err := p.Alloc(8*mib, s)
+		require.NoError(t, err)
+		require.NoError(t, p.Free(blk, s))
+		require.NoError(t, s.Close())
+		again, err := p.Alloc(8*mib, nil)
+		require.NoError(t, err, "the closed stream's free was collected")
+		require.Equal(t, blk.Ptr, again.Ptr)
+		require.NoError(t, p.Free(again, nil))
+	}, simMemory)
 }

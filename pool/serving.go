@@ -2,6 +2,17 @@ package pool
 
 import "math/rand/v2"
 
+// The shape of SyntheticServing's server, at nominal scale.
+const (
+	servMiB      = 1 << 20
+	servGiB      = 1 << 30
+	servKVBlock  = 32 * servMiB
+	servKVCap    = 28 * servGiB / servKVBlock // KV blocks the server may hold
+	servSteps    = 800
+	servStreams  = 4
+	servMaxBatch = 64 // requests in flight
+)
+
 // SyntheticServing makes the allocation trace of an inference server, at a nominal scale of about
 // 65 GiB at its peak (Scale sizes it to a device): long-lived weights (large tensors and small biases),
 // fixed-size KV blocks of 32 MiB that requests take as they are admitted and as their context grows and
@@ -9,82 +20,94 @@ import "math/rand/v2"
 // and an occasional large workspace of 1 to 3 GiB. Requests and steps use four streams. The same seed
 // gives the same trace.
 func SyntheticServing(seed uint64) *Trace {
-	const (
-		mib      = 1 << 20
-		gib      = 1 << 30
-		kvBlock  = 32 * mib
-		kvCap    = 28 * gib / kvBlock
-		steps    = 800
-		nStreams = 4
-	)
-	r := rand.New(rand.NewPCG(seed, 0x5e7))
-	var tl timeline
+	g := &server{r: rand.New(rand.NewPCG(seed, 0x5e7))}
 	for i := 0; i < 48; i++ {
-		tl.alloc(uint64(200*mib+r.IntN(1000*mib)), 0, "weights")
-		tl.alloc(uint64(64<<10+r.IntN(448<<10)), 0, "weights")
+		g.alloc(uint64(200*servMiB+g.r.IntN(1000*servMiB)), 0, "weights")
+		g.alloc(uint64(64<<10+g.r.IntN(448<<10)), 0, "weights")
 	}
-	type request struct {
-		blocks []int
-		left   int
+	for step := 0; step < servSteps; step++ {
+		g.step(step)
 	}
-	var reqs []*request
-	kvUsed, nextReq := 0, 0
-	var scratch []int
-	for step := 0; step < steps; step++ {
-		st := step % nStreams
-		// Admit requests while their prompt fits in the KV budget.
-		for len(reqs) < 64 {
-			prompt := 1 + r.IntN(16)
-			if kvUsed+prompt > kvCap {
-				break
-			}
-			q := &request{left: 20 + r.IntN(180)}
-			for b := 0; b < prompt; b++ {
-				q.blocks = append(q.blocks, tl.alloc(kvBlock, nextReq%nStreams, "kv"))
-			}
-			kvUsed += prompt
-			nextReq++
-			reqs = append(reqs, q)
-		}
-		// Activations and small buffers of this step.
-		var stepBlocks []int
-		for a := 0; a < 3+r.IntN(4); a++ {
-			stepBlocks = append(stepBlocks, tl.alloc(uint64(4*mib+r.IntN(252*mib)), st, "act"))
-		}
-		for a := 0; a < 5; a++ {
-			stepBlocks = append(stepBlocks, tl.alloc(uint64(1<<10+r.IntN(511<<10)), st, "small"))
-		}
-		if step%40 == 39 {
-			scratch = append(scratch, tl.alloc(uint64(gib+r.IntN(2*gib)), st, "scratch"))
-		} else if step%40 == 1 && len(scratch) > 0 {
-			for _, id := range scratch {
-				tl.free(id)
-			}
-			scratch = scratch[:0]
-		}
-		// Requests grow by a block now and then, or finish and give their blocks back.
-		kept := reqs[:0]
-		for _, q := range reqs {
-			q.left--
-			if q.left <= 0 {
-				for _, id := range q.blocks {
-					tl.free(id)
-				}
-				kvUsed -= len(q.blocks)
-				continue
-			}
-			if r.IntN(8) == 0 && kvUsed < kvCap {
-				q.blocks = append(q.blocks, tl.alloc(kvBlock, st, "kv"))
-				kvUsed++
-			}
-			kept = append(kept, q)
-		}
-		reqs = kept
-		for _, id := range stepBlocks {
-			tl.free(id)
-		}
+	return &Trace{Events: g.events}
+}
+
+// server generates SyntheticServing's trace.
+type server struct {
+	timeline
+	r       *rand.Rand
+	reqs    []*servRequest
+	kvUsed  int
+	nextReq int
+	scratch []int
+}
+
+type servRequest struct {
+	blocks []int // the KV blocks held
+	left   int   // steps until the request finishes
+}
+
+// step is one batch step: admit requests, allocate the step's buffers, grow or finish requests, free
+// the step's buffers.
+func (g *server) step(step int) {
+	st := step % servStreams
+	g.admit()
+	var bufs []int
+	for a := 0; a < 3+g.r.IntN(4); a++ {
+		bufs = append(bufs, g.alloc(uint64(4*servMiB+g.r.IntN(252*servMiB)), st, "act"))
 	}
-	return &Trace{Events: tl.events}
+	for a := 0; a < 5; a++ {
+		bufs = append(bufs, g.alloc(uint64(1<<10+g.r.IntN(511<<10)), st, "small"))
+	}
+	if step%40 == 39 {
+		g.scratch = append(g.scratch, g.alloc(uint64(servGiB+g.r.IntN(2*servGiB)), st, "scratch"))
+	} else if step%40 == 1 && len(g.scratch) > 0 {
+		for _, id := range g.scratch {
+			g.free(id)
+		}
+		g.scratch = g.scratch[:0]
+	}
+	g.advance(st)
+	for _, id := range bufs {
+		g.free(id)
+	}
+}
+
+// admit takes new requests while their prompt's KV blocks fit in the budget.
+func (g *server) admit() {
+	for len(g.reqs) < servMaxBatch {
+		prompt := 1 + g.r.IntN(16)
+		if g.kvUsed+prompt > servKVCap {
+			return
+		}
+		q := &servRequest{left: 20 + g.r.IntN(180)}
+		for b := 0; b < prompt; b++ {
+			q.blocks = append(q.blocks, g.alloc(servKVBlock, g.nextReq%servStreams, "kv"))
+		}
+		g.kvUsed += prompt
+		g.nextReq++
+		g.reqs = append(g.reqs, q)
+	}
+}
+
+// advance grows requests by a KV block now and then, and finishes those whose time is up.
+func (g *server) advance(st int) {
+	kept := g.reqs[:0]
+	for _, q := range g.reqs {
+		q.left--
+		if q.left <= 0 {
+			for _, id := range q.blocks {
+				g.free(id)
+			}
+			g.kvUsed -= len(q.blocks)
+			continue
+		}
+		if g.r.IntN(8) == 0 && g.kvUsed < servKVCap {
+			q.blocks = append(q.blocks, g.alloc(servKVBlock, st, "kv"))
+			g.kvUsed++
+		}
+		kept = append(kept, q)
+	}
+	g.reqs = kept
 }
 
 // timeline builds a trace from allocations and frees in the order they happen.

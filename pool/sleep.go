@@ -9,12 +9,32 @@ import (
 	"github.com/cuvmm/cuvmm/vmm"
 )
 
-// Chunked returns the pool's mapped memory as a vmm.Chunked: Ptr is the reservation's start, and the
-// chunks are the mapped physical pages at their offsets, in offset order, with holes where nothing is
-// mapped; Len is the end of the last chunk. It is a snapshot: the pool maps and unmaps pages as blocks
-// come and go, so use it while nothing allocates or frees (for example between Freeze-like quiet
-// points of a service, or right before Sleep to copy content out and right after Wake to copy it back).
-func (p *Pool) Chunked() vmm.Chunked {
+// Chunked returns the pool's mapped memory as a vmm.Chunked: Ptr is the reservation's start, and
+// Chunks lists the mapped physical pages at their offsets, in offset order, with holes where nothing
+// is mapped; Len is the end of the last chunk. The view is live: each call of Chunks or Len reads
+// the pool as it is then.
+//
+// This is how package offload sleeps and wakes a pool with every block at its address: add the
+// view to a Set (offload.Set.Add(tag, p.Chunked(), policy, ...)); its Sleep releases each page in
+// place (vmm.Allocation.ReleaseAt) and its Wake recreates it (RecreateAt), so the pool's records stay
+// valid. While the set holds the pool asleep, do not Alloc, Free or Trim: the pages under cached
+// ranges have no memory.
+func (p *Pool) Chunked() vmm.Chunked { return chunkView{p} }
+
+type chunkView struct{ p *Pool }
+
+func (v chunkView) Ptr() driver.DevicePtr { return v.p.res.Ptr() }
+
+func (v chunkView) Len() uint64 {
+	chunks := v.Chunks()
+	if len(chunks) == 0 {
+		return 0
+	}
+	return chunks[len(chunks)-1].Offset + v.p.pageSize
+}
+
+func (v chunkView) Chunks() []vmm.Chunk {
+	p := v.p
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	offs := make([]uint64, 0, len(p.pages))
@@ -22,29 +42,18 @@ func (p *Pool) Chunked() vmm.Chunked {
 		offs = append(offs, off)
 	}
 	slices.Sort(offs)
-	v := &chunkView{ptr: p.res.Ptr()}
-	for _, off := range offs {
-		v.chunks = append(v.chunks, vmm.Chunk{Offset: off, Allocation: p.pages[off].alloc})
-		v.length = off + p.pageSize
+	out := make([]vmm.Chunk, len(offs))
+	for i, off := range offs {
+		out[i] = vmm.Chunk{Offset: off, Allocation: p.pages[off].alloc}
 	}
-	return v
+	return out
 }
-
-type chunkView struct {
-	ptr    driver.DevicePtr
-	length uint64
-	chunks []vmm.Chunk
-}
-
-func (v *chunkView) Ptr() driver.DevicePtr { return v.ptr }
-func (v *chunkView) Len() uint64           { return v.length }
-func (v *chunkView) Chunks() []vmm.Chunk   { return v.chunks }
 
 // Sleep gives the pool's physical memory back to the driver while every block keeps its address:
 // it waits for pending frees (their events), releases idle pages for good, and unmaps and releases
 // the pages under live blocks, remembering where they were. Their content is not kept: copy what must
 // survive out first (through Chunked). Until Wake, Alloc and Free fail with ErrAsleep and work must not
-// touch the blocks.
+// touch the blocks. (Package offload can instead sleep the pool through Chunked, keeping content.)
 func (p *Pool) Sleep() error {
 	p.mu.Lock()
 	defer p.mu.Unlock()

@@ -47,7 +47,9 @@ func (p *Pool) Stats() Stats {
 	s := p.stats
 	s.Mapped = uint64(len(p.pages)) * p.pageSize
 	s.InUse = p.inUseBytes
-	s.Cached = s.Mapped - s.Allocated
+	if s.Mapped > s.Allocated { // asleep, blocks keep their bytes but nothing is mapped
+		s.Cached = s.Mapped - s.Allocated
+	}
 	s.Pending = p.pendingBytes()
 	s.Blocks = p.live
 	for _, set := range []*rangeSet{p.cached, p.smallFree} {

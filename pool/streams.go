@@ -62,6 +62,7 @@ func (p *Pool) seal(st *streamState) error {
 		// the device once rather than lose the memory.
 		if err = p.dev.Synchronize(); err == nil {
 			p.ready(b)
+			delete(p.streams, st.s) // a closed stream queues nothing more
 			return nil
 		}
 	}

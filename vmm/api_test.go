@@ -393,3 +393,94 @@ func TestTransferOwnership(t *testing.T) {
 		require.ErrorIs(t, m2.SetAccess(vmm.NoAccess(d)), vmm.ErrClosed)
 	})
 }
+
+func TestAccessorsAndErrors(t *testing.T) {
+	testutil.Run(t, func(t *testing.T, b *testutil.Backend) {
+		d := b.Device(t, 0)
+		a, err := d.Allocate(2*mib, vmm.AllocOptions{HandleTypes: driver.HandleTypeFabric})
+		require.NoError(t, err)
+		require.Same(t, d, a.Device())
+		require.Equal(t, driver.HandleTypeFabric, a.HandleTypes())
+		require.Equal(t, d.Location(), a.Properties().Location)
+		require.NotZero(t, a.Handle())
+		_, err = a.ExportFabric()
+		require.NoError(t, err)
+		require.NoError(t, a.Close())
+		_, err = a.ExportFabric()
+		require.ErrorIs(t, err, vmm.ErrClosed)
+		a, err = d.Allocate(2*mib, vmm.AllocOptions{})
+		require.NoError(t, err)
+		_, err = a.ExportFabric()
+		require.ErrorIs(t, err, vmm.ErrInvalidValue, "not created with the fabric type")
+		require.NoError(t, a.Close())
+
+		require.Equal(t, driver.AccessRead, vmm.HostReadOnly().Flags)
+		_, err = d.CanAccessPeer(nil)
+		require.ErrorIs(t, err, vmm.ErrInvalidValue)
+		ok, err := d.CanAccessPeer(d)
+		require.NoError(t, err)
+		require.True(t, ok)
+		require.ErrorIs(t, d.Fill(1, 8, 0, 0), vmm.ErrInvalidValue, "unaligned")
+		require.ErrorIs(t, d.LaunchRead(0, 8, nil), vmm.ErrInvalidValue)
+
+		// Closed streams and events are refused by every call that uses them.
+		s, err := d.CreateStream(vmm.StreamOptions{})
+		require.NoError(t, err)
+		e, err := d.NewEvent(false)
+		require.NoError(t, err)
+		require.NoError(t, e.Record(s))
+		require.NoError(t, e.Synchronize())
+		require.NoError(t, s.Close())
+		require.ErrorIs(t, e.Record(s), vmm.ErrClosed)
+		require.ErrorIs(t, d.LaunchRead(0, 16, s), vmm.ErrClosed)
+		require.ErrorIs(t, d.CopyHtoDAsync(0, nil, 8, s), vmm.ErrClosed)
+		require.ErrorIs(t, d.CopyDtoHAsync(nil, 0, 8, s), vmm.ErrClosed)
+		require.NoError(t, e.Close())
+		require.ErrorIs(t, e.Synchronize(), vmm.ErrClosed)
+		require.ErrorIs(t, (*vmm.Event)(nil).Record(nil), vmm.ErrInvalidValue)
+		require.NoError(t, d.CopyHtoD(0, nil), "nothing to copy")
+		require.NoError(t, d.CopyDtoH(nil, 0))
+	}, testutil.SimOnly(), testutil.SimOptions(sim.EnableFabric()))
+}
+
+// Keep hands the System an object of another package; RetryOrphans retries it until it succeeds.
+func TestKeep(t *testing.T) {
+	testutil.Run(t, func(t *testing.T, b *testutil.Backend) {
+		fails := 1
+		err := b.Sys.Keep("test object", func() error {
+			if fails > 0 {
+				fails--
+				return errors.New("still busy")
+			}
+			return nil
+		})
+		require.ErrorContains(t, err, "test object is kept by the System")
+		require.Equal(t, []string{"test object"}, b.Sys.Orphans())
+		require.Error(t, b.Sys.RetryOrphans())
+		require.Len(t, b.Sys.Orphans(), 1)
+		require.NoError(t, b.Sys.RetryOrphans(), "the second retry succeeds")
+		require.Empty(t, b.Sys.Orphans())
+
+		// A stream whose destruction fails in an undo goes to the System too.
+		d := b.Device(t, 0)
+		s, err := d.CreateStream(vmm.StreamOptions{})
+		require.NoError(t, err)
+		b.Sim.FailNth("cuStreamDestroy", 1, driver.ErrorUnknown)
+		require.ErrorContains(t, vmm.UndoClose(s), "kept by the System")
+		require.Len(t, b.Sys.Orphans(), 1)
+		require.NoError(t, b.Sys.RetryOrphans())
+		require.Empty(t, b.Sys.Orphans())
+	}, testutil.SimOnly())
+}
+
+func TestOpenFails(t *testing.T) {
+	_, err := vmm.Open(nil)
+	require.ErrorIs(t, err, vmm.ErrInvalidValue)
+	for _, fn := range []string{"cuInit", "cuDriverGetVersion", "cuDeviceGetCount"} {
+		s := sim.New()
+		s.FailNth(fn, 1, driver.ErrorUnknown)
+		_, err := vmm.Open(s)
+		require.ErrorContains(t, err, fn)
+		require.NoError(t, s.Close())
+	}
+}

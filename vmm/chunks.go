@@ -4,6 +4,7 @@ import (
 	"errors"
 	"fmt"
 	"slices"
+	"strings"
 
 	"github.com/cuvmm/cuvmm/driver"
 	"github.com/cuvmm/cuvmm/internal/lifetime"
@@ -100,10 +101,17 @@ func undoChunks(maps []*Mapping, unmapped []ChunkSpec) error {
 	return errors.Join(errs...)
 }
 
-// Closer is any of this package's owners (Mapping, Allocation, Reservation, ...).
+// Closer is any of this package's owners (Mapping, Allocation, Reservation, Stream, ...).
 type Closer interface {
 	Close() error
-	String() string
+}
+
+// describe names o for Orphans.
+func describe(o Closer) string {
+	if s, ok := o.(fmt.Stringer); ok {
+		return s.String()
+	}
+	return strings.TrimPrefix(fmt.Sprintf("%T", o), "*vmm.")
 }
 
 // UndoClose closes o as part of undoing a failed operation. When the Close fails, o is handed to its
@@ -124,7 +132,7 @@ func UndoClose(o Closer) error {
 	if m, ok := o.(*Mapping); ok {
 		m.orphan.Store(true)
 	}
-	return errors.Join(fmt.Errorf("undo: %w", err), sys.adopt(o.String(), ownerOf(o), o.Close))
+	return errors.Join(fmt.Errorf("undo: %w", err), sys.adopt(describe(o), ownerOf(o), o.Close))
 }
 
 func ownerOf(o Closer) *lifetime.Owner {

@@ -6,6 +6,7 @@ import (
 
 	"github.com/stretchr/testify/require"
 
+	"github.com/cuvmm/cuvmm/driver"
 	"github.com/cuvmm/cuvmm/internal/testutil"
 	"github.com/cuvmm/cuvmm/vmm"
 )
@@ -97,4 +98,25 @@ func TestReserveFaultMatrix(t *testing.T) {
 			return errors.Join(r.Close(), first.Close())
 		},
 	})
+}
+
+// Reserve with RequireHint, refused at its hint, cannot free the misplaced range: the range is not
+// lost but kept by the System, which frees it in RetryOrphans (or Close).
+func TestReserveHintFreeFails(t *testing.T) {
+	testutil.Run(t, func(t *testing.T, b *testutil.Backend) {
+		first, err := b.Sys.Reserve(4*mib, vmm.ReserveOptions{})
+		require.NoError(t, err)
+		blocker, err := b.Sys.Reserve(2*mib, vmm.ReserveOptions{Hint: first.End(), RequireHint: true})
+		require.NoError(t, err)
+		b.Sim.FailNth("cuMemAddressFree", 1, driver.ErrorUnknown)
+		_, err = b.Sys.Reserve(4*mib, vmm.ReserveOptions{Hint: first.End(), RequireHint: true})
+		require.ErrorIs(t, err, vmm.ErrHintNotGranted)
+		require.ErrorContains(t, err, "kept by the System")
+		require.Len(t, b.Sys.Orphans(), 1)
+		require.Equal(t, 3, b.Sim.Live().Reservations, "the misplaced range is still reserved, and owned")
+		require.NoError(t, b.Sys.RetryOrphans())
+		require.Equal(t, 2, b.Sim.Live().Reservations)
+		require.NoError(t, blocker.Close())
+		require.NoError(t, first.Close())
+	}, testutil.SimOnly())
 }

@@ -50,7 +50,6 @@ type System struct {
 
 	mu      sync.Mutex
 	devices []*Device // opened lazily, index = ordinal
-	closed  bool
 
 	// gate is read-held by every call that runs with a device's context bound (Device.do) and
 	// write-held by Close while it checks what the devices own and releases them, so that no object
@@ -100,7 +99,7 @@ func (s *System) Device(ordinal int) (*Device, error) {
 	}
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	if s.closed {
+	if s.own.IsClosed() {
 		return nil, fmt.Errorf("vmm: device %d: %w", ordinal, ErrClosed)
 	}
 	if ordinal < 0 || ordinal >= s.count {
@@ -156,7 +155,7 @@ func (s *System) Close() error {
 	s.closeMu.Lock()
 	defer s.closeMu.Unlock()
 	s.mu.Lock()
-	closed := s.closed
+	closed := s.own.IsClosed()
 	s.mu.Unlock()
 	if closed {
 		return nil
@@ -182,7 +181,6 @@ func (s *System) Close() error {
 			errs = append(errs, err)
 		}
 	}
-	s.closed = true
 	s.own.Lock()
 	s.own.MarkClosed()
 	s.own.Unlock()

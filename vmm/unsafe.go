@@ -6,9 +6,6 @@ import (
 	"github.com/cuvmm/cuvmm/driver"
 )
 
-// ptrOf is the address of b's first byte (b non-empty), for synchronous copies into Go memory.
-func ptrOf(b []byte) unsafe.Pointer { return unsafe.Pointer(&b[0]) }
-
 // HostView is the CPU's view of n bytes at unified address ptr: host-NUMA memory granted to the CPU
 // (HostReadWrite or HostReadOnly), registered or cuMemHostAlloc memory. The CPU reads and writes
 // through the same virtual address the GPUs use. Touching memory the CPU has no access to faults the

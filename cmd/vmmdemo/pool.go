@@ -14,7 +14,7 @@ func init() {
 		name:    "pool",
 		summary: "replay an allocation trace on the cuvmm pool, cuMemAlloc, cuMemAllocAsync (and PyTorch): memory, failures, latency",
 		run:     runPool,
-		tour:    []string{"--synthetic", "serving", "--memory", "256MiB", "--cache-iters", "200"},
+		tour:    []string{"--synthetic", "serving", "--memory", "256MiB", "--fill-fraction", "0.6", "--cache-iters", "200"},
 	})
 }
 

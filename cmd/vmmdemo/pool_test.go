@@ -7,10 +7,21 @@ import (
 	"testing"
 
 	"github.com/stretchr/testify/require"
+
+	"github.com/cuvmm/cuvmm/pool"
 )
 
 func TestPoolJSON(t *testing.T) {
-	code, out, errOut := runCmd(t, "pool", "--backend", "sim", "--synthetic", "serving", "--memory", "256MiB",
+	// The first 4000 allocations of the serving trace keep the test quick.
+	tr := pool.SyntheticServing(1)
+	tr.Events = tr.Events[:4000]
+	file := filepath.Join(t.TempDir(), "serving.trace")
+	f, err := os.Create(file)
+	require.NoError(t, err)
+	_, err = tr.WriteTo(f)
+	require.NoError(t, err)
+	require.NoError(t, f.Close())
+	code, out, errOut := runCmd(t, "pool", "--backend", "sim", "--trace", file, "--memory", "256MiB",
 		"--fill-fraction", "0.6", "--cache-iters", "50", "--json")
 	require.Equal(t, 0, code, errOut)
 	var res struct {

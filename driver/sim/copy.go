@@ -30,8 +30,8 @@ func (s *Sim) resolve(d *device, addr, n uint64, write bool, policy hostPolicy, 
 	if n == 0 {
 		return nil, false, true
 	}
-	if addr+n < addr {
-		return nil, false, false
+	if addr == 0 || addr+n < addr {
+		return nil, false, false // a null pointer is an invalid value, as on the driver
 	}
 	if s.touchesRes(addr, n) {
 		sp, ok := s.spans(addr, n)

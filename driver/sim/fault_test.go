@@ -2,6 +2,7 @@ package sim
 
 import (
 	"testing"
+	"unsafe"
 
 	"github.com/stretchr/testify/require"
 	"golang.org/x/sys/unix"
@@ -117,4 +118,13 @@ func TestLiveAndClose(t *testing.T) {
 	require.True(t, faults(b.base))
 	_, err = s.MemAlloc(100)
 	require.ErrorIs(t, err, driver.ErrorDeinitialized)
+}
+
+// A copy to or from address 0 is an error, not a crash of the simulator.
+func TestCopyNullPointer(t *testing.T) {
+	s := start(t)
+	bind(t, s, 0)
+	buf := make([]byte, 8)
+	require.ErrorIs(t, s.MemcpyHtoD(0, unsafe.Pointer(&buf[0]), 8), driver.ErrInvalidValue)
+	require.ErrorIs(t, s.MemcpyDtoH(unsafe.Pointer(&buf[0]), 0, 8), driver.ErrInvalidValue)
 }

@@ -22,6 +22,10 @@ import (
 // CUDA_ERROR_STREAM_CAPTURE_INVALIDATED; in the global and thread-local modes only the thread that
 // began the capture may end it (CUDA_ERROR_STREAM_CAPTURE_WRONG_THREAD). Faults armed with FailNth
 // fire on the graph calls themselves ("cuGraphLaunch", ...), not on the nodes a launch replays.
+//
+// Where the simulator differs: an event recorded on a capturing stream is recorded at once instead of
+// becoming a node, and the calls that the global and thread-local modes refuse as unsafe while a
+// capture is open (synchronous copies, allocation) are allowed, as in the relaxed mode cuvmm uses.
 
 // graphTables holds the capture and graph objects of a simulator; its zero value is empty.
 type graphTables struct {

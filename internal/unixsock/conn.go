@@ -49,6 +49,10 @@ func (c *Conn) ReadAtLeast(min int) (Frame, error) { return c.r.read(c.uc, c.lim
 // SetIdleTimeout changes the idle timeout of later Reads (0: none).
 func (c *Conn) SetIdleTimeout(d time.Duration) { c.lim.idle = d }
 
+// SetMaxPayload lowers the largest payload later Reads accept (at most MaxPayload; 0: MaxPayload), so
+// that a peer cannot make the connection's reusable buffer grow past what its protocol needs.
+func (c *Conn) SetMaxPayload(n int) { c.lim.maxPayload = min(max(n, 0), MaxPayload) }
+
 // IdleTimeout is the idle timeout of Reads (0: none).
 func (c *Conn) IdleTimeout() time.Duration { return c.lim.idle }
 

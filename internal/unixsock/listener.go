@@ -172,8 +172,9 @@ func (l *Listener) Serve(handle func(*Conn)) error {
 	}
 }
 
-// admit reads the peer's credentials, applies the rules and caps, and starts the handler. It
-// reports false once the listener is closed.
+// admit reads the peer's credentials, applies the caps, and starts the connection's goroutine, which
+// checks the uid and Authorize before the handler runs. It reports false once the listener is
+// closed.
 func (l *Listener) admit(uc *net.UnixConn, handle func(*Conn)) bool {
 	c := &Conn{uc: uc, lim: readLimits{idle: pos(l.opts.IdleTimeout), message: pos(l.opts.ReadTimeout), maxPayload: l.opts.MaxPayload},
 		wto: pos(l.opts.WriteTimeout)}
@@ -185,10 +186,6 @@ func (l *Listener) admit(uc *net.UnixConn, handle func(*Conn)) bool {
 		return !l.isClosed()
 	}
 	c.peer = cred
-	if err := l.check(cred); err != nil {
-		l.refuse(c, err)
-		return !l.isClosed()
-	}
 	l.mu.Lock()
 	if l.closed {
 		l.mu.Unlock()
@@ -209,6 +206,11 @@ func (l *Listener) admit(uc *net.UnixConn, handle func(*Conn)) bool {
 	go func() {
 		defer l.wg.Done()
 		defer l.forget(c)
+		// On the connection's goroutine: Authorize may take its time without holding up accept.
+		if err := l.check(cred); err != nil {
+			l.refuse(c, err)
+			return
+		}
 		handle(c)
 	}()
 	return true

@@ -376,7 +376,7 @@ func TestRefusals(t *testing.T) {
 		dev0, dev1 := b.Device(t, 0), b.Device(t, 1)
 		region := newRegion(t, dev0, 4*mib, pinned.Options{}) // host-NUMA on the simulator: granted to device 0
 		if region.Kind() == pinned.HostNUMA {
-			_, err := NewServer(region, privateDir(t)+"/x.sock", Options{Devices: []*vmm.Device{dev1}})
+			_, err := Listen(region, privateDir(t)+"/x.sock", Options{Devices: []*vmm.Device{dev1}})
 			require.ErrorIs(t, err, ErrDeviceNotServed)
 			_, err = NewServer(nil, privateDir(t)+"/x.sock", Options{})
 			require.ErrorIs(t, err, ErrInvalidValue)

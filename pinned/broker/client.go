@@ -133,6 +133,7 @@ func DialContext(ctx context.Context, path string, opts DialOptions) (*Client, e
 	if err != nil {
 		return nil, fmt.Errorf("broker: %w", err)
 	}
+	conn.SetMaxPayload(ResponseSize + MaxText)
 	cl, err := hello(ctx, conn, path)
 	if err != nil {
 		conn.Close()

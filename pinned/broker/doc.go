@@ -17,7 +17,7 @@
 // The broker:
 //
 //	region, _ := pinned.New(dev, 8<<30, pinned.Options{})          // granted to dev
-//	srv, _ := broker.NewServer(region, "/run/user/1000/cuvmm-broker.sock", broker.Options{})
+//	srv, _ := broker.Listen(region, "/run/user/1000/cuvmm-broker.sock", broker.Options{})
 //	go srv.Serve()
 //	defer srv.Close()                                               // before region.Close
 //
@@ -35,15 +35,18 @@
 //
 // One small request frame and one small response frame per operation, on the ipc transport (frame
 // kinds KindRequest and KindResponse; the wire format is documented in wire.go and
-// docs/broker.md), versioned (Version) and decoded strictly: a malformed message is answered with
+// docs/broker.md), versioned by their kinds (Version) and decoded strictly: a malformed message is answered with
 // StatusProtocol and the connection closed. Buffers travel as ipc.Send does (descriptor plus one file
 // descriptor per chunk), the region as pinned.Region.Share does.
 //
 // # Safety
 //
-//   - The socket is created 0600 in a directory others cannot write to, and every peer's uid is
-//     checked (SO_PEERCRED) against Options.AllowUIDs, then Options.Authorize; the worker checks the
-//     broker's uid likewise.
+//   - The socket is created 0600 in a private directory, and every peer's uid is checked
+//     (SO_PEERCRED) against Options.AllowUIDs, then Options.Authorize; the worker checks the broker's
+//     uid likewise. Connections are capped in total and per uid; silent and half-sent peers are
+//     dropped (Options.IdleTimeout, ReadTimeout), and the Client pings ahead of the idle timeout.
+//   - Every memfd shared with a worker is sealed against resizing, and a worker that registers one
+//     that is not loses its connection: no worker can make the broker fault.
 //   - Every copy is bounds-checked: the host range must lie in the worker's grant (the whole region,
 //     or the window Options.Grant gives it), the buffer range in the buffer's chunks, and the buffer
 //     must be one this worker registered. Buffer ids are per connection.

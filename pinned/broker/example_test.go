@@ -34,7 +34,7 @@ func Example() {
 	defer region.Close()
 	dir, _ := os.MkdirTemp("", "broker-example-") // private: mode 0700
 	defer os.RemoveAll(dir)
-	srv, err := broker.NewServer(region, filepath.Join(dir, "broker.sock"), broker.Options{})
+	srv, err := broker.Listen(region, filepath.Join(dir, "broker.sock"), broker.Options{})
 	if err != nil {
 		fmt.Println(err)
 		return

@@ -83,3 +83,19 @@ func TestRegisterFaultMatrix(t *testing.T) {
 	})
 	require.Greater(t, n, 20)
 }
+
+// A Close whose stream destroy fails reports it, keeps the stream, and frees it on the next Close.
+func TestServerCloseRetriesStreams(t *testing.T) {
+	testutil.Run(t, func(t *testing.T, b *testutil.Backend) {
+		dev := b.Device(t, 0)
+		region := newRegion(t, dev, 4*mib, pinned.Options{})
+		srv, err := Listen(region, filepath.Join(privateDir(t), "b.sock"), Options{StreamsPerDevice: 2})
+		require.NoError(t, err)
+		b.Sim.FailNth("cuStreamDestroy", 2, driver.ErrorUnknown)
+		require.Error(t, srv.Close())
+		require.Equal(t, 1, b.Sim.Live().Streams)
+		require.NoError(t, srv.Close())
+		require.Zero(t, b.Sim.Live().Streams)
+		require.NoError(t, srv.Close())
+	}, testutil.SimOnly())
+}

@@ -49,7 +49,7 @@ func startServerWith(t testing.TB, region *pinned.Region, opts Options, hook fun
 	if opts.Logf == nil {
 		opts.Logf = t.Logf
 	}
-	srv, err := NewServer(region, path, opts)
+	srv, err := Listen(region, path, opts)
 	require.NoError(t, err)
 	if hook != nil {
 		hook(srv)

@@ -130,39 +130,68 @@ func NewServer(region *pinned.Region, path string, opts Options) (*Server, error
 // stay open until the server is closed.
 func Listen(region *pinned.Region, path string, opts Options) (*Server, error) {
 	if region == nil {
-		return nil, fmt.Errorf("broker: new server: nil region: %w", ErrInvalidValue)
+		return nil, fmt.Errorf("broker: listen: nil region: %w", ErrInvalidValue)
 	}
 	if region.Len() == 0 || region.Device() == nil {
-		return nil, fmt.Errorf("broker: new server on %s: the region has no device (open it through one): %w", region, ErrInvalidValue)
+		return nil, fmt.Errorf("broker: listen on %s: the region has no device (open it through one): %w", region, ErrInvalidValue)
 	}
-	if opts.StreamsPerDevice == 0 {
-		opts.StreamsPerDevice = 4
+	if err := opts.defaults(); err != nil {
+		return nil, err
 	}
-	if opts.MaxBuffers == 0 {
-		opts.MaxBuffers = 1024
+	devs, err := servedDevices(region, opts.Devices)
+	if err != nil {
+		return nil, err
 	}
-	if opts.MaxInFlight == 0 {
-		opts.MaxInFlight = 64
+	s := &Server{region: region, path: path, opts: opts, lanes: map[int]*lane{}, workers: map[*worker]struct{}{}}
+	if err := s.openLanes(devs); err != nil {
+		return nil, errors.Join(err, s.undoLanes())
 	}
-	if opts.InlineMax == 0 {
-		opts.InlineMax = 64 << 10
+	ln, err := unixsock.Listen(path, unixsock.Options{AllowUIDs: opts.AllowUIDs, Authorize: opts.Authorize,
+		MaxConns: opts.MaxConns, MaxConnsPerUID: opts.MaxConnsPerUID, IdleTimeout: opts.IdleTimeout,
+		ReadTimeout: opts.ReadTimeout, WriteTimeout: opts.WriteTimeout, MaxPayload: RequestSize, Refuse: s.refusePeer,
+		Logf: func(f string, a ...any) { s.logf("broker: "+f, a...) }})
+	if err != nil {
+		return nil, errors.Join(fmt.Errorf("broker: %w", err), s.undoLanes())
 	}
-	if opts.HelloTimeout <= 0 {
-		opts.HelloTimeout = 10 * time.Second
+	s.ln = ln
+	return s, nil
+}
+
+// defaults fills in the zero options and refuses negative counts.
+func (o *Options) defaults() error {
+	if o.StreamsPerDevice == 0 {
+		o.StreamsPerDevice = 4
 	}
-	if opts.IdleTimeout == 0 {
-		opts.IdleTimeout = time.Minute
+	if o.MaxBuffers == 0 {
+		o.MaxBuffers = 1024
 	}
-	if opts.StreamsPerDevice < 0 || opts.MaxBuffers < 0 || opts.MaxInFlight < 0 {
-		return nil, fmt.Errorf("broker: new server: negative StreamsPerDevice, MaxBuffers or MaxInFlight: %w", ErrInvalidValue)
+	if o.MaxInFlight == 0 {
+		o.MaxInFlight = 64
 	}
-	devs := opts.Devices
+	if o.InlineMax == 0 {
+		o.InlineMax = 64 << 10
+	}
+	if o.HelloTimeout <= 0 {
+		o.HelloTimeout = 10 * time.Second
+	}
+	if o.IdleTimeout == 0 {
+		o.IdleTimeout = time.Minute
+	}
+	if o.StreamsPerDevice < 0 || o.MaxBuffers < 0 || o.MaxInFlight < 0 {
+		return fmt.Errorf("broker: listen: negative StreamsPerDevice, MaxBuffers or MaxInFlight: %w", ErrInvalidValue)
+	}
+	return nil
+}
+
+// servedDevices is Options.Devices or its default: the devices a host-NUMA region is granted to, or
+// the region's own device.
+func servedDevices(region *pinned.Region, devs []*vmm.Device) ([]*vmm.Device, error) {
 	if len(devs) == 0 {
 		if region.Kind() == pinned.HostNUMA {
 			for _, o := range region.Devices() {
 				d, err := region.Device().System().Device(o)
 				if err != nil {
-					return nil, fmt.Errorf("broker: new server: %w", err)
+					return nil, fmt.Errorf("broker: listen: %w", err)
 				}
 				devs = append(devs, d)
 			}
@@ -171,28 +200,31 @@ func Listen(region *pinned.Region, path string, opts Options) (*Server, error) {
 		}
 	}
 	if len(devs) == 0 {
-		return nil, fmt.Errorf("broker: new server on %s: the region is visible to no device (grant it one): %w", region, ErrInvalidValue)
+		return nil, fmt.Errorf("broker: listen on %s: the region is visible to no device (grant it one): %w", region, ErrInvalidValue)
 	}
-	s := &Server{region: region, path: path, opts: opts, lanes: map[int]*lane{}, workers: map[*worker]struct{}{}}
 	for _, d := range devs {
 		if d == nil || d.System() != region.Device().System() {
-			s.closeLanes()
-			return nil, fmt.Errorf("broker: new server: a nil device or one of another System: %w", ErrInvalidValue)
+			return nil, fmt.Errorf("broker: listen: a nil device or one of another System: %w", ErrInvalidValue)
 		}
 		if !region.VisibleTo(d) {
-			s.closeLanes()
-			return nil, fmt.Errorf("broker: new server: %s cannot reach %s (grant it access): %w", d, region, ErrDeviceNotServed)
+			return nil, fmt.Errorf("broker: listen: %s cannot reach %s (grant it access): %w", d, region, ErrDeviceNotServed)
 		}
+	}
+	return devs, nil
+}
+
+// openLanes makes each served device's copy streams.
+func (s *Server) openLanes(devs []*vmm.Device) error {
+	for _, d := range devs {
 		if s.lanes[d.Ordinal()] != nil {
 			continue
 		}
-		l := &lane{dev: d, free: make(chan *vmm.Stream, opts.StreamsPerDevice)}
+		l := &lane{dev: d, free: make(chan *vmm.Stream, s.opts.StreamsPerDevice)}
 		s.lanes[d.Ordinal()] = l
-		for i := 0; i < opts.StreamsPerDevice; i++ {
+		for i := 0; i < s.opts.StreamsPerDevice; i++ {
 			st, err := d.NewStream(true)
 			if err != nil {
-				s.closeLanes()
-				return nil, fmt.Errorf("broker: new server: %w", err)
+				return fmt.Errorf("broker: listen: %w", err)
 			}
 			l.streams = append(l.streams, st)
 			l.free <- st
@@ -201,27 +233,26 @@ func Listen(region *pinned.Region, path string, opts Options) (*Server, error) {
 			s.devMask |= 1 << d.Ordinal()
 		}
 	}
-	ln, err := unixsock.Listen(path, unixsock.Options{AllowUIDs: opts.AllowUIDs, Authorize: opts.Authorize,
-		MaxConns: opts.MaxConns, MaxConnsPerUID: opts.MaxConnsPerUID, IdleTimeout: opts.IdleTimeout,
-		ReadTimeout: opts.ReadTimeout, WriteTimeout: opts.WriteTimeout, Refuse: s.refusePeer,
-		Logf: func(f string, a ...any) { s.logf("broker: "+f, a...) }})
-	if err != nil {
-		s.closeLanes()
-		return nil, fmt.Errorf("broker: %w", err)
-	}
-	s.ln = ln
-	return s, nil
+	return nil
 }
 
+// undoLanes destroys the streams of a Listen that failed.
+func (s *Server) undoLanes() error { return s.closeLanes() }
+
+// closeLanes destroys the copy streams; those that fail stay for the next call.
 func (s *Server) closeLanes() error {
+	s.mu.Lock()
+	defer s.mu.Unlock()
 	var errs []error
 	for _, l := range s.lanes {
+		var kept []*vmm.Stream
 		for _, st := range l.streams {
 			if err := st.Close(); err != nil {
 				errs = append(errs, err)
+				kept = append(kept, st)
 			}
 		}
-		l.streams = nil
+		l.streams = kept
 	}
 	return errors.Join(errs...)
 }
@@ -299,12 +330,17 @@ func (s *Server) Close() error {
 		return nil
 	}
 	s.mu.Lock()
-	if s.closed {
-		s.mu.Unlock()
-		return nil
-	}
+	again := s.closed
 	s.closed = true
 	s.mu.Unlock()
+	if again {
+		// A Close that failed to destroy a stream kept it: try again, and succeed only once none is
+		// left.
+		if err := s.closeLanes(); err != nil {
+			return fmt.Errorf("broker: close streams: %w", err)
+		}
+		return nil
+	}
 	var errs []error
 	if err := s.ln.Close(); err != nil {
 		errs = append(errs, fmt.Errorf("broker: %w", err))
@@ -618,41 +654,15 @@ func (w *worker) runCopy(req request, b *regBuffer, st *vmm.Stream) {
 // register reads the buffer that follows a register request, imports and maps it for its device.
 // A returned error means the stream's framing is lost.
 func (w *worker) register(req request) error {
-	uc := w.conn.Unix()
-	if d := w.s.opts.ReadTimeout; d >= 0 {
-		if d == 0 {
-			d = unixsock.DefaultReadTimeout
-		}
-		_ = uc.SetReadDeadline(time.Now().Add(d))
-	}
-	rcv, err := ipc.Receive(uc)
-	_ = uc.SetReadDeadline(time.Time{})
+	rcv, err := w.receiveBuffer()
 	if err != nil {
 		return err
 	}
 	defer rcv.Close()
-	fail := func(err error) error {
+	l, err := w.laneFor(&rcv.Desc)
+	if err != nil {
 		w.replyErr(OpRegister, req.id, err)
 		return nil
-	}
-	w.mu.Lock()
-	n := len(w.bufs)
-	w.mu.Unlock()
-	if n >= w.s.opts.MaxBuffers {
-		return fail(fmt.Errorf("broker: %d buffers registered (Options.MaxBuffers): %w", n, ErrLimit))
-	}
-	loc := rcv.Desc.Chunks[0].Location
-	for _, c := range rcv.Desc.Chunks {
-		if c.Location != loc {
-			return fail(fmt.Errorf("broker: register %s: chunks at %s and %s: a buffer must live on one device: %w", &rcv.Desc, loc, c.Location, ErrNotSupported))
-		}
-	}
-	if loc.Type != driver.LocationDevice {
-		return fail(fmt.Errorf("broker: register %s: memory at %s is not device memory (copy host memory on the CPU): %w", &rcv.Desc, loc, ErrNotSupported))
-	}
-	l := w.s.lanes[int(loc.ID)]
-	if l == nil {
-		return fail(fmt.Errorf("broker: register %s: device %d (this broker serves %v): %w", &rcv.Desc, loc.ID, w.s.Devices(), ErrDeviceNotServed))
 	}
 	buf, err := ipc.Open(l.dev, rcv, vmm.ReadWrite(l.dev))
 	if err != nil && errors.Is(err, ErrProtocol) {
@@ -662,7 +672,8 @@ func (w *worker) register(req request) error {
 		return fmt.Errorf("register %s refused: %w: %w", &rcv.Desc, errRefused, err)
 	}
 	if err != nil {
-		return fail(fmt.Errorf("broker: register %s: %v: %w", &rcv.Desc, err, ErrInternal))
+		w.replyErr(OpRegister, req.id, fmt.Errorf("broker: register %s: %v: %w", &rcv.Desc, err, ErrInternal))
+		return nil
 	}
 	b := &regBuffer{buf: buf, lane: l, ptr: buf.Ptr(), length: buf.Cap()}
 	for _, c := range rcv.Desc.Chunks {
@@ -672,6 +683,51 @@ func (w *worker) register(req request) error {
 			b.extents = append(b.extents, extent{c.Offset, c.Offset + c.Size})
 		}
 	}
+	w.add(b)
+	w.reply(&response{op: OpRegister, id: req.id, buffer: b.id, values: [4]uint64{b.length, uint64(l.dev.Ordinal())}})
+	return nil
+}
+
+// receiveBuffer reads the buffer that follows a register request within the read timeout.
+func (w *worker) receiveBuffer() (*ipc.Received, error) {
+	uc := w.conn.Unix()
+	if d := w.s.opts.ReadTimeout; d >= 0 {
+		if d == 0 {
+			d = unixsock.DefaultReadTimeout
+		}
+		_ = uc.SetReadDeadline(time.Now().Add(d))
+	}
+	rcv, err := ipc.Receive(uc)
+	_ = uc.SetReadDeadline(time.Time{})
+	return rcv, err
+}
+
+// laneFor checks the worker's limit and the buffer's location and finds the device's lane.
+func (w *worker) laneFor(d *ipc.Descriptor) (*lane, error) {
+	w.mu.Lock()
+	n := len(w.bufs)
+	w.mu.Unlock()
+	if n >= w.s.opts.MaxBuffers {
+		return nil, fmt.Errorf("broker: %d buffers registered (Options.MaxBuffers): %w", n, ErrLimit)
+	}
+	loc := d.Chunks[0].Location
+	for _, c := range d.Chunks {
+		if c.Location != loc {
+			return nil, fmt.Errorf("broker: register %s: chunks at %s and %s: a buffer must live on one device: %w", d, loc, c.Location, ErrNotSupported)
+		}
+	}
+	if loc.Type != driver.LocationDevice {
+		return nil, fmt.Errorf("broker: register %s: memory at %s is not device memory (copy host memory on the CPU): %w", d, loc, ErrNotSupported)
+	}
+	l := w.s.lanes[int(loc.ID)]
+	if l == nil {
+		return nil, fmt.Errorf("broker: register %s: device %d (this broker serves %v): %w", d, loc.ID, w.s.Devices(), ErrDeviceNotServed)
+	}
+	return l, nil
+}
+
+// add gives b the worker's next free id and records it.
+func (w *worker) add(b *regBuffer) {
 	w.mu.Lock()
 	for {
 		w.nextID++
@@ -683,8 +739,6 @@ func (w *worker) register(req request) error {
 	w.bufs[b.id] = b
 	w.mu.Unlock()
 	w.s.nbufs.Add(1)
-	w.reply(&response{op: OpRegister, id: req.id, buffer: b.id, values: [4]uint64{b.length, uint64(loc.ID)}})
-	return nil
 }
 
 // unregister forgets a buffer, waits for its copies in flight, then unmaps and releases it.
