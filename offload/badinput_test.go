@@ -2,7 +2,6 @@ package offload_test
 
 import (
 	"context"
-	"errors"
 	"testing"
 
 	"github.com/stretchr/testify/require"
@@ -219,5 +218,3 @@ func TestOutOfHostMemory(t *testing.T) {
 		requirePattern(t, d, buf.Ptr(), 8*mib, 2)
 	}, testutil.SimOnly())
 }
-
-var _ = errors.Is

@@ -88,22 +88,36 @@ func describe(e *entry) (ckEntry, []chunkState, error) {
 		if err != nil {
 			return ce, nil, fmt.Errorf("offload: checkpoint %s: chunk %d: %w", e, i, err)
 		}
-		p := a.Properties()
-		cc := ckChunk{Offset: c.Offset, Size: a.Size(), Device: a.Device().Ordinal(), LocationType: int32(p.Location.Type),
-			LocationID: p.Location.ID, HandleTypes: int32(p.RequestedHandleTypes), Compression: p.Compression != driver.CompressionNone,
-			GPUDirectRDMA: p.GPUDirectRDMACapable}
-		for _, x := range acc {
-			cc.Access = append(cc.Access, ckAccess{int32(x.Location.Type), x.Location.ID, int32(x.Flags)})
-		}
-		ce.Chunks = append(ce.Chunks, cc)
+		ce.Chunks = append(ce.Chunks, chunkRecord(a, c.Offset, acc))
 		states = append(states, chunkState{alloc: a, ptr: ptr, size: a.Size(), access: acc})
 	}
 	return ce, states, nil
 }
 
+// describeAsleep builds the header entry of a sleeping Keep entry from what its sleep recorded.
+func describeAsleep(e *entry) ckEntry {
+	ce := ckEntry{Tag: e.tag, Policy: e.policy.String(), Ptr: uint64(e.buf.Ptr()), Len: e.buf.Len()}
+	for _, cs := range e.chunks {
+		ce.Chunks = append(ce.Chunks, chunkRecord(cs.alloc, uint64(cs.ptr-e.buf.Ptr()), cs.access))
+	}
+	return ce
+}
+
+func chunkRecord(a *vmm.Allocation, off uint64, acc []vmm.Access) ckChunk {
+	p := a.Properties()
+	cc := ckChunk{Offset: off, Size: a.Size(), Device: a.Device().Ordinal(), LocationType: int32(p.Location.Type),
+		LocationID: p.Location.ID, HandleTypes: int32(p.RequestedHandleTypes), Compression: p.Compression != driver.CompressionNone,
+		GPUDirectRDMA: p.GPUDirectRDMACapable}
+	for _, x := range acc {
+		cc.Access = append(cc.Access, ckAccess{int32(x.Location.Type), x.Location.ID, int32(x.Flags)})
+	}
+	return cc
+}
+
 // Save writes a checkpoint of the buffers tagged tags (every buffer when none is given) to w: the
-// header, then each chunk's bytes with its CRC-32C. The buffers must be awake (ErrAsleep otherwise)
-// and must not be written while Save runs.
+// header, then each chunk's bytes with its CRC-32C. Awake buffers are read from the GPU (they must
+// not be written while Save runs); sleeping Keep buffers from their backup. A sleeping Discard or
+// File buffer has no content here: Save fails with an error wrapping ErrAsleep.
 func (s *Set) Save(ctx context.Context, w io.Writer, tags ...string) error {
 	s.mu.Lock()
 	defer s.mu.Unlock()
@@ -113,21 +127,27 @@ func (s *Set) Save(ctx context.Context, w io.Writer, tags ...string) error {
 	}
 	var hdr ckHeader
 	var refs []chunkRef
+	var awake []*entry
+	defer func() { forget(awake) }()
 	for _, e := range es {
-		if e.asleep {
-			return fmt.Errorf("offload: save %s: %w", e, ErrAsleep)
+		switch {
+		case e.asleep && e.policy != Keep:
+			return fmt.Errorf("offload: save %s: its content is not in memory while it sleeps: %w", e, ErrAsleep)
+		case e.asleep:
+			hdr.Entries = append(hdr.Entries, describeAsleep(e))
+		default:
+			ce, states, err := describe(e)
+			if err != nil {
+				return err
+			}
+			hdr.Entries = append(hdr.Entries, ce)
+			e.chunks = states
+			awake = append(awake, e)
 		}
-		ce, states, err := describe(e)
-		if err != nil {
-			return err
-		}
-		hdr.Entries = append(hdr.Entries, ce)
-		e.chunks = states
-		for i := range states {
+		for i := range e.chunks {
 			refs = append(refs, chunkRef{e, i})
 		}
 	}
-	defer forget(es)
 	bw := bufio.NewWriterSize(w, 1<<20)
 	if err := writeHeader(bw, &hdr); err != nil {
 		return fmt.Errorf("offload: save: %w", err)
@@ -173,6 +193,12 @@ func (s *Set) saveChunks(ctx context.Context, w io.Writer, refs []chunkRef) erro
 	defer s.pool.put(stage)
 	for _, r := range refs {
 		cs := r.state()
+		if r.e.asleep {
+			if err := saveBackup(w, cs, prog); err != nil {
+				return fmt.Errorf("write %s chunk %d: %w", r.e, r.i, err)
+			}
+			continue
+		}
 		st, err := s.stream(cs.alloc.Device())
 		if err != nil {
 			return err
@@ -199,6 +225,23 @@ func (s *Set) saveChunks(ctx context.Context, w io.Writer, refs []chunkRef) erro
 		}
 	}
 	return nil
+}
+
+// saveBackup writes a sleeping chunk's bytes from its backup, and their checksum.
+func saveBackup(w io.Writer, cs *chunkState, prog *progress) error {
+	crc := uint32(0)
+	for _, hp := range cs.backup {
+		b := hp.slot.mem[hp.slotOff : hp.slotOff+hp.n]
+		crc = crc32.Update(crc, castagnoli, b)
+		if _, err := w.Write(b); err != nil {
+			return err
+		}
+		prog.add(hp.n)
+	}
+	var sum [4]byte
+	binary.LittleEndian.PutUint32(sum[:], crc)
+	_, err := w.Write(sum[:])
+	return err
 }
 
 // staging takes one slot of the set's slot size from the pool (pinning one if needed).

@@ -56,11 +56,19 @@ func TestCheckpointRoundTrip(t *testing.T) {
 		err = other.Restore(bg, bytes.NewReader(saved))
 		require.ErrorIs(t, err, offload.ErrBadCheckpoint)
 
-		// Save and Restore need the buffers awake.
+		// A sleeping Keep buffer is saved from its backup; a sleeping Discard one has nothing to save,
+		// and Restore needs the buffers awake.
+		require.NoError(t, set.Restore(bg, bytes.NewReader(saved)))
+		require.NoError(t, set.Sleep(bg, "weights"))
+		var fromBackup bytes.Buffer
+		require.NoError(t, set.Save(bg, &fromBackup))
+		require.Equal(t, saved, fromBackup.Bytes(), "the same checkpoint, awake or asleep")
+		require.True(t, set.Asleep("weights"), "saving does not wake")
 		require.NoError(t, set.Sleep(bg, "kv"))
 		require.ErrorIs(t, set.Save(bg, &bytes.Buffer{}), offload.ErrAsleep)
 		require.ErrorIs(t, set.Restore(bg, bytes.NewReader(saved)), offload.ErrAsleep)
 		require.NoError(t, set.Wake(bg))
+		requirePattern(t, d, w.Ptr(), 6*mib, 41)
 	})
 }
 

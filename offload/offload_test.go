@@ -195,3 +195,26 @@ func TestStripeAndMappings(t *testing.T) {
 		requirePattern(t, d1, res.Ptr(), 8*mib, 62)
 	}, testutil.Devices(2))
 }
+
+// TestPrepare pins the backup ahead of time: the first Sleep pins nothing more.
+func TestPrepare(t *testing.T) {
+	testutil.Run(t, func(t *testing.T, b *testutil.Backend) {
+		d := b.Device(t, 0)
+		w := newBuf(t, d, 12*mib, 4*mib, 71, nil)
+		kv := newBuf(t, d, 4*mib, 4*mib, 72, nil)
+		set := newSet(t, b, offload.Options{SlotSize: 8 * mib})
+		require.NoError(t, set.Add("w", w, offload.Keep, offload.EntryOptions{}))
+		require.NoError(t, set.Add("kv", kv, offload.Discard, offload.EntryOptions{}))
+		require.ErrorIs(t, set.Prepare(bg, "nope"), offload.ErrInvalidValue)
+		require.NoError(t, set.Prepare(bg))
+		require.Equal(t, uint64(16*mib), set.BackupBytes(), "two 8 MiB slots for the Keep buffer, none for Discard")
+		require.NoError(t, set.Prepare(bg), "again: nothing more")
+		require.Equal(t, uint64(16*mib), set.BackupBytes())
+		require.NoError(t, set.Sleep(bg))
+		require.Equal(t, uint64(16*mib), set.BackupBytes(), "the sleep used the prepared slots")
+		require.NoError(t, set.Wake(bg))
+		requirePattern(t, d, w.Ptr(), 12*mib, 71)
+		require.NoError(t, set.TrimPool())
+		require.Zero(t, set.BackupBytes())
+	})
+}

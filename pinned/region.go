@@ -595,9 +595,6 @@ func (r *Region) setAccess(op string, devs []*vmm.Device, flags driver.AccessFla
 	if r.own.Closed() {
 		return fmt.Errorf("pinned: %s on %s: %w", op, r, ErrClosed)
 	}
-	if r.kind != HostNUMA {
-		return fmt.Errorf("pinned: %s on %s: %w", op, r, r.impl.setAccess(r, nil))
-	}
 	devs, err := uniqueDevices(r.sys, devs)
 	if err != nil {
 		return err

@@ -4,6 +4,7 @@ import (
 	"errors"
 	"fmt"
 	"slices"
+	"sync"
 	"time"
 
 	"github.com/cuvmm/cuvmm/driver"
@@ -92,17 +93,36 @@ func (p *Pool) unmapPages(off, t uint64) ([]*vmm.Allocation, error) {
 	return out, nil
 }
 
-// dropPages unmaps and releases the t pages at off.
+// dropPages unmaps the t pages at off with one cuMemUnmap and releases them, with
+// Options.ReleaseWorkers goroutines when there are many.
 func (p *Pool) dropPages(off, t uint64) (uint64, error) {
 	as, err := p.unmapPages(off, t)
 	if err != nil {
 		return 0, err
 	}
-	var errs []error
-	for _, a := range as {
-		errs = append(errs, a.Close())
+	return t * p.pageSize, closeAll(as, p.opts.ReleaseWorkers)
+}
+
+// closeAll closes the allocations, spread over up to workers goroutines when there are at least 64.
+func closeAll(as []*vmm.Allocation, workers int) error {
+	if len(as) < 64 || workers <= 1 {
+		var errs []error
+		for _, a := range as {
+			errs = append(errs, a.Close())
+		}
+		return errors.Join(errs...)
 	}
-	return t * p.pageSize, errors.Join(errs...)
+	errs := make([]error, workers)
+	var wg sync.WaitGroup
+	for w := 0; w < workers; w++ {
+		wg.Add(1)
+		go func(w int) {
+			defer wg.Done()
+			errs[w] = closeAll(as[w*len(as)/workers:(w+1)*len(as)/workers], 1)
+		}(w)
+	}
+	wg.Wait()
+	return errors.Join(errs...)
 }
 
 // takeIdle unmaps up to k idle pages (large cache first, smallest runs first so that large contiguous

@@ -62,6 +62,9 @@ type Options struct {
 	NoStitch bool
 	// Access lists who may access the pool's memory; empty means read-write for the pool's device.
 	Access []vmm.Access
+	// ReleaseWorkers is how many goroutines release the pages of one run (cuMemRelease) when many are
+	// released at once (Trim, Close); 0 means 4, 1 releases them one after the other.
+	ReleaseWorkers int
 }
 
 // Block is memory handed out by Alloc. Its fields are read-only; Ptr stays valid until Free.
@@ -180,6 +183,9 @@ func (o *Options) fill(dev *vmm.Device, g uint64) error {
 	}
 	if o.HighWater == 0 {
 		o.HighWater = o.Limit / 8
+	}
+	if o.ReleaseWorkers <= 0 {
+		o.ReleaseWorkers = 4
 	}
 	return nil
 }

@@ -485,3 +485,22 @@ func TestFreeOnAStreamClosedLater(t *testing.T) {
 		require.NoError(t, p.Free(again, nil))
 	}, simMemory)
 }
+
+// TestTrimReleasesManyPagesInParallel covers the release workers: 160 idle pages released by Trim.
+func TestTrimReleasesManyPagesInParallel(t *testing.T) {
+	testutil.Run(t, func(t *testing.T, b *testutil.Backend) {
+		p, d := newPool(t, b, pool.Options{Limit: 320 * mib, HighWater: ^uint64(0), ReleaseWorkers: 3})
+		blk, err := p.Alloc(320*mib, nil)
+		require.NoError(t, err)
+		require.NoError(t, p.Free(blk, nil))
+		before, _, err := d.MemInfo()
+		require.NoError(t, err)
+		n, err := p.Trim()
+		require.NoError(t, err)
+		require.Equal(t, 320*mib, n)
+		after, _, err := d.MemInfo()
+		require.NoError(t, err)
+		require.GreaterOrEqual(t, after+2*mib, before+n)
+		require.Zero(t, p.Stats().Mapped)
+	}, simMemory)
+}
