@@ -41,17 +41,6 @@ type slot struct {
 // ptr is the address devices use for byte off of the slot.
 func (s *slot) ptr(off uint64) driver.DevicePtr { return s.region.Ptr() + driver.DevicePtr(off) }
 
-// mapSlot maps a slot's memory on the device's host NUMA node and faults its pages in.
-func mapSlot(dev *vmm.Device, size uint64) ([]byte, error) {
-	mem, err := pinned.MapAnonymous(size)
-	if err != nil {
-		return nil, err
-	}
-	preferNode(mem, dev.HostNUMAID())
-	populate(mem)
-	return mem, nil
-}
-
 // registerSlot pins memory from mapSlot; it unmaps the memory when that fails.
 func registerSlot(dev *vmm.Device, mem []byte, size uint64) (*slot, error) {
 	r, err := pinned.Register(dev, mem, pinned.RegisterOptions{HugePages: true})
@@ -176,14 +165,7 @@ func (p *hostPool) feed(ctx context.Context, dev *vmm.Device, n int, size uint64
 	go func() {
 		defer f.wg.Done()
 		defer close(mapped)
-		for _, i := range todo {
-			if ctx.Err() != nil {
-				mapped <- mappedSlot{i: i, err: ctx.Err()}
-				continue
-			}
-			mem, err := mapSlot(dev, size)
-			mapped <- mappedSlot{i: i, mem: mem, err: err}
-		}
+		populateSlots(ctx, dev, todo, size, mapped)
 	}()
 	for w := 0; w < min(registerWorkers, len(todo)); w++ {
 		f.wg.Add(1)
@@ -220,25 +202,63 @@ func (f *feed) register(ctx context.Context, dev *vmm.Device, m mappedSlot, size
 	return slotResult{s: s, err: err}
 }
 
-// populate faults mem's pages in from every core, populateStep bytes at a time
-// (MADV_POPULATE_WRITE, Linux 5.14+; where it is refused, registration faults them in itself).
-func populate(mem []byte) {
-	steps := (len(mem) + populateStep - 1) / populateStep
+// populateSlots maps the memory of the slots todo names, then faults it in from every core,
+// populateStep bytes at a time in slot order with no pause between slots, and sends each slot to
+// out as soon as its last step is done (MADV_POPULATE_WRITE, Linux 5.14+; where it is refused,
+// registration faults the pages in itself). Slots not populated when ctx ends are unmapped and sent
+// with the error. All the memory is mapped first: mapping takes the address-space lock for writing,
+// which would stall the registrations running meanwhile.
+func populateSlots(ctx context.Context, dev *vmm.Device, todo []int, size uint64, out chan<- mappedSlot) {
+	mems, err := mapSlots(dev, len(todo), size)
+	if err != nil {
+		for _, i := range todo {
+			out <- mappedSlot{i: i, err: err}
+		}
+		return
+	}
+	per := int((size + populateStep - 1) / populateStep)
+	left := make([]atomic.Int64, len(todo))
+	for k := range left {
+		left[k].Store(int64(per))
+	}
 	var next atomic.Int64
 	var wg sync.WaitGroup
-	for w := 0; w < min(runtime.GOMAXPROCS(0), steps); w++ {
+	for w := 0; w < min(runtime.GOMAXPROCS(0), per*len(todo)); w++ {
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
-			for i := int(next.Add(1) - 1); i < steps; i = int(next.Add(1) - 1) {
-				part := mem[i*populateStep : min((i+1)*populateStep, len(mem))]
-				if unix.Madvise(part, unix.MADV_POPULATE_WRITE) != nil {
-					return
+			for g := int(next.Add(1) - 1); g < per*len(todo) && ctx.Err() == nil; g = int(next.Add(1) - 1) {
+				k, off := g/per, uint64(g%per)*populateStep
+				_ = unix.Madvise(mems[k][off:min(off+populateStep, size)], unix.MADV_POPULATE_WRITE)
+				if left[k].Add(-1) == 0 {
+					out <- mappedSlot{i: todo[k], mem: mems[k]}
 				}
 			}
 		}()
 	}
 	wg.Wait()
+	for k := range left {
+		if left[k].Load() > 0 {
+			out <- mappedSlot{i: todo[k], err: errors.Join(ctx.Err(), pinned.Unmap(mems[k]))}
+		}
+	}
+}
+
+// mapSlots maps n slots of size bytes on the device's host NUMA node, or none.
+func mapSlots(dev *vmm.Device, n int, size uint64) ([][]byte, error) {
+	mems := make([][]byte, n)
+	for k := range mems {
+		mem, err := pinned.MapAnonymous(size)
+		if err != nil {
+			for _, m := range mems[:k] {
+				err = errors.Join(err, pinned.Unmap(m))
+			}
+			return nil, err
+		}
+		preferNode(mem, dev.HostNUMAID())
+		mems[k] = mem
+	}
+	return mems, nil
 }
 
 // take returns the next slot, waiting for it to be pinned.
