@@ -131,7 +131,7 @@ func (p *hostPool) trim() error {
 }
 
 // feed delivers n slots of one size in order: first those the pool has, at once, then new ones
-// pinned by pinWorkers goroutines while the caller uses the earlier ones.
+// made by the populate and register stages (see registerWorkers) while the caller uses the earlier ones.
 type feed struct {
 	pool   *hostPool
 	chans  []chan slotResult
