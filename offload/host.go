@@ -4,7 +4,9 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"runtime"
 	"sync"
+	"sync/atomic"
 	"unsafe"
 
 	"golang.org/x/sys/unix"
@@ -17,10 +19,16 @@ import (
 
 const hugePage = 2 << 20
 
-// pinWorkers is how many slots are made ready at once during a first sleep: one is being
-// registered while the next one's pages are faulted in (populating spreads over several threads of
-// its own).
-const pinWorkers = 4
+// A first sleep makes its slots in two stages that run ahead of the copies: populate faults each
+// slot's pages in from every core (the kernel zeroes a fresh page in the thread that faults it, and
+// on a virtual machine the host provides it then), slot after slot in order; registerWorkers
+// goroutines register the populated slots (cuMemHostRegister then only pins pages already present).
+// So pinning slot i+1 overlaps registering slot i and copying slot i-1, and the first sleep takes
+// about the longest of the three stages rather than their sum.
+const (
+	registerWorkers = 2
+	populateStep    = 16 << 20
+)
 
 // slot is one pinned host buffer of a backup: transparent-huge-page memory registered with the
 // driver (pinned.Register), the fastest pinned memory to make on the measured host.
@@ -33,12 +41,8 @@ type slot struct {
 // ptr is the address devices use for byte off of the slot.
 func (s *slot) ptr(off uint64) driver.DevicePtr { return s.region.Ptr() + driver.DevicePtr(off) }
 
-func newSlot(dev *vmm.Device, size uint64) (*slot, error) {
-	mem, err := pinned.MapAnonymous(size)
-	if err != nil {
-		return nil, err
-	}
-	preferNode(mem, dev.HostNUMAID())
+// registerSlot pins memory from mapSlot; it unmaps the memory when that fails.
+func registerSlot(dev *vmm.Device, mem []byte, size uint64) (*slot, error) {
 	r, err := pinned.Register(dev, mem, pinned.RegisterOptions{HugePages: true})
 	if err != nil && errors.Is(err, driver.ErrOutOfMemory) {
 		err = fmt.Errorf("out of host memory to pin: %w", err)
@@ -127,7 +131,7 @@ func (p *hostPool) trim() error {
 }
 
 // feed delivers n slots of one size in order: first those the pool has, at once, then new ones
-// pinned by pinWorkers goroutines while the caller uses the earlier ones.
+// made by the populate and register stages (see registerWorkers) while the caller uses the earlier ones.
 type feed struct {
 	pool   *hostPool
 	chans  []chan slotResult
@@ -153,29 +157,108 @@ func (p *hostPool) feed(ctx context.Context, dev *vmm.Device, n int, size uint64
 			todo = append(todo, i)
 		}
 	}
-	work := make(chan int, len(todo))
-	for _, i := range todo {
-		work <- i
+	if len(todo) == 0 {
+		return f
 	}
-	close(work)
-	for w := 0; w < min(pinWorkers, len(todo)); w++ {
+	mapped := make(chan mappedSlot, len(todo))
+	f.wg.Add(1)
+	go func() {
+		defer f.wg.Done()
+		defer close(mapped)
+		populateSlots(ctx, dev, todo, size, mapped)
+	}()
+	for w := 0; w < min(registerWorkers, len(todo)); w++ {
 		f.wg.Add(1)
 		go func() {
 			defer f.wg.Done()
-			for i := range work {
-				if err := ctx.Err(); err != nil {
-					f.chans[i] <- slotResult{err: err}
-					continue
-				}
-				s, err := newSlot(dev, size)
-				if err != nil {
-					err = fmt.Errorf("pin a %s backup slot: %w", units.FormatSize(size), err)
-				}
-				f.chans[i] <- slotResult{s: s, err: err}
+			for m := range mapped {
+				f.chans[m.i] <- f.register(ctx, dev, m, size)
 			}
 		}()
 	}
 	return f
+}
+
+// mappedSlot is slot i's memory, populated and waiting to be registered.
+type mappedSlot struct {
+	i   int
+	mem []byte
+	err error
+}
+
+// register turns populated memory into a slot, or unmaps it when the feed was cancelled.
+func (f *feed) register(ctx context.Context, dev *vmm.Device, m mappedSlot, size uint64) slotResult {
+	err := m.err
+	if err == nil && ctx.Err() != nil {
+		err = errors.Join(ctx.Err(), pinned.Unmap(m.mem))
+	}
+	var s *slot
+	if err == nil {
+		s, err = registerSlot(dev, m.mem, size)
+	}
+	if err != nil {
+		err = fmt.Errorf("pin a %s backup slot: %w", units.FormatSize(size), err)
+	}
+	return slotResult{s: s, err: err}
+}
+
+// populateSlots maps the memory of the slots todo names, then faults it in from every core,
+// populateStep bytes at a time in slot order with no pause between slots, and sends each slot to
+// out as soon as its last step is done (MADV_POPULATE_WRITE, Linux 5.14+; where it is refused,
+// registration faults the pages in itself). Slots not populated when ctx ends are unmapped and sent
+// with the error. All the memory is mapped first: mapping takes the address-space lock for writing,
+// which would stall the registrations running meanwhile.
+func populateSlots(ctx context.Context, dev *vmm.Device, todo []int, size uint64, out chan<- mappedSlot) {
+	mems, err := mapSlots(dev, len(todo), size)
+	if err != nil {
+		for _, i := range todo {
+			out <- mappedSlot{i: i, err: err}
+		}
+		return
+	}
+	per := int((size + populateStep - 1) / populateStep)
+	left := make([]atomic.Int64, len(todo))
+	for k := range left {
+		left[k].Store(int64(per))
+	}
+	var next atomic.Int64
+	var wg sync.WaitGroup
+	for w := 0; w < min(runtime.GOMAXPROCS(0), per*len(todo)); w++ {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for g := int(next.Add(1) - 1); g < per*len(todo) && ctx.Err() == nil; g = int(next.Add(1) - 1) {
+				k, off := g/per, uint64(g%per)*populateStep
+				_ = unix.Madvise(mems[k][off:min(off+populateStep, size)], unix.MADV_POPULATE_WRITE)
+				if left[k].Add(-1) == 0 {
+					out <- mappedSlot{i: todo[k], mem: mems[k]}
+				}
+			}
+		}()
+	}
+	wg.Wait()
+	for k := range left {
+		if left[k].Load() > 0 {
+			out <- mappedSlot{i: todo[k], err: errors.Join(ctx.Err(), pinned.Unmap(mems[k]))}
+		}
+	}
+}
+
+// mapSlots maps n slots of size bytes on the device's host NUMA node, or none.
+func mapSlots(dev *vmm.Device, n int, size uint64) ([][]byte, error) {
+	mems := make([][]byte, n)
+	for k := range mems {
+		mem, err := pinned.MapAnonymous(size)
+		if err != nil {
+			for _, m := range mems[:k] {
+				err = errors.Join(err, pinned.Unmap(m))
+			}
+			return nil, err
+		}
+		preferNode(mem, dev.HostNUMAID())
+		mems[k] = mem
+	}
+	return mems, nil
 }
 
 // take returns the next slot, waiting for it to be pinned.
