@@ -28,12 +28,9 @@ type brokerSetup struct {
 // follows the parent's commands until told to exit.
 func brokerChild(c *worker.Conn) error {
 	var setup brokerSetup
-	if err := c.Next(&setup); err != nil {
+	b, err := childBackend(c, &setup)
+	if b == nil {
 		return err
-	}
-	b, err := setup.open()
-	if err != nil {
-		return c.Report(nil, err)
 	}
 	defer b.Close()
 	w := &brokerWorker{sim: b.Sim()}

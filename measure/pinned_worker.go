@@ -62,12 +62,9 @@ type pinReport struct {
 // the parent sends as the mode says, checks it, reports again and holds it until told to release it.
 func pinnedChild(c *worker.Conn) error {
 	var setup pinSetup
-	if err := c.Next(&setup); err != nil {
+	b, err := childBackend(c, &setup)
+	if b == nil {
 		return err
-	}
-	b, err := setup.open()
-	if err != nil {
-		return c.Report(nil, err)
 	}
 	defer b.Close()
 	rep := pinReport{Device: setup.Device}

@@ -35,6 +35,20 @@ func newWorkerSetup(b *Backend) workerSetup {
 
 func (s workerSetup) open() (*Backend, error) { return OpenBackend(s.Backend, s.SimDevices, nil) }
 
+// childBackend reads a worker's setup message into setup and opens the backend it names. When the
+// backend cannot be opened it reports that to the parent and returns a nil Backend with the error of
+// the report (nil once the parent has it), which the role returns as it is.
+func childBackend[S interface{ open() (*Backend, error) }](c *worker.Conn, setup S) (*Backend, error) {
+	if err := c.Next(setup); err != nil {
+		return nil, err
+	}
+	b, err := setup.open()
+	if err != nil {
+		return nil, c.Report(nil, err)
+	}
+	return b, nil
+}
+
 // syncLog makes the log safe for the measurement's notes and its workers' output at once (one
 // lock for all of them); a file needs none.
 func (e *Env) syncLog() {
@@ -92,12 +106,9 @@ type shareReport struct {
 // own, and unmaps.
 func shareChild(c *worker.Conn) error {
 	var setup shareSetup
-	if err := c.Next(&setup); err != nil {
+	b, err := childBackend(c, &setup)
+	if b == nil {
 		return err
-	}
-	b, err := setup.open()
-	if err != nil {
-		return c.Report(nil, err)
 	}
 	defer b.Close()
 	dev, err := b.Sys.Device(setup.Device)

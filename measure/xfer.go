@@ -467,12 +467,9 @@ func xferShare(o *XferOptions, x *xferSide, child *worker.Process, res *XferResu
 // xferChild is the receiver (rank 1) in the worker process.
 func xferChild(c *worker.Conn) error {
 	var setup xferSetup
-	if err := c.Next(&setup); err != nil {
+	b, err := childBackend(c, &setup)
+	if b == nil {
 		return err
-	}
-	b, err := setup.open()
-	if err != nil {
-		return c.Report(nil, err)
 	}
 	defer b.Close()
 	x, err := newXferSide(b, setup.Device)

@@ -39,6 +39,7 @@ type Allocation struct {
 	mappings atomic.Int64 // live Mappings of this allocation
 	own      lifetime.Owner
 	sleep    sleepState // released while asleep, exported (sleep.go); guarded by own's lock
+	hold     holdCount  // holders outside vmm, such as NCCL registrations (hold.go)
 }
 
 func (o AllocOptions) prop(d *Device) driver.AllocationProp {

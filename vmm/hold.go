@@ -5,10 +5,8 @@ import (
 	"sync"
 )
 
-// holds counts, per allocation, the holders outside this package (an NCCL registration of the
+// holdCount counts an allocation's holders outside this package (an NCCL registration of the
 // memory, for example) that need the allocation to stay mapped.
-var holds sync.Map // *Allocation -> *holdCount
-
 type holdCount struct {
 	mu sync.Mutex
 	n  int
@@ -20,8 +18,7 @@ type holdCount struct {
 // mapping of it fails with an error wrapping ErrInUse, so the memory cannot vanish under the holder.
 // Holds nest; release is idempotent.
 func (a *Allocation) Hold(by string) (release func()) {
-	v, _ := holds.LoadOrStore(a, &holdCount{})
-	h := v.(*holdCount)
+	h := &a.hold
 	h.mu.Lock()
 	h.n++
 	h.by = by
@@ -38,11 +35,7 @@ func (a *Allocation) Hold(by string) (release func()) {
 
 // checkHeld fails when a is held.
 func (a *Allocation) checkHeld(op string) error {
-	v, ok := holds.Load(a)
-	if !ok {
-		return nil
-	}
-	h := v.(*holdCount)
+	h := &a.hold
 	h.mu.Lock()
 	defer h.mu.Unlock()
 	if h.n > 0 {

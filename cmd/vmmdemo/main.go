@@ -10,6 +10,9 @@
 //	vmmdemo pinned    --size SIZE --procs N [--devices LIST] [--json]
 //	vmmdemo broker    --size SIZE --workers N [--json]
 //	vmmdemo sleep     --size SIZE [--devices LIST] [--mode keep|discard|file] [--file PATH] [--json]
+//	vmmdemo pool      [--trace FILE | --synthetic serving] [--streams N] [--peer torch] [--json]
+//	vmmdemo xfer      --size SIZE [--transport auto|socket] [--register] [--peer torch] [--json]
+//	vmmdemo plot      --in RESULT.json --out FILE.svg
 //	vmmdemo tour      [--backend ...]   every subcommand with small sizes
 //
 // Run "vmmdemo help" for the list of subcommands.
