@@ -85,16 +85,20 @@ func StartChild(t testing.TB, b *Backend, env []string, files ...*os.File) *Chil
 		require.NoError(t, err)
 	}
 	go func() {
-		defer outR.Close()
 		sc := bufio.NewScanner(outR)
 		for sc.Scan() {
 			c.lines <- sc.Text()
 		}
+		// Close the pipe before lines is closed: whoever saw lines end (Wait, Kill, the clean-up)
+		// may check for leaked descriptors at once.
+		outR.Close()
 		close(c.lines)
 	}()
 	t.Cleanup(func() {
 		_ = c.proc.Kill()
 		inW.Close()
+		for range c.lines { // the reader has closed its end of the pipe when lines ends
+		}
 	})
 	return c
 }

@@ -638,6 +638,8 @@ func (w *worker) runCopy(req request, b *regBuffer, st *vmm.Stream) {
 	took := time.Since(t0)
 	b.lane.free <- st
 	b.users.Done()
+	// Not in flight once answered: a client that saw the answer must not find it in Stats.
+	w.s.inFlight.Add(-1)
 	if err != nil {
 		w.replyErr(OpCopy, req.id, fmt.Errorf("broker: copy %s %s (buffer %d offset %#x, region offset %#x): %v: %w",
 			units.FormatSize(req.length), req.dir, req.buffer, req.bufOff, req.hostOff, err, ErrInternal))
@@ -646,7 +648,6 @@ func (w *worker) runCopy(req request, b *regBuffer, st *vmm.Stream) {
 		w.s.bytes.Add(req.length)
 		w.reply(&response{op: OpCopy, id: req.id, values: [4]uint64{uint64(took.Nanoseconds()), req.length}})
 	}
-	w.s.inFlight.Add(-1)
 	<-w.sem
 	w.jobs.Done()
 }
