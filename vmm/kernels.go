@@ -32,7 +32,8 @@ func (ks *kernelSet) Unload(api driver.API) error {
 type lanePool struct {
 	mu    sync.Mutex
 	idle  []*pattern.Lane
-	slots int // counter words of the kernel set handed out (word 0 is the sink)
+	slots int                // counter words of the kernel set handed out (word 0 is the sink)
+	words []driver.DevicePtr // counter words of freed lanes, for the next new lane
 }
 
 func (p *lanePool) get(api driver.API, ks *kernelSet) (*pattern.Lane, error) {
@@ -44,7 +45,9 @@ func (p *lanePool) get(api driver.API, ks *kernelSet) (*pattern.Lane, error) {
 		return l, nil
 	}
 	var counter driver.DevicePtr
-	if p.slots+1 < counterSlots {
+	if n := len(p.words); n > 0 {
+		counter, p.words = p.words[n-1], p.words[:n-1]
+	} else if p.slots+1 < counterSlots {
 		p.slots++
 		counter = ks.words + driver.DevicePtr(8*p.slots)
 	}
@@ -53,10 +56,25 @@ func (p *lanePool) get(api driver.API, ks *kernelSet) (*pattern.Lane, error) {
 
 }
 
-func (p *lanePool) put(l *pattern.Lane) {
+// maxIdleLanes is how many finished lanes a device keeps: enough for the usual one or two checks at
+// a time without a new stream each, few enough that a burst of concurrent checks does not keep its
+// streams (and the device memory the driver gives them) until the device is released.
+const maxIdleLanes = 2
+
+// put keeps l for the next check, or frees it (with the context bound by the caller) when enough
+// lanes are kept already. A lane whose free fails is dropped: its stream dies with the context.
+func (p *lanePool) put(api driver.API, l *pattern.Lane) error {
 	p.mu.Lock()
-	p.idle = append(p.idle, l)
+	if len(p.idle) < maxIdleLanes {
+		p.idle = append(p.idle, l)
+		p.mu.Unlock()
+		return nil
+	}
+	if !l.OwnsCounter() {
+		p.words = append(p.words, l.Counter)
+	}
 	p.mu.Unlock()
+	return l.Free(api)
 }
 
 // free frees every idle lane (the device is being released: none is in use).
@@ -69,6 +87,7 @@ func (p *lanePool) free(api driver.API) error {
 	}
 	p.idle = nil
 	p.slots = 0
+	p.words = nil
 	return errors.Join(errs...)
 }
 
@@ -126,7 +145,9 @@ func (d *Device) withLane(fn func(api driver.API, ks *kernelSet, l *pattern.Lane
 			return err
 		}
 		err = fn(api, ks, l)
-		d.lanes.put(l)
+		if perr := d.lanes.put(api, l); perr != nil {
+			err = errors.Join(err, fmt.Errorf("free a spare pattern lane: %w", perr))
+		}
 		return err
 	})
 }

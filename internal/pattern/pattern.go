@@ -126,6 +126,10 @@ func NewLane(api driver.API, counter driver.DevicePtr) (*Lane, error) {
 	return &Lane{Stream: s, Counter: c, ownCounter: true}, nil
 }
 
+// OwnsCounter reports whether the lane's counter is an allocation of its own (freed with the lane)
+// rather than a word of a buffer its caller keeps.
+func (l *Lane) OwnsCounter() bool { return l.ownCounter }
+
 // Free frees the lane's stream and its own counter.
 func (l *Lane) Free(api driver.API) error {
 	err := api.StreamDestroy(l.Stream)
