@@ -307,8 +307,29 @@ func (c *comm) finalize() error {
 // ---- registration ----
 
 func (l *Lib) CommRegister(h nccl.CommHandle, ptr driver.DevicePtr, size uint64) (nccl.RegHandle, error) {
-	const call = "ncclCommRegister"
-	if err := l.needs(call, nccl.VersionRegister); err != nil {
+	return addSpan(l, "ncclCommRegister", nccl.VersionRegister, h, ptr, size, func(c *comm) map[nccl.RegHandle]span { return c.regs })
+}
+
+func (l *Lib) CommDeregister(h nccl.CommHandle, rh nccl.RegHandle) error {
+	return dropSpan(l, "ncclCommDeregister", nccl.VersionRegister, h, rh, "registration handle", func(c *comm) map[nccl.RegHandle]span { return c.regs })
+}
+
+func (l *Lib) CommWindowRegister(h nccl.CommHandle, ptr driver.DevicePtr, size uint64, flags int) (func() nccl.Window, error) {
+	w, err := addSpan(l, "ncclCommWindowRegister", nccl.VersionWindow, h, ptr, size, func(c *comm) map[nccl.Window]span { return c.wins })
+	if err != nil {
+		return nil, err
+	}
+	return func() nccl.Window { return w }, nil
+}
+
+func (l *Lib) CommWindowDeregister(h nccl.CommHandle, w nccl.Window) error {
+	return dropSpan(l, "ncclCommWindowDeregister", nccl.VersionWindow, h, w, "window", func(c *comm) map[nccl.Window]span { return c.wins })
+}
+
+// addSpan is registration and window registration: on a ready communicator of a version that has
+// the call, [ptr, ptr+size) is entered in the communicator's table under a new handle.
+func addSpan[K ~uintptr](l *Lib, call string, version int, h nccl.CommHandle, ptr driver.DevicePtr, size uint64, table func(*comm) map[K]span) (K, error) {
+	if err := l.needs(call, version); err != nil {
 		return 0, err
 	}
 	c := l.comm(h)
@@ -324,13 +345,14 @@ func (l *Lib) CommRegister(h nccl.CommHandle, ptr driver.DevicePtr, size uint64)
 		return 0, fail(call, nccl.InvalidArgument, "null buffer or zero size")
 	}
 	c.nextH++
-	c.regs[nccl.RegHandle(c.nextH)] = span{ptr, size}
-	return nccl.RegHandle(c.nextH), nil
+	k := K(c.nextH)
+	table(c)[k] = span{ptr, size}
+	return k, nil
 }
 
-func (l *Lib) CommDeregister(h nccl.CommHandle, rh nccl.RegHandle) error {
-	const call = "ncclCommDeregister"
-	if err := l.needs(call, nccl.VersionRegister); err != nil {
+// dropSpan undoes addSpan; what names the handle's kind in the error for an unknown one.
+func dropSpan[K ~uintptr](l *Lib, call string, version int, h nccl.CommHandle, k K, what string, table func(*comm) map[K]span) error {
+	if err := l.needs(call, version); err != nil {
 		return err
 	}
 	c := l.comm(h)
@@ -339,50 +361,9 @@ func (l *Lib) CommDeregister(h nccl.CommHandle, rh nccl.RegHandle) error {
 	}
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	if _, ok := c.regs[rh]; !ok {
-		return fail(call, nccl.InvalidArgument, "unknown registration handle")
+	if _, ok := table(c)[k]; !ok {
+		return fail(call, nccl.InvalidArgument, "unknown %s", what)
 	}
-	delete(c.regs, rh)
-	return nil
-}
-
-func (l *Lib) CommWindowRegister(h nccl.CommHandle, ptr driver.DevicePtr, size uint64, flags int) (func() nccl.Window, error) {
-	const call = "ncclCommWindowRegister"
-	if err := l.needs(call, nccl.VersionWindow); err != nil {
-		return nil, err
-	}
-	c := l.comm(h)
-	if c == nil {
-		return nil, fail(call, nccl.InvalidArgument, "unknown communicator")
-	}
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	if c.state != stateReady {
-		return nil, fail(call, nccl.InvalidUsage, "the communicator is not ready")
-	}
-	if ptr == 0 || size == 0 {
-		return nil, fail(call, nccl.InvalidArgument, "null buffer or zero size")
-	}
-	c.nextH++
-	w := nccl.Window(c.nextH)
-	c.wins[w] = span{ptr, size}
-	return func() nccl.Window { return w }, nil
-}
-
-func (l *Lib) CommWindowDeregister(h nccl.CommHandle, w nccl.Window) error {
-	const call = "ncclCommWindowDeregister"
-	if err := l.needs(call, nccl.VersionWindow); err != nil {
-		return err
-	}
-	c := l.comm(h)
-	if c == nil {
-		return fail(call, nccl.InvalidArgument, "unknown communicator")
-	}
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	if _, ok := c.wins[w]; !ok {
-		return fail(call, nccl.InvalidArgument, "unknown window")
-	}
-	delete(c.wins, w)
+	delete(table(c), k)
 	return nil
 }
