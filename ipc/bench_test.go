@@ -71,7 +71,7 @@ func benchShare(b *testing.B, backend string, host bool) {
 		loc = driver.HostNUMALocation(dev.HostNUMAID())
 	}
 	src := newBuffer(b, dev, chunks, chunkSize, loc, 0)
-	a, c := socketPair(b)
+	a, c := testutil.SocketPair(b)
 	access := vmm.ReadWrite(dev)
 
 	var share, raw time.Duration

@@ -3,6 +3,7 @@ package ipc_test
 import (
 	"bytes"
 	"errors"
+	"github.com/cuvmm/cuvmm/internal/testutil"
 	"io"
 	"testing"
 	"time"
@@ -29,7 +30,7 @@ func FuzzReadMessage(f *testing.F) {
 		if len(data) > 64<<10 {
 			t.Skip("larger inputs only fill the socket buffer")
 		}
-		a, b := socketPair(t)
+		a, b := testutil.SocketPair(t)
 		go func() {
 			_, _ = a.Write(data)
 			a.Close()
@@ -110,7 +111,7 @@ func FuzzReceiveOpen(f *testing.F) {
 		before := fuzzfd.OpenFDs(t)
 		live := s.Live()
 		files := fuzzfd.Make(t, kinds, 8)
-		a, b := socketPair(t)
+		a, b := testutil.SocketPair(t)
 		sent := make(chan error, 1)
 		go func() { sent <- fuzzfd.Send(a, data, files, cut) }()
 		require.NoError(t, b.SetReadDeadline(time.Now().Add(10*time.Second)))

@@ -28,7 +28,7 @@ func TestExportGrowbufPartialLen(t *testing.T) {
 		require.NoError(t, err)
 		require.Equal(t, buf.Cap(), e.Desc.Size)
 		require.Len(t, e.Desc.Chunks, 3)
-		a, c := socketPair(t)
+		a, c := testutil.SocketPair(t)
 		require.NoError(t, ipc.Send(a, e))
 		require.NoError(t, e.Close())
 		r, err := ipc.Receive(c)

@@ -17,16 +17,6 @@ import (
 
 const mib = 1 << 20
 
-// socketPair is a connected pair of Unix stream sockets, closed at the end of the test.
-func socketPair(t testing.TB) (*net.UnixConn, *net.UnixConn) {
-	t.Helper()
-	fds, err := unix.Socketpair(unix.AF_UNIX, unix.SOCK_STREAM|unix.SOCK_CLOEXEC, 0)
-	require.NoError(t, err)
-	a, b := fileConn(t, fds[0]), fileConn(t, fds[1])
-	t.Cleanup(func() { a.Close(); b.Close() })
-	return a, b
-}
-
 // fileConn turns a socket descriptor into a *net.UnixConn (taking it over).
 func fileConn(t testing.TB, fd int) *net.UnixConn {
 	t.Helper()

@@ -18,7 +18,7 @@ import (
 // exportSendReceive exports buf, sends it over a socket pair and receives it.
 func exportSendReceive(t *testing.T, buf vmm.Chunked) *ipc.Received {
 	t.Helper()
-	a, b := socketPair(t)
+	a, b := testutil.SocketPair(t)
 	e, err := ipc.Export(buf)
 	require.NoError(t, err)
 	require.NoError(t, ipc.Send(a, e))
@@ -135,7 +135,7 @@ func TestReceiveBadInput(t *testing.T) {
 
 		t.Run("chunk table disagrees with the descriptors", func(t *testing.T) {
 			for _, n := range []int{1, 3} {
-				a, c := socketPair(t)
+				a, c := testutil.SocketPair(t)
 				files := []*os.File{e.Files[0], e.Files[1], e.Files[0]}[:n]
 				require.NoError(t, ipc.WriteMessage(a, ipc.KindBuffer, payload, files))
 				_, err := ipc.Receive(c)
@@ -148,14 +148,14 @@ func TestReceiveBadInput(t *testing.T) {
 			}
 		})
 		t.Run("wrong kind", func(t *testing.T) {
-			a, c := socketPair(t)
+			a, c := testutil.SocketPair(t)
 			require.NoError(t, ipc.WriteMessage(a, ipc.KindUser, payload, e.Files))
 			_, err := ipc.Receive(c)
 			require.ErrorIs(t, err, ipc.ErrProtocol)
 			require.ErrorContains(t, err, "unexpected message kind")
 		})
 		t.Run("bad descriptor", func(t *testing.T) {
-			a, c := socketPair(t)
+			a, c := testutil.SocketPair(t)
 			bad := append([]byte(nil), payload...)
 			bad[0] = 'X'
 			require.NoError(t, ipc.WriteMessage(a, ipc.KindBuffer, bad, e.Files))
@@ -164,14 +164,14 @@ func TestReceiveBadInput(t *testing.T) {
 			require.ErrorContains(t, err, "magic")
 		})
 		t.Run("error reply with descriptors", func(t *testing.T) {
-			a, c := socketPair(t)
+			a, c := testutil.SocketPair(t)
 			require.NoError(t, ipc.WriteMessage(a, ipc.KindError, []byte{1, 0, 'x'}, e.Files[:1]))
 			_, err := ipc.Receive(c)
 			require.ErrorIs(t, err, ipc.ErrProtocol)
 			require.ErrorContains(t, err, "nobody asked for")
 		})
 		t.Run("peer closes mid-message", func(t *testing.T) {
-			a, c := socketPair(t)
+			a, c := testutil.SocketPair(t)
 			msg := append(ipc.EncodeHeader(ipc.KindBuffer, uint32(len(payload)), 2), payload[:10]...)
 			rawSend(t, a, msg, int(e.Files[0].Fd()), int(e.Files[1].Fd()))
 			require.NoError(t, a.Close())
@@ -181,7 +181,7 @@ func TestReceiveBadInput(t *testing.T) {
 		})
 		t.Run("a descriptor that is not a CUDA handle", func(t *testing.T) {
 			pr, _ := pipe(t)
-			a, c := socketPair(t)
+			a, c := testutil.SocketPair(t)
 			require.NoError(t, ipc.WriteMessage(a, ipc.KindBuffer, payload, []*os.File{e.Files[0], pr}))
 			r, err := ipc.Receive(c)
 			require.NoError(t, err, "the transport cannot tell; the driver does")
@@ -302,7 +302,7 @@ func TestShareManyChunks(t *testing.T) {
 		defer e.Close()
 		payload, err := e.Desc.MarshalBinary()
 		require.NoError(t, err)
-		a, c := socketPair(t)
+		a, c := testutil.SocketPair(t)
 		fds := testutil.OpenFDs(t)
 		done := make(chan struct{})
 		go func() {

@@ -18,7 +18,7 @@ import (
 
 func TestMessageRoundTrip(t *testing.T) {
 	before := testutil.OpenFDs(t)
-	a, b := socketPair(t)
+	a, b := testutil.SocketPair(t)
 	pr, pw := pipe(t)
 
 	require.NoError(t, ipc.WriteMessage(a, ipc.KindUser+7, []byte("hello"), []*os.File{pr, pw}))
@@ -72,7 +72,7 @@ func TestMessageRoundTrip(t *testing.T) {
 }
 
 func TestWriteMessageLimits(t *testing.T) {
-	a, _ := socketPair(t)
+	a, _ := testutil.SocketPair(t)
 	err := ipc.WriteMessage(a, ipc.KindUser, make([]byte, ipc.MaxPayload+1), nil)
 	require.ErrorIs(t, err, ipc.ErrTooLarge)
 	require.ErrorIs(t, err, ipc.ErrProtocol)
@@ -136,7 +136,7 @@ func TestReadMessageBadInput(t *testing.T) {
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {
 			before := testutil.OpenFDs(t)
-			a, b := socketPair(t)
+			a, b := testutil.SocketPair(t)
 			pr, pw, err := os.Pipe()
 			require.NoError(t, err)
 			fds := make([]int, tc.fds)
@@ -169,7 +169,7 @@ func TestReadMessageBadInput(t *testing.T) {
 // (MSG_CTRUNC), which is an error, and the ones that did arrive are closed.
 func TestReadMessageTruncatedControlData(t *testing.T) {
 	before := testutil.OpenFDs(t)
-	a, b := socketPair(t)
+	a, b := testutil.SocketPair(t)
 	pr, pw, err := os.Pipe()
 	require.NoError(t, err)
 	fds := make([]int, 253) // SCM_MAX_FD
