@@ -64,22 +64,23 @@ func (s *Set) keepOut(ctx context.Context, st *vmm.Stream, u *unit, prog *progre
 		return err
 	}
 	defer func() { err = errors.Join(err, p.close()) }()
-	f := s.pool.feed(ctx, u.dev, u.nSlots, u.slotSize)
-	defer f.finish()
+	copyOut := func(j int, sl *slot) error { return u.copyOut(j, sl, st) }
+	f := s.pool.feedUsing(ctx, u.dev, u.nSlots, u.slotSize, copyOut)
 	u.slots = make([]*slot, u.nSlots)
 	defer func() {
+		f.finish() // first: no slot's copy is queued after the drain
 		if err != nil {
 			drain(st)
 		}
 	}()
 	for j := 0; j < u.nSlots; j++ {
-		sl, err := f.take()
+		sl, queued, err := f.takeUsed()
 		if err != nil {
 			return err
 		}
 		u.slots[j] = sl
-		for _, pc := range u.slotPieces(j) {
-			if err := u.dev.CopyAsync(sl.ptr(pc.slotOff), pc.dev(), pc.n, st); err != nil {
+		if !queued {
+			if err := copyOut(j, sl); err != nil {
 				return err
 			}
 		}
@@ -100,6 +101,16 @@ func (s *Set) keepOut(ctx context.Context, st *vmm.Stream, u *unit, prog *progre
 		return err
 	}
 	prog.add(u.used(u.nSlots - 1))
+	return nil
+}
+
+// copyOut queues the copies of the unit's bytes that slot j backs up into sl.
+func (u *unit) copyOut(j int, sl *slot, st *vmm.Stream) error {
+	for _, pc := range u.slotPieces(j) {
+		if err := u.dev.CopyAsync(sl.ptr(pc.slotOff), pc.dev(), pc.n, st); err != nil {
+			return err
+		}
+	}
 	return nil
 }
 
