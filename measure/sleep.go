@@ -34,6 +34,9 @@ type SleepOptions struct {
 	Chunk uint64
 	// SlotSize is the set's backup slot size (default offload.DefaultSlotSize).
 	SlotSize uint64
+	// IOWorkers is the set's file I/O parallelism (default offload.DefaultIOWorkers); the raw file
+	// figures use the same.
+	IOWorkers int
 }
 
 // SleepDevice is one device's part of a Sleep run.
@@ -101,9 +104,10 @@ type SleepResult struct {
 	AggregateSleepX    float64 `json:"aggregate_sleep_x,omitempty"`
 	AggregateWakeX     float64 `json:"aggregate_wake_x,omitempty"`
 	// File mode: the file, and raw writes and reads of the same bytes over the same file the way the
-	// set does them (os.File.WriteAt / ReadAt in parts of 64 MiB, four at a time), each timed phase,
-	// raw or not, starting after an fsync so that no dirty pages are pending.
+	// set does them (os.File.WriteAt / ReadAt, each slot in IOWorkers parts at once), each timed
+	// phase, raw or not, starting after an fsync so that no dirty pages are pending.
 	File             string        `json:"file,omitempty"`
+	IOWorkers        int           `json:"io_workers,omitempty"`
 	RawFileWriteGBps float64       `json:"raw_file_write_gbps,omitempty"`
 	RawFileReadGBps  float64       `json:"raw_file_read_gbps,omitempty"`
 	SleepVsRawFile   float64       `json:"sleep_vs_raw_file,omitempty"`
@@ -138,6 +142,9 @@ func (o *SleepOptions) check() (offload.Policy, error) {
 	if o.Size == 0 || o.Size%(2<<20) != 0 {
 		return 0, fmt.Errorf("--size %s: want a non-zero multiple of 2 MiB: %w", units.FormatSize(o.Size), ErrInvalidOption)
 	}
+	if err := o.checkIOWorkers(policy); err != nil {
+		return 0, err
+	}
 	if len(o.Devices) == 0 {
 		o.Devices = []int{0}
 	}
@@ -148,6 +155,21 @@ func (o *SleepOptions) check() (offload.Policy, error) {
 		return 0, fmt.Errorf("--chunk %s: want a multiple of 2 MiB: %w", units.FormatSize(o.Chunk), ErrInvalidOption)
 	}
 	return policy, nil
+}
+
+// maxIOWorkers bounds IOWorkers: more goroutines than that only contend.
+const maxIOWorkers = 64
+
+func (o *SleepOptions) checkIOWorkers(policy offload.Policy) error {
+	switch {
+	case o.IOWorkers < 0 || o.IOWorkers > maxIOWorkers:
+		return fmt.Errorf("--io-workers %d: want 1 to %d: %w", o.IOWorkers, maxIOWorkers, ErrInvalidOption)
+	case o.IOWorkers != 0 && policy != offload.File:
+		return fmt.Errorf("--io-workers is for --mode file: %w", ErrInvalidOption)
+	case o.IOWorkers == 0:
+		o.IOWorkers = offload.DefaultIOWorkers
+	}
+	return nil
 }
 
 // sleepRun is the state of one Sleep measurement.
@@ -214,7 +236,7 @@ func (r *sleepRun) setup() error {
 	if slot == 0 {
 		slot = offload.DefaultSlotSize
 	}
-	r.set = offload.NewSet(r.opts.Backend.Sys, offload.Options{SlotSize: slot, Progress: func(done, total uint64) {
+	r.set = offload.NewSet(r.opts.Backend.Sys, offload.Options{SlotSize: slot, IOWorkers: r.opts.IOWorkers, Progress: func(done, total uint64) {
 		if r.bar != nil {
 			r.bar.Update(done)
 		}

@@ -391,19 +391,20 @@ func (r *sleepRun) measureUsual() error {
 }
 
 // measureRawFile writes and reads the same bytes over the same file as the set, the way the set
-// does (parts of 64 MiB, four at a time), each phase after an fsync.
+// does (each slot in IOWorkers parts at once), each phase after an fsync.
 func (r *sleepRun) measureRawFile() error {
 	piece := r.sleepPiece()
 	buf := make([]byte, piece)
 	for i := range buf {
 		buf[i] = byte(i * 7)
 	}
-	total := r.res.TotalBytes
+	total, workers := r.res.TotalBytes, r.opts.IOWorkers
+	r.res.IOWorkers = workers
 	if err := r.file.Sync(); err != nil {
 		return err
 	}
 	start := time.Now()
-	if err := rawFileIO(total, piece, func(off, n uint64) error {
+	if err := rawFileIO(total, piece, workers, func(off, n uint64) error {
 		_, err := r.file.WriteAt(buf[off%piece:][:n], int64(off))
 		return err
 	}); err != nil {
@@ -414,7 +415,7 @@ func (r *sleepRun) measureRawFile() error {
 		return err
 	}
 	start = time.Now()
-	err := rawFileIO(total, piece, func(off, n uint64) error {
+	err := rawFileIO(total, piece, workers, func(off, n uint64) error {
 		_, err := r.file.ReadAt(buf[off%piece:][:n], int64(off))
 		return err
 	})
@@ -422,12 +423,12 @@ func (r *sleepRun) measureRawFile() error {
 	return err
 }
 
-// rawFileIO runs fn over total bytes, slot by slot (piece bytes), each slot in parts of 64 MiB four
-// at a time, as package offload does.
-func rawFileIO(total, piece uint64, fn func(off, n uint64) error) error {
-	const part, workers = 64 << 20, 4
+// rawFileIO runs fn over total bytes, slot by slot (piece bytes), each slot in parts of
+// offload.IOPart, workers at a time, as package offload does.
+func rawFileIO(total, piece uint64, workers int, fn func(off, n uint64) error) error {
 	for base := uint64(0); base < total; base += piece {
 		end := min(base+piece, total)
+		part := offload.IOPart(end-base, workers)
 		var wg sync.WaitGroup
 		errs := make([]error, workers)
 		next := make(chan uint64, (end-base+part-1)/part)

@@ -213,7 +213,7 @@ func (s *Set) fileOut(ctx context.Context, st *vmm.Stream, us []*unit, prog *pro
 			wg[k%2].Add(1)
 			go func(i int) {
 				defer wg[i].Done()
-				werr[i] = writePieces(u.e, sl, pcs, prog)
+				werr[i] = s.writePieces(u.e, sl, pcs, prog)
 			}(k % 2)
 		}
 	}
@@ -222,40 +222,40 @@ func (s *Set) fileOut(ctx context.Context, st *vmm.Stream, us []*unit, prog *pro
 	return errors.Join(werr[0], werr[1])
 }
 
-// File I/O moves each slot in parts of at most ioPart bytes, ioWorkers at a time: one thread copies
-// between the page cache and memory at a few GB/s, several go several times faster.
-const (
-	ioPart    = 64 << 20
-	ioWorkers = 4
-)
-
 // ioJob is a part of a piece: bytes [off, off+n) of slot memory at file offset fileOff.
 type ioJob struct {
 	off, n  uint64
 	fileOff int64
 }
 
-// splitIO cuts pieces into parts of at most ioPart bytes.
-func splitIO(pcs []piece) []ioJob {
+// splitIO cuts a slot's pieces into the parts the set's I/O goroutines move (see IOPart).
+func (s *Set) splitIO(pcs []piece) []ioJob {
+	var total uint64
+	for _, pc := range pcs {
+		total += pc.n
+	}
+	part := IOPart(total, s.opts.IOWorkers)
 	var jobs []ioJob
 	for _, pc := range pcs {
-		for o := uint64(0); o < pc.n; o += ioPart {
-			jobs = append(jobs, ioJob{off: pc.slotOff + o, n: min(ioPart, pc.n-o), fileOff: pc.fileOff + int64(o)})
+		for o := uint64(0); o < pc.n; o += part {
+			jobs = append(jobs, ioJob{off: pc.slotOff + o, n: min(part, pc.n-o), fileOff: pc.fileOff + int64(o)})
 		}
 	}
 	return jobs
 }
 
-// parallelIO runs fn over jobs, ioWorkers at a time, and joins the errors.
-func parallelIO(jobs []ioJob, fn func(j ioJob) error) error {
+// parallelIO runs fn over the parts of pcs, Options.IOWorkers at a time, and joins the errors.
+func (s *Set) parallelIO(pcs []piece, fn func(j ioJob) error) error {
+	jobs := s.splitIO(pcs)
 	next := make(chan ioJob, len(jobs))
 	for _, j := range jobs {
 		next <- j
 	}
 	close(next)
-	errs := make([]error, ioWorkers)
+	workers := min(s.opts.IOWorkers, len(jobs))
+	errs := make([]error, workers)
 	var wg sync.WaitGroup
-	for w := 0; w < min(ioWorkers, len(jobs)); w++ {
+	for w := 0; w < workers; w++ {
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
@@ -270,8 +270,8 @@ func parallelIO(jobs []ioJob, fn func(j ioJob) error) error {
 	return errors.Join(errs...)
 }
 
-func writePieces(e *entry, sl *slot, pcs []piece, prog *progress) error {
-	return parallelIO(splitIO(pcs), func(j ioJob) error {
+func (s *Set) writePieces(e *entry, sl *slot, pcs []piece, prog *progress) error {
+	return s.parallelIO(pcs, func(j ioJob) error {
 		if _, err := e.opts.File.WriteAt(sl.mem[j.off:j.off+j.n], j.fileOff); err != nil {
 			return fmt.Errorf("write %s of %q at file offset %d: %w", units.FormatSize(j.n), e.tag, j.fileOff, err)
 		}
@@ -300,7 +300,7 @@ func (s *Set) fileIn(ctx context.Context, st *vmm.Stream, us []*unit, prog *prog
 	}
 	read := func(k int) chan error {
 		ch := make(chan error, 1)
-		go func() { ch <- readPieces(jobs[k].u.e, ring[k%2], jobs[k].u.slotPieces(jobs[k].j)) }()
+		go func() { ch <- s.readPieces(jobs[k].u.e, ring[k%2], jobs[k].u.slotPieces(jobs[k].j)) }()
 		return ch
 	}
 	next := read(0)
@@ -334,8 +334,8 @@ func (s *Set) fileIn(ctx context.Context, st *vmm.Stream, us []*unit, prog *prog
 	return st.Synchronize()
 }
 
-func readPieces(e *entry, sl *slot, pcs []piece) error {
-	return parallelIO(splitIO(pcs), func(j ioJob) error {
+func (s *Set) readPieces(e *entry, sl *slot, pcs []piece) error {
+	return s.parallelIO(pcs, func(j ioJob) error {
 		if _, err := e.opts.File.ReadAt(sl.mem[j.off:j.off+j.n], j.fileOff); err != nil {
 			return fmt.Errorf("read %s of %q at file offset %d: %w", units.FormatSize(j.n), e.tag, j.fileOff, err)
 		}

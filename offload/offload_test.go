@@ -110,6 +110,29 @@ func TestDiscardAndFile(t *testing.T) {
 	})
 }
 
+// TestFileIOWorkers sleeps and wakes a File buffer with slots split among 1, 3 and 16 I/O goroutines
+// (more goroutines than parts included): the file and the woken buffer hold the same bytes.
+func TestFileIOWorkers(t *testing.T) {
+	require.Equal(t, uint64(64*mib), offload.IOPart(256*mib, 4))
+	require.Equal(t, uint64(2*mib), offload.IOPart(2*mib, 16), "parts are at least 2 MiB")
+	require.Equal(t, uint64(4*mib), offload.IOPart(10*mib, 3), "rounded up to 2 MiB")
+	require.Equal(t, uint64(10*mib), offload.IOPart(10*mib, 0), "0 workers count as 1")
+	testutil.Run(t, func(t *testing.T, b *testutil.Backend) {
+		d := b.Device(t, 0)
+		for i, workers := range []int{1, 3, 16} {
+			buf := newBuf(t, d, 12*mib, 4*mib, uint64(40+i), nil)
+			f, err := os.CreateTemp(t.TempDir(), "io")
+			require.NoError(t, err)
+			set := newSet(t, b, offload.Options{SlotSize: 8 * mib, IOWorkers: workers})
+			require.NoError(t, set.Add("f", buf, offload.File, offload.EntryOptions{File: f}))
+			require.NoError(t, set.Sleep(bg))
+			require.NoError(t, set.Wake(bg))
+			requirePattern(t, d, buf.Ptr(), 12*mib, uint64(40+i))
+			require.NoError(t, f.Close())
+		}
+	})
+}
+
 // TestTwoDevicesAndHostNUMA sleeps a set mixing two devices, a striped range, a read-only peer and a
 // host-NUMA buffer the CPU reads: all at once, and every access comes back.
 func TestTwoDevicesAndHostNUMA(t *testing.T) {

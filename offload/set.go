@@ -78,10 +78,27 @@ type Options struct {
 	// Progress, when set, is called with the bytes copied so far and the total, during Sleep, Wake,
 	// Save and Restore (from several goroutines, never at once).
 	Progress func(done, total uint64)
+	// IOWorkers is how many goroutines move each slot between its staging memory and the file of a
+	// File buffer, each a part of the slot (0: DefaultIOWorkers). One thread copies between the page
+	// cache and memory at a few GB/s; fast storage and a warm page cache want several.
+	IOWorkers int
 }
+
+// DefaultIOWorkers is Options.IOWorkers' default. On the measured host, waking 8 GiB from a file in
+// the page cache ran at 17 GB/s with 4 goroutines and at 22-30 GB/s with 8 (33 with 12), while the
+// writes of a sleep stayed near 5 GB/s with any count.
+const DefaultIOWorkers = 8
 
 // DefaultSlotSize is Options.SlotSize's default.
 const DefaultSlotSize uint64 = 256 << 20
+
+// IOPart is the part that each of workers I/O goroutines moves at once in File mode when a slot
+// holds slotBytes: the bytes divided among them, rounded up to 2 MiB.
+func IOPart(slotBytes uint64, workers int) uint64 {
+	workers = max(workers, 1)
+	part := (slotBytes + uint64(workers) - 1) / uint64(workers)
+	return max(hugePage, (part+hugePage-1)/hugePage*hugePage)
+}
 
 // Set is a set of buffers that sleep and wake together or by tag. It is safe for concurrent use;
 // Sleep, Wake, Save, Restore and Close serialize.
@@ -126,6 +143,9 @@ func NewSet(sys *vmm.System, opts Options) *Set {
 		opts.SlotSize = DefaultSlotSize
 	}
 	opts.SlotSize = (opts.SlotSize + hugePage - 1) / hugePage * hugePage
+	if opts.IOWorkers <= 0 {
+		opts.IOWorkers = DefaultIOWorkers
+	}
 	return &Set{sys: sys, opts: opts, pool: newHostPool(), streams: map[*vmm.Device]*vmm.Stream{}}
 }
 

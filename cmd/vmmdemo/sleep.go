@@ -26,6 +26,7 @@ func runSleep(e *env, args []string) error {
 	file := fs.String("file", "", "file of --mode file (default: a temporary file, removed at the end)")
 	fs.Var(&chunk, "chunk", "the buffers' chunk size (default 512MiB, or --size when smaller)")
 	fs.Var(&slot, "slot", "the backup's slot size (default 256MiB)")
+	ioWorkers := fs.Int("io-workers", 0, "--mode file: goroutines that move each slot to or from the file, for the set and the raw figures (default 8)")
 	if err := parse(fs, args); err != nil {
 		return err
 	}
@@ -37,6 +38,6 @@ func runSleep(e *env, args []string) error {
 			}
 		}
 		return measure.Sleep(measure.SleepOptions{Env: me, Size: size.v, Devices: ordinals, Mode: *mode, File: *file,
-			Chunk: chunk.v, SlotSize: slot.v})
+			Chunk: chunk.v, SlotSize: slot.v, IOWorkers: *ioWorkers})
 	})
 }

@@ -23,6 +23,7 @@ func TestSleepJSON(t *testing.T) {
 		{"--size", "16MiB", "--chunk", "4MiB", "--slot", "4MiB"},
 		{"--size", "8MiB", "--sim-devices", "2", "--devices", "0,1", "--mode", "discard"},
 		{"--size", "8MiB", "--mode", "file", "--file", file},
+		{"--size", "8MiB", "--mode", "file", "--file", file, "--io-workers", "8"},
 	} {
 		stdout, stderr, code := runSleepCmd(t, append(args, "--json")...)
 		require.Equal(t, 0, code, stderr)
@@ -37,6 +38,7 @@ func TestSleepJSON(t *testing.T) {
 		require.Greater(t, res["freed_ratio"].(float64), 0.99, args)
 		if res["mode"] == "file" {
 			require.Contains(t, res, "raw_file_write_gbps")
+			require.Contains(t, []any{4.0, 8.0}, res["io_workers"], "the default, or --io-workers")
 			st, err := os.Stat(file)
 			require.NoError(t, err, "--file is kept")
 			require.EqualValues(t, 8<<20, st.Size())
@@ -64,6 +66,9 @@ func TestSleepBadFlags(t *testing.T) {
 		{"--size", "8MiB", "--chunk", "3MiB"},
 		{"--size", "8MiB", "--devices", "5"},
 		{"--size", "8MiB", "--devices", "0,0"},
+		{"--size", "8MiB", "--mode", "file", "--io-workers", "-1"},
+		{"--size", "8MiB", "--mode", "file", "--io-workers", "65"},
+		{"--size", "8MiB", "--io-workers", "8"},
 	} {
 		_, stderr, code := runSleepCmd(t, args...)
 		require.NotEqual(t, 0, code, args)
