@@ -105,9 +105,12 @@ type SleepResult struct {
 	AggregateWakeX     float64 `json:"aggregate_wake_x,omitempty"`
 	// File mode: the file, and raw writes and reads of the same bytes over the same file the way the
 	// set does them (os.File.WriteAt / ReadAt, each slot in IOWorkers parts at once), each timed
-	// phase, raw or not, starting after an fsync so that no dirty pages are pending.
+	// phase, raw or not, starting after an fsync so that no dirty pages are pending. FileRounds
+	// rounds alternate a raw write and read with a sleep and a wake of the set: the raw figures and,
+	// in file mode, SleepSeconds and WakeSeconds are the medians of the rounds.
 	File             string        `json:"file,omitempty"`
 	IOWorkers        int           `json:"io_workers,omitempty"`
+	FileRounds       int           `json:"file_rounds,omitempty"`
 	RawFileWriteGBps float64       `json:"raw_file_write_gbps,omitempty"`
 	RawFileReadGBps  float64       `json:"raw_file_read_gbps,omitempty"`
 	SleepVsRawFile   float64       `json:"sleep_vs_raw_file,omitempty"`

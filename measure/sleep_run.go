@@ -1,9 +1,11 @@
 package measure
 
 import (
+	"context"
 	"encoding/binary"
 	"errors"
 	"fmt"
+	"slices"
 	"sync"
 	"time"
 
@@ -235,19 +237,20 @@ func (g *sleepGraph) close() error {
 	return errors.Join(g.exec.Close(), g.counter.Close(), g.st.Close())
 }
 
-// measureBaselines measures, after the offload runs (they overwrite the buffers): raw pinned copies
-// on every device at once, the usual backup on the first device, and raw file speed in file mode.
+// measureBaselines measures, after the offload runs: in file mode the rounds of raw file speed
+// against the set's, then (they overwrite the buffers) raw pinned copies on every device at once
+// and the usual backup on the first device.
 func (r *sleepRun) measureBaselines() error {
+	if r.file != nil {
+		if err := r.measureFileRounds(); err != nil {
+			return fmt.Errorf("raw file: %w", err)
+		}
+	}
 	if err := r.measureRaw(); err != nil {
 		return fmt.Errorf("raw copies: %w", err)
 	}
 	if err := r.measureUsual(); err != nil {
 		return fmt.Errorf("cuMemHostAlloc baseline: %w", err)
-	}
-	if r.file != nil {
-		if err := r.measureRawFile(); err != nil {
-			return fmt.Errorf("raw file: %w", err)
-		}
 	}
 	return nil
 }
@@ -390,9 +393,49 @@ func (r *sleepRun) measureUsual() error {
 	return hb.Close()
 }
 
-// measureRawFile writes and reads the same bytes over the same file as the set, the way the set
-// does (each slot in IOWorkers parts at once), each phase after an fsync.
-func (r *sleepRun) measureRawFile() error {
+// fileRounds is how many times file mode times the raw write and read and the set's warm sleep and
+// wake, alternately: file speed on the measured host moved by 15% between runs (the page cache, and
+// memory the host provides as it is touched), so medians of interleaved rounds compare like with
+// like.
+const fileRounds = 3
+
+// measureFileRounds runs fileRounds rounds of a raw write and read of the same bytes over the same
+// file as the set, the way the set does them (each slot in IOWorkers parts at once), then a sleep
+// and a wake of the set (which rewrites the file), each timed phase after an fsync. The raw
+// figures and the set's sleep and wake times are the medians of the rounds.
+func (r *sleepRun) measureFileRounds() error {
+	var writes, reads, sleeps, wakes []float64
+	for i := 0; i < fileRounds; i++ {
+		w, rd, err := r.rawFileOnce()
+		if err != nil {
+			return err
+		}
+		writes, reads = append(writes, w), append(reads, rd)
+		for _, ph := range []struct {
+			label string
+			fn    func(context.Context, ...string) error
+			out   *[]float64
+		}{{"sleep", r.set.Sleep, &sleeps}, {"wake", r.set.Wake, &wakes}} {
+			if err := r.syncFile(); err != nil {
+				return err
+			}
+			t, err := r.timed(ph.label, r.res.TotalBytes, ph.fn)
+			if err != nil {
+				return err
+			}
+			*ph.out = append(*ph.out, t)
+		}
+	}
+	total := r.res.TotalBytes
+	r.res.FileRounds = fileRounds
+	r.res.RawFileWriteGBps, r.res.RawFileReadGBps = sleepGBps(total, median(writes)), sleepGBps(total, median(reads))
+	r.res.SleepSeconds, r.res.WakeSeconds = median(sleeps), median(wakes)
+	return r.verify("after the file rounds")
+}
+
+// rawFileOnce times one raw write and one raw read of the set's bytes over its file, each after an
+// fsync.
+func (r *sleepRun) rawFileOnce() (write, read float64, err error) {
 	piece := r.sleepPiece()
 	buf := make([]byte, piece)
 	for i := range buf {
@@ -400,27 +443,38 @@ func (r *sleepRun) measureRawFile() error {
 	}
 	total, workers := r.res.TotalBytes, r.opts.IOWorkers
 	r.res.IOWorkers = workers
-	if err := r.file.Sync(); err != nil {
-		return err
+	phase := func(fn func(off, n uint64) error) (float64, error) {
+		if err := r.file.Sync(); err != nil {
+			return 0, err
+		}
+		start := time.Now()
+		err := rawFileIO(total, piece, workers, fn)
+		return time.Since(start).Seconds(), err
 	}
-	start := time.Now()
-	if err := rawFileIO(total, piece, workers, func(off, n uint64) error {
+	if write, err = phase(func(off, n uint64) error {
 		_, err := r.file.WriteAt(buf[off%piece:][:n], int64(off))
 		return err
 	}); err != nil {
-		return err
+		return 0, 0, err
 	}
-	r.res.RawFileWriteGBps = sleepGBps(total, time.Since(start).Seconds())
-	if err := r.file.Sync(); err != nil {
-		return err
-	}
-	start = time.Now()
-	err := rawFileIO(total, piece, workers, func(off, n uint64) error {
+	read, err = phase(func(off, n uint64) error {
 		_, err := r.file.ReadAt(buf[off%piece:][:n], int64(off))
 		return err
 	})
-	r.res.RawFileReadGBps = sleepGBps(total, time.Since(start).Seconds())
-	return err
+	return write, read, err
+}
+
+// median is the middle of xs (the mean of the two middle ones for an even count).
+func median(xs []float64) float64 {
+	s := slices.Clone(xs)
+	slices.Sort(s)
+	if len(s) == 0 {
+		return 0
+	}
+	if len(s)%2 == 1 {
+		return s[len(s)/2]
+	}
+	return (s[len(s)/2-1] + s[len(s)/2]) / 2
 }
 
 // rawFileIO runs fn over total bytes, slot by slot (piece bytes), each slot in parts of

@@ -281,8 +281,9 @@ func (s *Set) writePieces(e *entry, sl *slot, pcs []piece, prog *progress) error
 }
 
 // fileIn reads File units back from their files through two staging slots: the next slot is read
-// while the device copies the current one.
-func (s *Set) fileIn(ctx context.Context, st *vmm.Stream, us []*unit, prog *progress) (err error) {
+// while the device copies the current one. recreate, which maps the units' chunks again, runs
+// while the first slot is read.
+func (s *Set) fileIn(ctx context.Context, st *vmm.Stream, us []*unit, recreate func() error, prog *progress) (err error) {
 	ring, err := s.ring(ctx, st.Device(), us)
 	if err != nil {
 		return err
@@ -312,6 +313,9 @@ func (s *Set) fileIn(ctx context.Context, st *vmm.Stream, us []*unit, prog *prog
 			drain(st)
 		}
 	}()
+	if err := recreate(); err != nil {
+		return err
+	}
 	for k, jb := range jobs {
 		rerr := <-next
 		next = nil

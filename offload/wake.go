@@ -105,19 +105,31 @@ func (s *Set) wakeDevice(ctx context.Context, st *vmm.Stream, us []*unit, recrea
 			}
 			continue
 		}
+		if u.e.policy == File {
+			files = append(files, u)
+			continue
+		}
 		for _, r := range refs {
 			if err := recreate(r); err != nil {
 				return err
 			}
 		}
-		if u.e.policy == File {
-			files = append(files, u)
-		} else if err := zero(u); err != nil {
+		if err := zero(u); err != nil {
 			return err
 		}
 	}
 	if len(files) > 0 {
-		if err := s.fileIn(ctx, st, files, prog); err != nil {
+		recreateFiles := func() error { // while the first slot is read
+			for _, u := range files {
+				for _, r := range u.refs() {
+					if err := recreate(r); err != nil {
+						return err
+					}
+				}
+			}
+			return nil
+		}
+		if err := s.fileIn(ctx, st, files, recreateFiles, prog); err != nil {
 			return fmt.Errorf("read back from file on %s: %w", st.Device(), err)
 		}
 	}

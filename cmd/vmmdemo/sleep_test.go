@@ -38,7 +38,8 @@ func TestSleepJSON(t *testing.T) {
 		require.Greater(t, res["freed_ratio"].(float64), 0.99, args)
 		if res["mode"] == "file" {
 			require.Contains(t, res, "raw_file_write_gbps")
-			require.Contains(t, []any{4.0, 8.0}, res["io_workers"], "the default, or --io-workers")
+			require.Equal(t, 8.0, res["io_workers"], "the default, or --io-workers 8")
+			require.Equal(t, 3.0, res["file_rounds"], "raw and set file speeds are medians of rounds")
 			st, err := os.Stat(file)
 			require.NoError(t, err, "--file is kept")
 			require.EqualValues(t, 8<<20, st.Size())
