@@ -4,6 +4,7 @@ import (
 	"errors"
 	"fmt"
 
+	"github.com/cuvmm/cuvmm/internal/pattern"
 	"github.com/cuvmm/cuvmm/internal/units"
 	"github.com/cuvmm/cuvmm/internal/worker"
 	"github.com/cuvmm/cuvmm/pinned"
@@ -129,7 +130,7 @@ func (b *brokerRun) verify() error {
 	}
 	for i, w := range b.procs {
 		n := min(b.bufSize, b.window)
-		here := brokerBadWords(b.region.Bytes()[w.offset:w.offset+n], brokerSeedH2D)
+		here := pattern.CountHost(b.region.Bytes()[w.offset:w.offset+n], 0, brokerSeedH2D)
 		if bad := w.last.CPUBad + w.last.GPUBad + here; bad != 0 {
 			b.res.Verified = false
 			b.res.MismatchedWords += bad

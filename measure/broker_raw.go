@@ -9,7 +9,6 @@ import (
 	"time"
 
 	"github.com/cuvmm/cuvmm/driver"
-	"github.com/cuvmm/cuvmm/internal/kernels"
 	"github.com/cuvmm/cuvmm/internal/units"
 	"github.com/cuvmm/cuvmm/pinned"
 	"github.com/cuvmm/cuvmm/vmm"
@@ -149,16 +148,6 @@ func brokerMedian(v []float64) float64 {
 	s := append([]float64(nil), v...)
 	sort.Float64s(s)
 	return s[len(s)/2]
-}
-
-func brokerBadWords(b []byte, seed uint64) uint64 {
-	var n uint64
-	for i, w := range pinWords(b) {
-		if w != kernels.Pattern(uint64(i), seed) {
-			n++
-		}
-	}
-	return n
 }
 
 func brokerSummarize(res *BrokerResult, gpu bool) {

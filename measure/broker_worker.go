@@ -7,6 +7,7 @@ import (
 	"time"
 
 	"github.com/cuvmm/cuvmm/driver"
+	"github.com/cuvmm/cuvmm/internal/pattern"
 	"github.com/cuvmm/cuvmm/internal/units"
 	"github.com/cuvmm/cuvmm/internal/worker"
 	"github.com/cuvmm/cuvmm/ipc"
@@ -196,10 +197,10 @@ func (w *brokerWorker) verify(ctx context.Context, rep *brokerReport) error {
 	if err := w.pieces(ctx, broker.ToHost, n); err != nil {
 		return err
 	}
-	rep.CPUBad = brokerBadWords(w.view.Bytes()[w.winOff:w.winOff+n], brokerSeedD2H)
+	rep.CPUBad = pattern.CountHost(w.view.Bytes()[w.winOff:w.winOff+n], 0, brokerSeedD2H)
 	// Host → device: the CPU writes the pattern into the window, the broker copies it to the
 	// device, a kernel checks it.
-	pinFillCPU(w.view.Bytes()[w.winOff:w.winOff+n], 0, brokerSeedH2D)
+	pattern.FillHost(w.view.Bytes()[w.winOff:w.winOff+n], 0, brokerSeedH2D)
 	// cuMemsetD8 is asynchronous for device memory: finish it before the broker writes there,
 	// since the broker's copies are not ordered with this process's own work.
 	if err := w.dev.Memset(ptr, 0, n); err != nil {

@@ -6,10 +6,8 @@ import (
 	"io"
 	"slices"
 	"time"
-	"unsafe"
 
 	"github.com/cuvmm/cuvmm/driver"
-	"github.com/cuvmm/cuvmm/internal/kernels"
 	"github.com/cuvmm/cuvmm/internal/units"
 	"github.com/cuvmm/cuvmm/pinned"
 	"github.com/cuvmm/cuvmm/vmm"
@@ -271,29 +269,6 @@ func pinWaitFree(devs []*vmm.Device, idle []uint64) {
 		}
 		time.Sleep(20 * time.Millisecond)
 	}
-}
-
-func pinWords(b []byte) []uint64 {
-	if len(b) < 8 {
-		return nil
-	}
-	return unsafe.Slice((*uint64)(unsafe.Pointer(&b[0])), len(b)/8)
-}
-
-func pinFillCPU(b []byte, off, seed uint64) {
-	for i := range pinWords(b) {
-		pinWords(b)[i] = kernels.Pattern(off/8+uint64(i), seed)
-	}
-}
-
-func pinBadCPU(b []byte, off, seed uint64) int {
-	n := 0
-	for i, w := range pinWords(b) {
-		if w != kernels.Pattern(off/8+uint64(i), seed) {
-			n++
-		}
-	}
-	return n
 }
 
 func pinSummarize(res *PinnedResult) {

@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"time"
 
+	"github.com/cuvmm/cuvmm/internal/pattern"
 	"github.com/cuvmm/cuvmm/internal/worker"
 	"github.com/cuvmm/cuvmm/pinned"
 	"github.com/cuvmm/cuvmm/vmm"
@@ -106,7 +107,7 @@ func (m *pinMode) share(dev *vmm.Device) (*PinnedModeResult, *pinned.Region, err
 	res.RegionKind = r.Kind().String()
 	call := pinCall{Op: "open", Mode: m.mode, Grant: m.mode != pinCPUOnly, Seed: pinSeed, Windows: pinWindows(r.Len())}
 	for _, win := range call.Windows {
-		pinFillCPU(r.Bytes()[win.Offset:win.Offset+win.Size], win.Offset, pinSeed)
+		pattern.FillHost(r.Bytes()[win.Offset:win.Offset+win.Size], win.Offset, pinSeed)
 	}
 	for _, w := range m.workers {
 		if err := w.p.Conn.Send(call); err != nil {

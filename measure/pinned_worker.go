@@ -6,6 +6,7 @@ import (
 	"time"
 
 	"github.com/cuvmm/cuvmm/driver"
+	"github.com/cuvmm/cuvmm/internal/pattern"
 	"github.com/cuvmm/cuvmm/internal/units"
 	"github.com/cuvmm/cuvmm/internal/worker"
 	"github.com/cuvmm/cuvmm/pinned"
@@ -132,7 +133,7 @@ func pinChildOpen(c *worker.Conn, d *vmm.Device, call pinCall, rep *pinReport) (
 		if win.Offset+win.Size > r.Len() {
 			return r, fmt.Errorf("window %+v outside the %s region", win, units.FormatSize(r.Len()))
 		}
-		rep.CPUBad += pinBadCPU(r.Bytes()[win.Offset:win.Offset+win.Size], win.Offset, call.Seed)
+		rep.CPUBad += int(pattern.CountHost(r.Bytes()[win.Offset:win.Offset+win.Size], win.Offset, call.Seed))
 		if call.Grant && win.Size > 0 {
 			bad, err := d.Verify(r.Ptr()+driver.DevicePtr(win.Offset), win.Size, win.Offset, call.Seed)
 			if err != nil {

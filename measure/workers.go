@@ -4,9 +4,8 @@ import (
 	"errors"
 	"os"
 	"time"
-	"unsafe"
 
-	"github.com/cuvmm/cuvmm/internal/kernels"
+	"github.com/cuvmm/cuvmm/internal/pattern"
 	"github.com/cuvmm/cuvmm/internal/worker"
 	"github.com/cuvmm/cuvmm/ipc"
 	"github.com/cuvmm/cuvmm/vmm"
@@ -182,13 +181,8 @@ func shareChildRound(dev *vmm.Device, c *worker.Conn, seeds shareCall, cpu bool)
 // hostVerifyFill counts the words of mem that differ from the pattern under verifySeed, then writes
 // the pattern under fillSeed, with the CPU.
 func hostVerifyFill(mem []byte, verifySeed, fillSeed uint64) (bad uint64) {
-	words := unsafe.Slice((*uint64)(unsafe.Pointer(unsafe.SliceData(mem))), len(mem)/8)
-	for i, w := range words {
-		if w != kernels.Pattern(uint64(i), verifySeed) {
-			bad++
-		}
-		words[i] = kernels.Pattern(uint64(i), fillSeed)
-	}
+	bad = pattern.CountHost(mem, 0, verifySeed)
+	pattern.FillHost(mem, 0, fillSeed)
 	return bad
 }
 
