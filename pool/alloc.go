@@ -25,8 +25,8 @@ func (p *Pool) AllocTag(size uint64, s *vmm.Stream, tag string) (*Block, error) 
 	if err != nil {
 		return nil, err
 	}
-	p.mu.Lock()
-	defer p.mu.Unlock()
+	p.own.Lock()
+	defer p.own.Unlock()
 	if err := p.usable("allocate"); err != nil {
 		return nil, err
 	}
@@ -73,9 +73,9 @@ func (p *Pool) checkAlloc(size uint64, s *vmm.Stream) (small bool, span uint64, 
 	return small, (size + unit - 1) / unit * unit, nil
 }
 
-// usable reports why the pool cannot be used now; the caller holds p.mu.
+// usable reports why the pool cannot be used now; the caller holds the pool's lock.
 func (p *Pool) usable(op string) error {
-	if p.closed {
+	if p.own.Closed() {
 		return fmt.Errorf("pool: %s: %w", op, vmm.ErrClosed)
 	}
 	if p.asleep {
@@ -245,8 +245,8 @@ func (p *Pool) Free(b *Block, s *vmm.Stream) error {
 	if s != nil && s.Device() != p.dev {
 		return fmt.Errorf("pool: free %s on a stream of device %d: the pool is on device %d: %w", b, s.Device().Ordinal(), p.dev.Ordinal(), vmm.ErrInvalidValue)
 	}
-	p.mu.Lock()
-	defer p.mu.Unlock()
+	p.own.Lock()
+	defer p.own.Unlock()
 	if err := p.usable("free"); err != nil {
 		return err
 	}

@@ -218,8 +218,8 @@ func (p *Pool) Trim() (uint64, error) {
 	if p == nil {
 		return 0, fmt.Errorf("pool: trim: nil pool: %w", vmm.ErrInvalidValue)
 	}
-	p.mu.Lock()
-	defer p.mu.Unlock()
+	p.own.Lock()
+	defer p.own.Unlock()
 	if err := p.usable("trim"); err != nil {
 		return 0, err
 	}

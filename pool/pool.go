@@ -24,10 +24,10 @@ package pool
 import (
 	"errors"
 	"fmt"
-	"sync"
 	"time"
 
 	"github.com/cuvmm/cuvmm/driver"
+	"github.com/cuvmm/cuvmm/internal/lifetime"
 	"github.com/cuvmm/cuvmm/internal/units"
 	"github.com/cuvmm/cuvmm/vmm"
 )
@@ -77,7 +77,7 @@ type Block struct {
 	off   uint64
 	span  uint64
 	small bool
-	freed bool // under pool.mu
+	freed bool // under the pool's lock
 }
 
 // Span is the bytes the block occupies: Size rounded up to 512 bytes (small blocks) or to the page.
@@ -102,8 +102,7 @@ type Pool struct {
 	pageSize uint64
 	smallEnd uint64 // offsets [0, smallEnd) are small pages, [smallEnd, res.Size()) large blocks
 
-	mu         sync.Mutex
-	closed     bool
+	own        lifetime.Owner // its lock serializes the methods and guards the fields below; closed once Close freed everything
 	asleep     bool
 	pages      map[uint64]*page // mapped pages by offset
 	smallFree  *rangeSet        // ready free bytes of mapped small pages (never across a page)
@@ -153,6 +152,8 @@ func New(dev *vmm.Device, opts Options) (*Pool, error) {
 	p.smallVA.add(0, smallEnd)
 	p.unmapped.add(smallEnd, res.Size()-smallEnd)
 	p.stats.Limit = opts.Limit
+	p.own.Init(nil, "pool")
+	lifetime.Track(p, &p.own)
 	return p, nil
 }
 
@@ -209,9 +210,9 @@ func (p *Pool) Close() error {
 	if p == nil {
 		return nil
 	}
-	p.mu.Lock()
-	defer p.mu.Unlock()
-	if p.closed {
+	p.own.Lock()
+	defer p.own.Unlock()
+	if p.own.Closed() {
 		return nil
 	}
 	if p.live > 0 {
@@ -236,7 +237,7 @@ func (p *Pool) Close() error {
 	if err := p.res.Close(); err != nil {
 		return fmt.Errorf("pool: close: %w", err)
 	}
-	p.closed = true
+	p.own.MarkClosed()
 	return nil
 }
 

@@ -35,8 +35,8 @@ func (v chunkView) Len() uint64 {
 
 func (v chunkView) Chunks() []vmm.Chunk {
 	p := v.p
-	p.mu.Lock()
-	defer p.mu.Unlock()
+	p.own.Lock()
+	defer p.own.Unlock()
 	offs := make([]uint64, 0, len(p.pages))
 	for off := range p.pages {
 		offs = append(offs, off)
@@ -55,8 +55,8 @@ func (v chunkView) Chunks() []vmm.Chunk {
 // survive out first (through Chunked). Until Wake, Alloc and Free fail with ErrAsleep and work must not
 // touch the blocks. (Package offload can instead sleep the pool through Chunked, keeping content.)
 func (p *Pool) Sleep() error {
-	p.mu.Lock()
-	defer p.mu.Unlock()
+	p.own.Lock()
+	defer p.own.Unlock()
 	if err := p.usable("sleep"); err != nil {
 		return err
 	}
@@ -86,9 +86,9 @@ func (p *Pool) Sleep() error {
 // is usable at its old address again (with undefined content). When the device has no room it fails
 // with an error wrapping driver.ErrOutOfMemory, stays asleep with nothing mapped, and can be retried.
 func (p *Pool) Wake() error {
-	p.mu.Lock()
-	defer p.mu.Unlock()
-	if p.closed {
+	p.own.Lock()
+	defer p.own.Unlock()
+	if p.own.Closed() {
 		return fmt.Errorf("pool: wake: %w", vmm.ErrClosed)
 	}
 	if !p.asleep {

@@ -42,8 +42,8 @@ type Stats struct {
 
 // Stats returns the pool's statistics now.
 func (p *Pool) Stats() Stats {
-	p.mu.Lock()
-	defer p.mu.Unlock()
+	p.own.Lock()
+	defer p.own.Unlock()
 	s := p.stats
 	s.Mapped = uint64(len(p.pages)) * p.pageSize
 	s.InUse = p.inUseBytes
