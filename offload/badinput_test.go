@@ -1,7 +1,9 @@
 package offload_test
 
 import (
+	"bytes"
 	"context"
+	"io"
 	"testing"
 
 	"github.com/stretchr/testify/require"
@@ -72,6 +74,27 @@ func TestAddBadInput(t *testing.T) {
 		var nilSet *offload.Set
 		require.NoError(t, nilSet.Close())
 		require.ErrorIs(t, nilSet.Sleep(bg), offload.ErrInvalidValue)
+	})
+}
+
+// TestCloseTwice: a second Close is a no-op, and every method that uses the set then fails with
+// ErrClosed, while the buffer it held stays the caller's and usable.
+func TestCloseTwice(t *testing.T) {
+	testutil.Run(t, func(t *testing.T, b *testutil.Backend) {
+		d := b.Device(t, 0)
+		buf := newBuf(t, d, 4*mib, 2*mib, 1, nil)
+		set := offload.NewSet(b.Sys, offload.Options{SlotSize: 4 * mib})
+		require.NoError(t, set.Add("w", buf, offload.Keep, offload.EntryOptions{}))
+		require.NoError(t, set.Close())
+		require.NoError(t, set.Close(), "a second Close is a no-op")
+		bg := context.Background()
+		require.ErrorIs(t, set.Add("v", buf, offload.Keep, offload.EntryOptions{}), offload.ErrClosed)
+		require.ErrorIs(t, set.Sleep(bg), offload.ErrClosed)
+		require.ErrorIs(t, set.Wake(bg), offload.ErrClosed)
+		require.ErrorIs(t, set.Prepare(bg), offload.ErrClosed)
+		require.ErrorIs(t, set.Save(bg, io.Discard), offload.ErrClosed)
+		require.ErrorIs(t, set.Restore(bg, bytes.NewReader(nil)), offload.ErrClosed)
+		requirePattern(t, d, buf.Ptr(), 4*mib, 1)
 	})
 }
 

@@ -18,7 +18,7 @@ import (
 func (s *Set) Restore(ctx context.Context, r io.Reader) error {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	if s.closed {
+	if s.own.IsClosed() {
 		return fmt.Errorf("offload: restore: %w", ErrClosed)
 	}
 	hdr, err := readHeader(r)

@@ -9,6 +9,7 @@ import (
 	"sync/atomic"
 
 	"github.com/cuvmm/cuvmm/driver"
+	"github.com/cuvmm/cuvmm/internal/lifetime"
 	"github.com/cuvmm/cuvmm/internal/units"
 	"github.com/cuvmm/cuvmm/vmm"
 )
@@ -106,11 +107,14 @@ type Set struct {
 	sys  *vmm.System
 	opts Options
 
+	// mu serializes the methods and guards the fields below. It is a mutex of the set's own, not
+	// the owner's lock, because a buffer closed while asleep frees its backup from under its
+	// allocation's lock, which it may do only when it gets mu at once (TryLock; see onChunkClosed).
 	mu      sync.Mutex
 	entries []*entry
 	pool    *hostPool
 	streams map[*vmm.Device]*vmm.Stream // one copy stream per device, made on first use
-	closed  bool
+	own     lifetime.Owner              // the set's closed state; its lock is taken only with mu held
 }
 
 // entry is one buffer of a set.
@@ -146,7 +150,10 @@ func NewSet(sys *vmm.System, opts Options) *Set {
 	if opts.IOWorkers <= 0 {
 		opts.IOWorkers = DefaultIOWorkers
 	}
-	return &Set{sys: sys, opts: opts, pool: newHostPool(), streams: map[*vmm.Device]*vmm.Stream{}}
+	s := &Set{sys: sys, opts: opts, pool: newHostPool(), streams: map[*vmm.Device]*vmm.Stream{}}
+	s.own.Init(nil, "set")
+	lifetime.Track(s, &s.own)
+	return s
 }
 
 // Add adds buf under tag with policy. Every chunk of buf must belong to the set's System, and tag
@@ -158,7 +165,7 @@ func (s *Set) Add(tag string, buf vmm.Chunked, policy Policy, opts EntryOptions)
 	}
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	if s.closed {
+	if s.own.IsClosed() {
 		return fmt.Errorf("offload: add %q: %w", tag, ErrClosed)
 	}
 	if s.find(tag) != nil {
@@ -299,7 +306,7 @@ func (s *Set) TrimPool() error {
 // selectEntries returns the entries named by tags (all when none is given), in the set's order; the
 // caller holds s.mu.
 func (s *Set) selectEntries(op string, tags []string) ([]*entry, error) {
-	if s.closed {
+	if s.own.IsClosed() {
 		return nil, fmt.Errorf("offload: %s: %w", op, ErrClosed)
 	}
 	if len(tags) == 0 {
@@ -370,7 +377,7 @@ func (s *Set) Close() error {
 	}
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	if s.closed {
+	if s.own.IsClosed() {
 		return nil
 	}
 	s.reap()
@@ -384,7 +391,10 @@ func (s *Set) Close() error {
 		errs = append(errs, st.Close())
 		delete(s.streams, d)
 	}
-	s.closed = true
+	// Nothing is left to retry: the slots and streams that failed to free are dropped either way.
+	s.own.Lock()
+	s.own.MarkClosed()
+	s.own.Unlock()
 	if err := errors.Join(errs...); err != nil {
 		return fmt.Errorf("offload: close: %w", err)
 	}
