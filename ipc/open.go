@@ -4,9 +4,9 @@ import (
 	"errors"
 	"fmt"
 	"os"
-	"sync"
 
 	"github.com/cuvmm/cuvmm/driver"
+	"github.com/cuvmm/cuvmm/internal/lifetime"
 	"github.com/cuvmm/cuvmm/internal/memfd"
 	"github.com/cuvmm/cuvmm/internal/units"
 	"github.com/cuvmm/cuvmm/vmm"
@@ -24,8 +24,7 @@ type Buffer struct {
 	allocs []*vmm.Allocation // imported, by chunk
 	maps   []*vmm.Mapping    // by chunk
 
-	mu     sync.Mutex
-	closed bool
+	own lifetime.Owner // its lock serializes SetAccess and Close; closed once Close freed everything
 }
 
 var _ vmm.Chunked = (*Buffer)(nil)
@@ -70,6 +69,8 @@ func Open(dev *vmm.Device, r *Received, access ...vmm.Access) (*Buffer, error) {
 		err = fmt.Errorf("ipc: open %s: %s: set access (cuMemSetAccess): %w", &desc, chunkName(&desc, i), err)
 		return nil, errors.Join(err, b.undo())
 	}
+	b.own.Init(nil, "received buffer")
+	lifetime.Track(b, &b.own)
 	return b, nil
 }
 
@@ -179,9 +180,9 @@ func (b *Buffer) Reservation() *vmm.Reservation { return b.res }
 // SetAccess changes the access rights over the whole buffer (cuMemSetAccess per run of adjacent
 // chunks), for example to grant a second device or the CPU.
 func (b *Buffer) SetAccess(access ...vmm.Access) error {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	if b.closed {
+	b.own.Lock()
+	defer b.own.Unlock()
+	if b.own.Closed() {
 		return fmt.Errorf("ipc: set access on %s: %w", &b.desc, vmm.ErrClosed)
 	}
 	if _, err := b.setAccess(access); err != nil {
@@ -201,15 +202,15 @@ func (b *Buffer) Close() error {
 	if b == nil {
 		return nil
 	}
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	if b.closed {
+	b.own.Lock()
+	defer b.own.Unlock()
+	if b.own.Closed() {
 		return nil
 	}
 	if err := b.teardown(); err != nil {
 		return fmt.Errorf("ipc: close %s: %w", &b.desc, err)
 	}
-	b.closed = true
+	b.own.MarkClosed()
 	return nil
 }
 

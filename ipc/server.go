@@ -8,11 +8,11 @@ import (
 	"net"
 	"slices"
 	"sync"
-	"sync/atomic"
 	"time"
 
 	"golang.org/x/sys/unix"
 
+	"github.com/cuvmm/cuvmm/internal/lifetime"
 	"github.com/cuvmm/cuvmm/internal/unixsock"
 	"github.com/cuvmm/cuvmm/vmm"
 )
@@ -51,9 +51,10 @@ type Server struct {
 	ln   *unixsock.Listener
 	opts ServerOptions
 
-	mu     sync.Mutex
-	bufs   map[string]*published
-	closed bool
+	// own's lock guards bufs. It is closed as soon as Close begins, so that nothing is published
+	// once Close has taken the buffers.
+	own  lifetime.Owner
+	bufs map[string]*published
 }
 
 // published is one buffer's export, shared by the fetches in flight.
@@ -82,6 +83,8 @@ func Listen(path string, opts ServerOptions) (*Server, error) {
 		return nil, fmt.Errorf("ipc: %w", err)
 	}
 	s.ln = ln
+	s.own.Init(nil, "buffer server")
+	lifetime.Track(s, &s.own)
 	return s, nil
 }
 
@@ -96,9 +99,9 @@ func (s *Server) Publish(name string, buf vmm.Chunked) error {
 	if err := validName(name); err != nil {
 		return fmt.Errorf("ipc: publish: %w", err)
 	}
-	s.mu.Lock()
-	closed, exists := s.closed, s.bufs[name] != nil
-	s.mu.Unlock()
+	s.own.Lock()
+	closed, exists := s.own.Closed(), s.bufs[name] != nil
+	s.own.Unlock()
 	if closed {
 		return fmt.Errorf("ipc: publish %q: %w", name, ErrClosed)
 	}
@@ -110,10 +113,10 @@ func (s *Server) Publish(name string, buf vmm.Chunked) error {
 		return fmt.Errorf("ipc: publish %q: %w", name, err)
 	}
 	e.Desc.Name = name
-	s.mu.Lock()
-	defer s.mu.Unlock()
+	s.own.Lock()
+	defer s.own.Unlock()
 	switch {
-	case s.closed:
+	case s.own.Closed():
 		err = ErrClosed
 	case s.bufs[name] != nil:
 		err = ErrExists
@@ -129,16 +132,16 @@ func (s *Server) Publish(name string, buf vmm.Chunked) error {
 // Unpublish stops serving name and closes its exported files once the fetches in flight are done.
 // Importers keep their mappings. A name that is not published is an error wrapping ErrNotFound.
 func (s *Server) Unpublish(name string) error {
-	s.mu.Lock()
+	s.own.Lock()
 	p := s.bufs[name]
 	if p == nil {
-		s.mu.Unlock()
+		s.own.Unlock()
 		return fmt.Errorf("ipc: unpublish %q: %w", name, ErrNotFound)
 	}
 	delete(s.bufs, name)
 	p.removed = true
 	done := p.refs == 0
-	s.mu.Unlock()
+	s.own.Unlock()
 	if done {
 		return p.exp.Close()
 	}
@@ -147,8 +150,8 @@ func (s *Server) Unpublish(name string) error {
 
 // Names are the published names.
 func (s *Server) Names() []string {
-	s.mu.Lock()
-	defer s.mu.Unlock()
+	s.own.Lock()
+	defer s.own.Unlock()
 	out := make([]string, 0, len(s.bufs))
 	for n := range s.bufs {
 		out = append(out, n)
@@ -158,8 +161,8 @@ func (s *Server) Names() []string {
 }
 
 func (s *Server) acquire(name string) *published {
-	s.mu.Lock()
-	defer s.mu.Unlock()
+	s.own.Lock()
+	defer s.own.Unlock()
 	p := s.bufs[name]
 	if p != nil {
 		p.refs++
@@ -168,10 +171,10 @@ func (s *Server) acquire(name string) *published {
 }
 
 func (s *Server) release(p *published) {
-	s.mu.Lock()
+	s.own.Lock()
 	p.refs--
 	last := p.removed && p.refs == 0
-	s.mu.Unlock()
+	s.own.Unlock()
 	if last {
 		_ = p.exp.Close()
 	}
@@ -263,21 +266,23 @@ func (s *Server) Close() error {
 	if s == nil {
 		return nil
 	}
-	s.mu.Lock()
-	if s.closed {
-		s.mu.Unlock()
+	s.own.Lock()
+	if s.own.Closed() {
+		s.own.Unlock()
 		return nil
 	}
-	s.closed = true
-	s.mu.Unlock()
+	// Closed from here on: Publish refuses, and a second Close does nothing, even when this one
+	// fails to close something.
+	s.own.MarkClosed()
+	s.own.Unlock()
 	var errs []error
 	if err := s.ln.Close(); err != nil {
 		errs = append(errs, fmt.Errorf("ipc: %w", err))
 	}
-	s.mu.Lock()
+	s.own.Lock()
 	bufs := s.bufs
 	s.bufs = map[string]*published{}
-	s.mu.Unlock()
+	s.own.Unlock()
 	for _, p := range bufs {
 		if err := p.exp.Close(); err != nil {
 			errs = append(errs, err)
@@ -306,10 +311,9 @@ type Client struct {
 	opts   DialOptions
 	server unix.Ucred
 
-	closed atomic.Bool
-	connMu sync.Mutex // guards conn's replacement against Close
-	mu     sync.Mutex // serializes fetches
-	broken error      // the error that left the connection unusable
+	own    lifetime.Owner // its lock guards conn's replacement against Close
+	mu     sync.Mutex     // serializes fetches; taken before own's lock
+	broken error          // the error that left the connection unusable
 }
 
 // Dial connects to the server at path and checks that it runs as this process's uid or root.
@@ -333,13 +337,16 @@ func DialContext(ctx context.Context, path string, opts DialOptions) (*Client, e
 	if err != nil {
 		return nil, fmt.Errorf("ipc: %w", err)
 	}
-	return &Client{path: path, conn: c, opts: opts, server: c.Peer()}, nil
+	cl := &Client{path: path, conn: c, opts: opts, server: c.Peer()}
+	cl.own.Init(nil, "buffer client")
+	lifetime.Track(cl, &cl.own)
+	return cl, nil
 }
 
 // Server is the server's pid, uid and gid as the kernel reported them at connect time.
 func (c *Client) Server() unix.Ucred {
-	c.connMu.Lock()
-	defer c.connMu.Unlock()
+	c.own.Lock()
+	defer c.own.Unlock()
 	return c.server
 }
 
@@ -353,7 +360,7 @@ func (c *Client) Fetch(name string) (*Received, error) {
 	}
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	if c.closed.Load() {
+	if c.own.IsClosed() {
 		return nil, fmt.Errorf("ipc: fetch %q: %w", name, ErrClosed)
 	}
 	if c.broken != nil {
@@ -402,9 +409,9 @@ func (c *Client) redial() error {
 	if err != nil {
 		return err
 	}
-	c.connMu.Lock()
-	defer c.connMu.Unlock()
-	if c.closed.Load() {
+	c.own.Lock()
+	defer c.own.Unlock()
+	if c.own.Closed() {
 		_ = conn.Close()
 		return ErrClosed
 	}
@@ -426,10 +433,14 @@ func (c *Client) Open(dev *vmm.Device, name string, access ...vmm.Access) (*Buff
 
 // Close closes the connection (a Fetch in progress fails). It is idempotent and safe on nil.
 func (c *Client) Close() error {
-	if c == nil || c.closed.Swap(true) {
+	if c == nil {
 		return nil
 	}
-	c.connMu.Lock()
-	defer c.connMu.Unlock()
+	c.own.Lock()
+	defer c.own.Unlock()
+	if c.own.Closed() {
+		return nil
+	}
+	c.own.MarkClosed()
 	return c.conn.Close()
 }

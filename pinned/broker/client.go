@@ -12,6 +12,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/cuvmm/cuvmm/driver"
+	"github.com/cuvmm/cuvmm/internal/lifetime"
 	"github.com/cuvmm/cuvmm/internal/units"
 	"github.com/cuvmm/cuvmm/internal/unixsock"
 	"github.com/cuvmm/cuvmm/ipc"
@@ -55,12 +56,13 @@ type Client struct {
 	lastSend atomic.Int64      // unix nanoseconds of the last request written
 	stopPing chan struct{}     // closed by Close: ends the keep-alive
 
-	mu      sync.Mutex
+	// own's lock guards pending and broken; it is never held across a write or a wait. The owner is
+	// closed as soon as Close begins, so that requests made after fail with ErrClosed.
+	own     lifetime.Owner
 	pending map[uint64]*Completion
 	broken  error // set once: the connection is unusable
 
 	nextID atomic.Uint64
-	closed atomic.Bool
 	done   chan struct{} // closed when the reader ends
 }
 
@@ -187,6 +189,8 @@ func hello(ctx context.Context, conn *unixsock.Conn, path string) (*Client, erro
 	c := &Client{conn: conn, info: info, pending: map[uint64]*Completion{}, done: make(chan struct{}), stopPing: make(chan struct{})}
 	c.nextID.Store(1) // 1 was the hello
 	c.lastSend.Store(time.Now().UnixNano())
+	c.own.Init(nil, "copy-broker client")
+	lifetime.Track(c, &c.own)
 	go c.read()
 	if info.IdleTimeout > 0 {
 		go c.keepAlive(info.IdleTimeout / 3)
@@ -229,10 +233,10 @@ func (c *Client) read() {
 			c.fail(&BrokerError{Op: resp.op, Status: resp.status, Message: resp.text})
 			return
 		}
-		c.mu.Lock()
+		c.own.Lock()
 		call := c.pending[resp.id]
 		delete(c.pending, resp.id)
-		c.mu.Unlock()
+		c.own.Unlock()
 		if call == nil || call.op != resp.op {
 			c.fail(fmt.Errorf("broker: a %s response to request %d, which is not a pending %s: %w", opName(resp.op), resp.id, opName(resp.op), ErrProtocol))
 			if call != nil {
@@ -265,9 +269,9 @@ func (c *Client) read() {
 // fail marks the connection broken with cause, closes it and completes every pending request with
 // an error wrapping ErrBrokerGone.
 func (c *Client) fail(cause error) {
-	c.mu.Lock()
+	c.own.Lock()
 	if c.broken == nil {
-		if c.closed.Load() {
+		if c.own.Closed() {
 			c.broken = fmt.Errorf("broker: %w", ErrClosed)
 		} else {
 			c.broken = fmt.Errorf("%w: %w", ErrBrokerGone, cause)
@@ -276,7 +280,7 @@ func (c *Client) fail(cause error) {
 	pending := c.pending
 	c.pending = map[uint64]*Completion{}
 	err := c.broken
-	c.mu.Unlock()
+	c.own.Unlock()
 	c.conn.Close()
 	for _, call := range pending {
 		call.finish(err)
@@ -284,8 +288,8 @@ func (c *Client) fail(cause error) {
 }
 
 func (c *Client) brokenErr() error {
-	c.mu.Lock()
-	defer c.mu.Unlock()
+	c.own.Lock()
+	defer c.own.Unlock()
 	return c.broken
 }
 
@@ -295,14 +299,14 @@ func (c *Client) send(call *Completion, req request, exp *ipc.Exported) error {
 	call.op = req.op
 	call.done = make(chan struct{})
 	req.id = c.nextID.Add(1)
-	c.mu.Lock()
+	c.own.Lock()
 	if c.broken != nil {
 		err := c.broken
-		c.mu.Unlock()
+		c.own.Unlock()
 		return err
 	}
 	c.pending[req.id] = call
-	c.mu.Unlock()
+	c.own.Unlock()
 	c.conn.Lock()
 	err := writeRequest(c.conn, &c.wbuf, &req)
 	if err == nil && exp != nil {
@@ -311,9 +315,9 @@ func (c *Client) send(call *Completion, req request, exp *ipc.Exported) error {
 	c.conn.Unlock()
 	c.lastSend.Store(time.Now().UnixNano())
 	if err != nil {
-		c.mu.Lock()
+		c.own.Lock()
 		delete(c.pending, req.id)
-		c.mu.Unlock()
+		c.own.Unlock()
 		c.fail(err)
 		return c.brokenErr()
 	}
@@ -354,7 +358,7 @@ func (r Request) String() string {
 // (cuMemsetD8 is asynchronous for device memory) before the request, and touch the range again only
 // once the Completion is done.
 func (c *Client) CopyAsync(req Request) (*Completion, error) {
-	if c.closed.Load() {
+	if c.own.IsClosed() {
 		return nil, fmt.Errorf("broker: %s: %w", req, ErrClosed)
 	}
 	if req.Length == 0 || (req.Dir != ToDevice && req.Dir != ToHost) || req.Buffer == 0 {
@@ -387,7 +391,7 @@ func (c *Client) Copy(ctx context.Context, req Request) error {
 
 // Ping makes a round trip with no copy: the protocol's own cost.
 func (c *Client) Ping(ctx context.Context) error {
-	if c.closed.Load() {
+	if c.own.IsClosed() {
 		return fmt.Errorf("broker: ping: %w", ErrClosed)
 	}
 	if err := c.do(ctx, &Completion{}, request{op: OpPing}, nil); err != nil {
@@ -433,7 +437,7 @@ func (b *Buffer) Close() error {
 // change (grow, shrink, close) while registered. A worker has at most Options.MaxBuffers buffers
 // (ErrLimit).
 func (c *Client) Register(ctx context.Context, buf vmm.Chunked) (*Buffer, error) {
-	if c.closed.Load() {
+	if c.own.IsClosed() {
 		return nil, fmt.Errorf("broker: register: %w", ErrClosed)
 	}
 	exp, err := ipc.Export(buf)
@@ -454,7 +458,7 @@ func (c *Client) Unregister(ctx context.Context, b *Buffer) error {
 	if b == nil {
 		return fmt.Errorf("broker: unregister: nil buffer: %w", ErrInvalidValue)
 	}
-	if c.closed.Load() {
+	if c.own.IsClosed() {
 		return fmt.Errorf("broker: unregister buffer %d: %w", b.id, ErrClosed)
 	}
 	if err := c.do(ctx, &Completion{}, request{op: OpUnregister, buffer: uint32(b.id)}, nil); err != nil {
@@ -469,7 +473,7 @@ func (c *Client) Unregister(ctx context.Context, b *Buffer) error {
 // region opened for the CPU). The broker refuses (ErrPermission) when this worker's grant does not
 // include sharing the region. The region stays valid after the broker exits; close it when done.
 func (c *Client) Region(ctx context.Context, dev *vmm.Device, opts pinned.OpenOptions) (*pinned.Region, error) {
-	if c.closed.Load() {
+	if c.own.IsClosed() {
 		return nil, fmt.Errorf("broker: region: %w", ErrClosed)
 	}
 	if dev == nil && len(opts.Grant) == 0 && c.info.RegionKind == pinned.HostNUMA {
@@ -496,7 +500,14 @@ func (c *Client) Region(ctx context.Context, dev *vmm.Device, opts pinned.OpenOp
 // Close closes the connection. The broker drains this worker's copies in flight and releases its
 // buffers; requests still pending fail with ErrClosed. Close is idempotent and safe on nil.
 func (c *Client) Close() error {
-	if c == nil || c.closed.Swap(true) {
+	if c == nil {
+		return nil
+	}
+	c.own.Lock()
+	again := c.own.Closed()
+	c.own.MarkClosed()
+	c.own.Unlock()
+	if again {
 		return nil
 	}
 	close(c.stopPing)

@@ -29,6 +29,8 @@ const (
 	envSocket = "CUVMM_BROKER_SOCKET"
 )
 
+// TestMain runs the child's role when one is named, and otherwise the tests, followed in builds with
+// the cuvmmleak tag by the report of objects that were never closed.
 func TestMain(m *testing.M) {
 	if role := os.Getenv(envChild); role != "" {
 		if err := childMain(role); err != nil {
@@ -38,7 +40,7 @@ func TestMain(m *testing.M) {
 		os.Exit(0)
 	}
 	startNetpoll()
-	os.Exit(m.Run())
+	os.Exit(testutil.Main(m))
 }
 
 // startNetpoll makes the runtime open its network poller (an epoll and an eventfd descriptor, kept

@@ -14,6 +14,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/cuvmm/cuvmm/driver"
+	"github.com/cuvmm/cuvmm/internal/lifetime"
 	"github.com/cuvmm/cuvmm/internal/units"
 	"github.com/cuvmm/cuvmm/internal/unixsock"
 	"github.com/cuvmm/cuvmm/ipc"
@@ -105,9 +106,10 @@ type Server struct {
 	lanes   map[int]*lane // by device ordinal
 	devMask uint64
 
-	mu      sync.Mutex
+	// own's lock guards workers and the lanes' streams. It is closed as soon as Close begins, so that
+	// no connection starts serving after; a second Close only retries the streams.
+	own     lifetime.Owner
 	workers map[*worker]struct{}
-	closed  bool
 
 	inFlight                                              atomic.Int64
 	refused, copies, bytes, failed, drained, nbufs, drops atomic.Uint64
@@ -154,6 +156,8 @@ func Listen(region *pinned.Region, path string, opts Options) (*Server, error) {
 		return nil, errors.Join(fmt.Errorf("broker: %w", err), s.undoLanes())
 	}
 	s.ln = ln
+	s.own.Init(nil, "copy broker")
+	lifetime.Track(s, &s.own)
 	return s, nil
 }
 
@@ -241,8 +245,8 @@ func (s *Server) undoLanes() error { return s.closeLanes() }
 
 // closeLanes destroys the copy streams; those that fail stay for the next call.
 func (s *Server) closeLanes() error {
-	s.mu.Lock()
-	defer s.mu.Unlock()
+	s.own.Lock()
+	defer s.own.Unlock()
 	var errs []error
 	for _, l := range s.lanes {
 		var kept []*vmm.Stream
@@ -279,13 +283,13 @@ func (s *Server) Stats() Stats {
 	st := Stats{InFlight: s.inFlight.Load(), Connections: ls.Accepted, Refused: s.refused.Load() + ls.Refused,
 		Copies: s.copies.Load(), Bytes: s.bytes.Load(), Failed: s.failed.Load(), Drained: s.drained.Load(),
 		Buffers: int(s.nbufs.Load()), Dropped: s.drops.Load()}
-	s.mu.Lock()
+	s.own.Lock()
 	for w := range s.workers {
 		if w.helloDone.Load() {
 			st.Workers++
 		}
 	}
-	s.mu.Unlock()
+	s.own.Unlock()
 	return st
 }
 
@@ -306,12 +310,12 @@ func (s *Server) refusePeer(c *unixsock.Conn, err error) {
 func (s *Server) Serve() error {
 	err := s.ln.Serve(func(c *unixsock.Conn) {
 		w := &worker{s: s, conn: c, cred: c.Peer(), bufs: map[uint32]*regBuffer{}, sem: make(chan struct{}, s.opts.MaxInFlight)}
-		s.mu.Lock()
-		closed := s.closed
+		s.own.Lock()
+		closed := s.own.Closed()
 		if !closed {
 			s.workers[w] = struct{}{}
 		}
-		s.mu.Unlock()
+		s.own.Unlock()
 		if !closed {
 			w.serve()
 		}
@@ -329,10 +333,10 @@ func (s *Server) Close() error {
 	if s == nil {
 		return nil
 	}
-	s.mu.Lock()
-	again := s.closed
-	s.closed = true
-	s.mu.Unlock()
+	s.own.Lock()
+	again := s.own.Closed()
+	s.own.MarkClosed()
+	s.own.Unlock()
 	if again {
 		// A Close that failed to destroy a stream kept it: try again, and succeed only once none is
 		// left.
@@ -562,9 +566,9 @@ func (w *worker) cleanup() {
 		w.s.nbufs.Add(^uint64(0))
 	}
 	s := w.s
-	s.mu.Lock()
+	s.own.Lock()
 	delete(s.workers, w)
-	s.mu.Unlock()
+	s.own.Unlock()
 	if w.helloDone.Load() {
 		s.drained.Add(1)
 		if len(bufs) > 0 {
