@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/cuvmm/cuvmm/driver"
+	"github.com/cuvmm/cuvmm/internal/lifetime"
 	"github.com/cuvmm/cuvmm/vmm"
 )
 
@@ -38,9 +39,8 @@ type Comm struct {
 	abortReq  chan struct{} // closed by Abort: a call in progress aborts at once
 	abortOnce sync.Once
 
-	mu      sync.Mutex // held by every call that uses h
-	closed  bool
-	aborted error // why the communicator was aborted, nil while usable
+	own     lifetime.Owner // its lock is held by every call that uses h; closed once Close is done
+	aborted error          // why the communicator was aborted, nil while usable
 	regs    map[*Registration]struct{}
 }
 
@@ -57,6 +57,7 @@ func NewComm(ctx context.Context, lib API, id UniqueID, rank, nranks int, dev *v
 		return nil, fmt.Errorf("nccl: new communicator: rank %d of %d: %w", rank, nranks, ErrInvalidValue)
 	}
 	c := &Comm{lib: lib, dev: dev, rank: rank, nranks: nranks, regs: map[*Registration]struct{}{}, abortReq: make(chan struct{})}
+	c.own.Init(nil, "nccl communicator")
 	if len(opts) > 0 {
 		c.opts = opts[0]
 	}
@@ -79,13 +80,14 @@ func NewComm(ctx context.Context, lib API, id UniqueID, rank, nranks int, dev *v
 		}
 		return nil, fmt.Errorf("nccl: new communicator, %s: %w", what, initErr)
 	}
-	c.mu.Lock()
+	c.own.Lock()
 	err := c.waitLocked(ctx, "initialize the communicator")
-	c.mu.Unlock()
+	c.own.Unlock()
 	if err != nil {
 		c.release()
 		return nil, err
 	}
+	lifetime.Track(c, &c.own)
 	return c, nil
 }
 
@@ -109,9 +111,9 @@ func (c *Comm) String() string {
 	return fmt.Sprintf("nccl communicator rank %d of %d on %s", c.rank, c.nranks, c.dev)
 }
 
-// use checks, with c.mu held, that the communicator may be used.
+// use checks, with c.own held, that the communicator may be used.
 func (c *Comm) use(op string) error {
-	if c.closed {
+	if c.own.Closed() {
 		return fmt.Errorf("nccl: %s: %w", op, ErrClosed)
 	}
 	if c.aborted != nil {
@@ -121,7 +123,7 @@ func (c *Comm) use(op string) error {
 }
 
 // waitLocked polls ncclCommGetAsyncError until the communicator has left ncclInProgress. When ctx
-// ends first, or the communicator reports an error, it aborts the communicator. c.mu is held.
+// ends first, or the communicator reports an error, it aborts the communicator. c.own is held.
 func (c *Comm) waitLocked(ctx context.Context, op string) error {
 	pause := time.Duration(0)
 	for {
@@ -181,9 +183,9 @@ func (c *Comm) abortRequested() bool {
 	}
 }
 
-// abortLocked aborts the communicator (ncclCommAbort) and remembers why. c.mu is held.
+// abortLocked aborts the communicator (ncclCommAbort) and remembers why. c.own is held.
 func (c *Comm) abortLocked(why error) {
-	if c.aborted != nil || c.closed {
+	if c.aborted != nil || c.own.Closed() {
 		return
 	}
 	c.aborted = why
@@ -192,7 +194,7 @@ func (c *Comm) abortLocked(why error) {
 }
 
 // dropRegistrations forgets every registration: an aborted or destroyed communicator releases them
-// itself. c.mu is held.
+// itself. c.own is held.
 func (c *Comm) dropRegistrations() {
 	for r := range c.regs {
 		r.forget()
@@ -202,12 +204,12 @@ func (c *Comm) dropRegistrations() {
 
 // release frees a communicator that failed to initialize (already aborted by waitLocked).
 func (c *Comm) release() {
-	c.mu.Lock()
-	defer c.mu.Unlock()
+	c.own.Lock()
+	defer c.own.Unlock()
 	if c.aborted == nil {
 		c.abortLocked(errors.New("initialization failed"))
 	}
-	c.closed = true
+	c.own.MarkClosed()
 }
 
 // Abort aborts the communicator (ncclCommAbort): operations still queued on the device stop, other
@@ -221,9 +223,9 @@ func (c *Comm) Abort() error {
 		return nil
 	}
 	c.abortOnce.Do(func() { close(c.abortReq) })
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	if c.closed || c.aborted != nil {
+	c.own.Lock()
+	defer c.own.Unlock()
+	if c.own.Closed() || c.aborted != nil {
 		return nil
 	}
 	c.aborted = errAbortCalled
@@ -241,22 +243,19 @@ func (c *Comm) Close() error {
 	if c == nil {
 		return nil
 	}
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	if c.closed {
+	c.own.Lock()
+	defer c.own.Unlock()
+	if c.own.Closed() {
 		return nil
 	}
-	c.closed = true
+	// Closed on every way out (finalized and destroyed, or aborted): Close is never retried.
+	defer c.own.MarkClosed()
 	if c.aborted != nil {
 		return nil
 	}
-	var errs []error
-	for r := range c.regs {
-		if err := r.deregisterLocked(); err != nil {
-			errs = append(errs, err)
-		}
-	}
-	clear(c.regs)
+	// ncclCommFinalize and ncclCommDestroy release what is still registered; the registrations only
+	// drop their holds on the buffers' allocations.
+	c.dropRegistrations()
 	timeout := c.opts.CloseTimeout
 	if timeout <= 0 {
 		timeout = DefaultCloseTimeout
@@ -265,22 +264,19 @@ func (c *Comm) Close() error {
 	defer cancel()
 	err := c.dev.Raw(func(driver.API) error { return c.lib.CommFinalize(c.h) })
 	if err == nil || errors.Is(err, ErrInProgress) {
-		c.closed = false // waitLocked may abort, which needs the communicator open
-		err = c.waitLocked(ctx, "finalize")
-		c.closed = true
+		err = c.waitLocked(ctx, "finalize") // the owner is still open, so this may abort
 	}
 	if err != nil {
-		errs = append(errs, fmt.Errorf("nccl: close %v: ncclCommFinalize: %w", c, err))
 		if c.aborted == nil {
 			c.aborted = err
 			_ = c.dev.Raw(func(driver.API) error { return c.lib.CommAbort(c.h) })
 		}
-		return errors.Join(errs...)
+		return fmt.Errorf("nccl: close %v: ncclCommFinalize: %w", c, err)
 	}
 	if err := c.dev.Raw(func(driver.API) error { return c.lib.CommDestroy(c.h) }); err != nil {
-		errs = append(errs, fmt.Errorf("nccl: close %v: ncclCommDestroy: %w", c, err))
+		return fmt.Errorf("nccl: close %v: ncclCommDestroy: %w", c, err)
 	}
-	return errors.Join(errs...)
+	return nil
 }
 
 // Wait waits until the work queued on s is done (cuStreamSynchronize), watching ctx and the
@@ -290,8 +286,8 @@ func (c *Comm) Close() error {
 // waits for the whole device (cuCtxSynchronize). Use it instead of s.Synchronize after
 // NCCL operations, whose kernels wait for their peers and would otherwise wait forever.
 func (c *Comm) Wait(ctx context.Context, s *vmm.Stream) error {
-	c.mu.Lock()
-	defer c.mu.Unlock()
+	c.own.Lock()
+	defer c.own.Unlock()
 	if err := c.use("wait"); err != nil {
 		return err
 	}

@@ -115,8 +115,8 @@ func (g *Group) Run(ctx context.Context) error {
 		return nil
 	}
 	c := g.c
-	c.mu.Lock()
-	defer c.mu.Unlock()
+	c.own.Lock()
+	defer c.own.Unlock()
 	if err := c.use(g.ops[0].String()); err != nil {
 		return err
 	}

@@ -6,6 +6,7 @@ import (
 	"fmt"
 
 	"github.com/cuvmm/cuvmm/driver"
+	"github.com/cuvmm/cuvmm/internal/lifetime"
 	"github.com/cuvmm/cuvmm/internal/units"
 	"github.com/cuvmm/cuvmm/vmm"
 )
@@ -29,7 +30,9 @@ type Registration struct {
 	ptr    driver.DevicePtr
 	pieces []regPiece
 	window bool
-	closed bool // guarded by c.mu
+	// own is closed once the holds are released. The communicator's lock guards the registration's
+	// state and is held whenever own is closed; own's lock only makes its closed flag readable.
+	own lifetime.Owner
 }
 
 type regPiece struct {
@@ -70,12 +73,13 @@ func (c *Comm) Register(ctx context.Context, buf vmm.Chunked, opts ...RegisterOp
 	if v := c.lib.Version(); v < need {
 		return nil, &VersionError{Feature: call, Need: need, Have: v}
 	}
-	c.mu.Lock()
-	defer c.mu.Unlock()
+	c.own.Lock()
+	defer c.own.Unlock()
 	if err := c.use(what); err != nil {
 		return nil, err
 	}
 	r := &Registration{c: c, buf: buf, ptr: buf.Ptr(), window: o.Window}
+	r.own.Init(nil, "nccl registration")
 	if err := c.overlapping(r, chunks); err != nil {
 		return nil, err
 	}
@@ -90,10 +94,11 @@ func (c *Comm) Register(ctx context.Context, buf vmm.Chunked, opts ...RegisterOp
 		r.pieces = append(r.pieces, p)
 	}
 	c.regs[r] = struct{}{}
+	lifetime.Track(r, &r.own)
 	return r, nil
 }
 
-// overlapping refuses a buffer whose range meets one already registered. c.mu is held.
+// overlapping refuses a buffer whose range meets one already registered. c.own is held.
 func (c *Comm) overlapping(r *Registration, chunks []vmm.Chunk) error {
 	last := chunks[len(chunks)-1]
 	lo, hi := uint64(r.ptr), uint64(r.ptr)+last.Offset+last.Allocation.Size()
@@ -116,7 +121,7 @@ func (r *Registration) bounds() (lo, hi uint64) {
 }
 
 // registerPiece makes one registration call on the bound thread and waits for a window's collective
-// registration. c.mu is held.
+// registration. c.own is held.
 func (c *Comm) registerPiece(ctx context.Context, r *Registration, p *regPiece, o RegisterOptions) error {
 	ptr := r.ptr + driver.DevicePtr(p.off)
 	var callErr error
@@ -156,9 +161,9 @@ func (r *Registration) Close() error {
 	if r == nil {
 		return nil
 	}
-	r.c.mu.Lock()
-	defer r.c.mu.Unlock()
-	if r.closed {
+	r.c.own.Lock()
+	defer r.c.own.Unlock()
+	if r.own.IsClosed() {
 		return nil
 	}
 	err := r.deregisterLocked()
@@ -167,10 +172,10 @@ func (r *Registration) Close() error {
 }
 
 // deregisterLocked undoes every registration of r (the communicator usable) and releases the
-// holds. c.mu is held.
+// holds. c.own is held.
 func (r *Registration) deregisterLocked() error {
 	var errs []error
-	usable := !r.c.closed && r.c.aborted == nil
+	usable := !r.c.own.Closed() && r.c.aborted == nil
 	for i := len(r.pieces) - 1; i >= 0; i-- {
 		p := r.pieces[i]
 		if usable {
@@ -183,7 +188,7 @@ func (r *Registration) deregisterLocked() error {
 		}
 	}
 	r.pieces = nil
-	r.closed = true
+	r.markClosed()
 	return errors.Join(errs...)
 }
 
@@ -204,7 +209,7 @@ func (r *Registration) deregisterPiece(p regPiece) error {
 }
 
 // forget releases the holds of a registration whose communicator was aborted (NCCL freed the
-// registrations). c.mu is held.
+// registrations). c.own is held.
 func (r *Registration) forget() {
 	for _, p := range r.pieces {
 		if p.release != nil {
@@ -212,5 +217,12 @@ func (r *Registration) forget() {
 		}
 	}
 	r.pieces = nil
-	r.closed = true
+	r.markClosed()
+}
+
+// markClosed closes r's owner. c.own is held.
+func (r *Registration) markClosed() {
+	r.own.Lock()
+	defer r.own.Unlock()
+	r.own.MarkClosed()
 }
