@@ -17,7 +17,8 @@ test: vet
 ## leakcheck: the owning packages' tests built with the cuvmmleak tag, which reports every object
 ## that became unreachable without Close (with the stack that made it) and fails the run.
 leakcheck:
-	$(GO) test -tags cuvmmleak -count=1 ./internal/lifetime/ ./vmm/... ./growbuf/... ./stripe/... ./pinned/...
+	$(GO) test -tags cuvmmleak -count=1 ./internal/lifetime/ ./vmm/... ./growbuf/... ./stripe/... ./pinned/... \
+		./ipc/... ./offload/... ./pool/... ./nccl/...
 
 vet:
 	$(GO) vet ./...
