@@ -57,15 +57,15 @@ func closeRetry(c interface{ Close() error }) error {
 func drain(st *vmm.Stream) { _ = st.Synchronize() }
 
 // keepOut copies a Keep unit's chunks into slots taken from the pool (pinned on the way when the
-// pool has too few), recording where each piece went.
-func (s *Set) keepOut(ctx context.Context, st *vmm.Stream, u *unit, prog *progress) (err error) {
+// pool has too few), recording where each piece went; share devices do the same at once.
+func (s *Set) keepOut(ctx context.Context, st *vmm.Stream, u *unit, share int, prog *progress) (err error) {
 	p, err := newPipe(st)
 	if err != nil {
 		return err
 	}
 	defer func() { err = errors.Join(err, p.close()) }()
 	copyOut := func(j int, sl *slot) error { return u.copyOut(j, sl, st) }
-	f := s.pool.feedUsing(ctx, u.dev, u.nSlots, u.slotSize, copyOut)
+	f := s.pool.feedUsing(ctx, u.dev, u.nSlots, u.slotSize, copyOut, share)
 	u.slots = make([]*slot, u.nSlots)
 	defer func() {
 		f.finish() // first: no slot's copy is queued after the drain

@@ -20,10 +20,11 @@ import (
 const hugePage = 2 << 20
 
 // A first sleep makes its slots in two stages that run ahead of the copies: populate faults each
-// slot's pages in from all cores but registerWorkers (the kernel zeroes a fresh page in the thread
-// that faults it, and on a virtual machine the host provides it then), slot after slot in order;
-// registerWorkers goroutines register the populated slots (cuMemHostRegister then only pins pages
-// already present) and queue each slot's copy (see feedUsing). So populating slot i+1 overlaps
+// slot's pages in from the cores the registrations leave (populateWorkers; the kernel zeroes a
+// fresh page in the thread that faults it, and on a virtual machine the host provides it then),
+// slot after slot in order; registerWorkers goroutines register the populated slots
+// (cuMemHostRegister then only pins pages already present) and queue each slot's copy (see
+// feedUsing). So populating slot i+1 overlaps
 // registering slot i and copying slot i-1, and the first sleep takes about the longest of the three
 // stages rather than their sum. The registering goroutines get cores of their own: a C model of
 // this pipeline on the measured host pinned and copied 16 GiB in 0.64 s on average with 14
@@ -151,7 +152,14 @@ type slotResult struct {
 }
 
 func (p *hostPool) feed(ctx context.Context, dev *vmm.Device, n int, size uint64) *feed {
-	return p.feedUsing(ctx, dev, n, size, nil)
+	return p.feedUsing(ctx, dev, n, size, nil, 1)
+}
+
+// populateWorkers is how many goroutines populate for each of share feeds running at once (one per
+// device of a sleep): the cores left once every feed's registering goroutines have theirs, shared.
+func populateWorkers(share int) int {
+	share = max(share, 1)
+	return max((runtime.GOMAXPROCS(0)-registerWorkers*share)/share, 1)
 }
 
 // feedUsing is feed whose register stage passes each slot it pins, with its index, to use before
@@ -159,8 +167,9 @@ func (p *hostPool) feed(ctx context.Context, dev *vmm.Device, n int, size uint64
 // the measured host a copy queued by another thread while registrations run waits for them (the
 // copies then ran after the last registration, adding their whole time), while one queued by the
 // thread that has just pinned the slot runs on the copy engine as the next slot is pinned. Slots
-// from the pool are delivered unused.
-func (p *hostPool) feedUsing(ctx context.Context, dev *vmm.Device, n int, size uint64, use func(int, *slot) error) *feed {
+// from the pool are delivered unused. share is the number of feeds that run at once (see
+// populateWorkers).
+func (p *hostPool) feedUsing(ctx context.Context, dev *vmm.Device, n int, size uint64, use func(int, *slot) error, share int) *feed {
 	ctx, cancel := context.WithCancel(ctx)
 	f := &feed{pool: p, chans: make([]chan slotResult, n), cancel: cancel, use: use}
 	var todo []int
@@ -180,7 +189,7 @@ func (p *hostPool) feedUsing(ctx context.Context, dev *vmm.Device, n int, size u
 	go func() {
 		defer f.wg.Done()
 		defer close(mapped)
-		populateSlots(ctx, dev, todo, size, mapped)
+		populateSlots(ctx, dev, todo, size, populateWorkers(share), mapped)
 	}()
 	for w := 0; w < min(registerWorkers, len(todo)); w++ {
 		f.wg.Add(1)
@@ -220,13 +229,13 @@ func (f *feed) register(ctx context.Context, dev *vmm.Device, m mappedSlot, size
 	return slotResult{s: s, used: true, err: f.use(m.i, s)}
 }
 
-// populateSlots maps the memory of the slots todo names, then faults it in from every core the
-// registrations leave, populateStep bytes at a time in slot order with no pause between slots, and
-// sends each slot to out as soon as its last step is done (MADV_POPULATE_WRITE, Linux 5.14+; where
-// it is refused, registration faults the pages in itself). Slots not populated when ctx ends are
+// populateSlots maps the memory of the slots todo names, then faults it in from workers
+// goroutines, populateStep bytes at a time in slot order with no pause between slots, and sends
+// each slot to out as soon as its last step is done (MADV_POPULATE_WRITE, Linux 5.14+; where it is
+// refused, registration faults the pages in itself). Slots not populated when ctx ends are
 // unmapped and sent with the error. All the memory is mapped first: mapping takes the address-space
 // lock for writing, which would stall the registrations running meanwhile.
-func populateSlots(ctx context.Context, dev *vmm.Device, todo []int, size uint64, out chan<- mappedSlot) {
+func populateSlots(ctx context.Context, dev *vmm.Device, todo []int, size uint64, workers int, out chan<- mappedSlot) {
 	mems, err := mapSlots(dev, len(todo), size)
 	if err != nil {
 		for _, i := range todo {
@@ -241,7 +250,7 @@ func populateSlots(ctx context.Context, dev *vmm.Device, todo []int, size uint64
 	}
 	var next atomic.Int64
 	var wg sync.WaitGroup
-	for w := 0; w < min(max(runtime.GOMAXPROCS(0)-registerWorkers, 1), per*len(todo)); w++ {
+	for w := 0; w < min(workers, per*len(todo)); w++ {
 		wg.Add(1)
 		go func() {
 			defer wg.Done()

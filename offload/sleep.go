@@ -137,12 +137,13 @@ func (s *Set) copyOut(ctx context.Context, refs []chunkRef) error {
 	if err != nil {
 		return err
 	}
+	share := devicesKeeping(units)
 	err = perDevice(ctx, units, func(ctx context.Context, d *vmm.Device, us []*unit) error {
 		var files []*unit
 		for _, u := range us {
 			switch u.e.policy {
 			case Keep:
-				if err := s.keepOut(ctx, streams[d], u, prog); err != nil {
+				if err := s.keepOut(ctx, streams[d], u, share, prog); err != nil {
 					return fmt.Errorf("back up %s on %s: %w", u.e, d, err)
 				}
 			case File:
@@ -230,4 +231,18 @@ func entriesOf(refs []chunkRef) []*entry {
 		}
 	}
 	return out
+}
+
+// devicesKeeping counts the devices with a Keep unit: those that may pin backup slots at once.
+func devicesKeeping(units map[*vmm.Device][]*unit) int {
+	n := 0
+	for _, us := range units {
+		for _, u := range us {
+			if u.e.policy == Keep {
+				n++
+				break
+			}
+		}
+	}
+	return n
 }
