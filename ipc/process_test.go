@@ -43,23 +43,7 @@ func TestMain(m *testing.M) {
 		}
 		os.Exit(0)
 	}
-	startNetpoll()
 	os.Exit(testutil.Main(m))
-}
-
-// startNetpoll makes the runtime open its network poller (an epoll and an eventfd descriptor, kept
-// for the life of the process) before any test's descriptor-leak check takes its first count, so
-// whichever test uses a socket first is not charged with them.
-func startNetpoll() {
-	if fds, err := unix.Socketpair(unix.AF_UNIX, unix.SOCK_STREAM|unix.SOCK_CLOEXEC, 0); err == nil {
-		for _, fd := range fds {
-			f := os.NewFile(uintptr(fd), "netpoll")
-			if c, err := net.FileConn(f); err == nil {
-				c.Close()
-			}
-			f.Close()
-		}
-	}
 }
 
 // childResult is what the receiving child reports to its parent.

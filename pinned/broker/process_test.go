@@ -5,7 +5,6 @@ import (
 	"errors"
 	"fmt"
 	"io"
-	"net"
 	"os"
 	"path/filepath"
 	"syscall"
@@ -13,7 +12,6 @@ import (
 	"time"
 
 	"github.com/stretchr/testify/require"
-	"golang.org/x/sys/unix"
 
 	"github.com/cuvmm/cuvmm/driver"
 	"github.com/cuvmm/cuvmm/internal/testutil"
@@ -39,23 +37,7 @@ func TestMain(m *testing.M) {
 		}
 		os.Exit(0)
 	}
-	startNetpoll()
 	os.Exit(testutil.Main(m))
-}
-
-// startNetpoll makes the runtime open its network poller (an epoll and an eventfd descriptor, kept
-// for the life of the process) before any test's descriptor-leak check takes its first count, so
-// whichever test uses a socket first is not charged with them.
-func startNetpoll() {
-	if fds, err := unix.Socketpair(unix.AF_UNIX, unix.SOCK_STREAM|unix.SOCK_CLOEXEC, 0); err == nil {
-		for _, fd := range fds {
-			f := os.NewFile(uintptr(fd), "netpoll")
-			if c, err := net.FileConn(f); err == nil {
-				c.Close()
-			}
-			f.Close()
-		}
-	}
 }
 
 func childMain(role string) error {
