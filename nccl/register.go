@@ -188,7 +188,7 @@ func (r *Registration) deregisterLocked() error {
 		}
 	}
 	r.pieces = nil
-	r.markClosed()
+	r.own.Shut()
 	return errors.Join(errs...)
 }
 
@@ -217,12 +217,5 @@ func (r *Registration) forget() {
 		}
 	}
 	r.pieces = nil
-	r.markClosed()
-}
-
-// markClosed closes r's owner. c.own is held.
-func (r *Registration) markClosed() {
-	r.own.Lock()
-	defer r.own.Unlock()
-	r.own.MarkClosed()
+	r.own.Shut()
 }

@@ -392,9 +392,7 @@ func (s *Set) Close() error {
 		delete(s.streams, d)
 	}
 	// Nothing is left to retry: the slots and streams that failed to free are dropped either way.
-	s.own.Lock()
-	s.own.MarkClosed()
-	s.own.Unlock()
+	s.own.Shut()
 	if err := errors.Join(errs...); err != nil {
 		return fmt.Errorf("offload: close: %w", err)
 	}

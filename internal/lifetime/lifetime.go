@@ -78,6 +78,16 @@ func (o *Owner) MarkClosed() {
 	}
 }
 
+// Shut marks the owner closed, taking the lock, and reports whether it was open: for a Close that
+// must look closed to concurrent calls at once and frees afterwards without the lock.
+func (o *Owner) Shut() (wasOpen bool) {
+	o.mu.Lock()
+	defer o.mu.Unlock()
+	wasOpen = !o.closed
+	o.MarkClosed()
+	return wasOpen
+}
+
 // Close is the common Close: nothing when already closed; an error wrapping ErrInUse, naming what
 // still depends on it, while children remain; otherwise free, and on success the owner is closed. A
 // failed free leaves the owner open, so Close can be retried. what names the object in errors.

@@ -32,5 +32,12 @@ func TestOwner(t *testing.T) {
 	b.Unlock()
 	require.Zero(t, parent.Children())
 	require.Empty(t, parent.Remaining())
+
+	var c Owner
+	c.Init(&parent, "stream")
+	require.True(t, c.Shut(), "the first Shut closes an open owner")
+	require.False(t, c.Shut(), "a second finds it closed")
+	require.True(t, c.IsClosed())
+	require.Zero(t, parent.Children(), "a shut owner is no child any more")
 	require.NoError(t, parent.Close("parent", nil))
 }

@@ -503,11 +503,7 @@ func (c *Client) Close() error {
 	if c == nil {
 		return nil
 	}
-	c.own.Lock()
-	again := c.own.Closed()
-	c.own.MarkClosed()
-	c.own.Unlock()
-	if again {
+	if !c.own.Shut() {
 		return nil
 	}
 	close(c.stopPing)

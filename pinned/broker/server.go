@@ -333,11 +333,7 @@ func (s *Server) Close() error {
 	if s == nil {
 		return nil
 	}
-	s.own.Lock()
-	again := s.own.Closed()
-	s.own.MarkClosed()
-	s.own.Unlock()
-	if again {
+	if !s.own.Shut() {
 		// A Close that failed to destroy a stream kept it: try again, and succeed only once none is
 		// left.
 		if err := s.closeLanes(); err != nil {
