@@ -3,11 +3,8 @@ package plot
 import (
 	"encoding/json"
 	"fmt"
-	"math"
-	"slices"
 
 	"gonum.org/v1/plot"
-	"gonum.org/v1/plot/plotter"
 )
 
 type growResult struct {
@@ -68,27 +65,17 @@ func drawBroker(data []byte) ([]*plot.Plot, error) {
 		return nil, err
 	}
 	var out []*plot.Plot
-	for _, dir := range []struct{ key, title string }{{"h2d", "host to device"}, {"d2h", "device to host"}} {
-		series := map[string]plotter.XYs{}
-		var sizes []float64
-		broker, raw := fmt.Sprintf("broker, %d workers", r.Workers), "raw pinned copies"
+	for _, dir := range directions {
+		var s sizeLines
+		broker := fmt.Sprintf("broker, %d workers", r.Workers)
 		for _, b := range r.Bandwidth {
-			if b.Direction != dir.key || b.RequestBytes <= 0 {
-				continue
-			}
-			x := math.Log2(b.RequestBytes)
-			series[broker] = append(series[broker], plotter.XY{X: x, Y: b.AggregateGBps})
-			series[raw] = append(series[raw], plotter.XY{X: x, Y: b.RawGBps})
-			if !slices.Contains(sizes, b.RequestBytes) {
-				sizes = append(sizes, b.RequestBytes)
+			if b.Direction == dir.key {
+				s.add(broker, b.RequestBytes, b.AggregateGBps)
+				s.add("raw pinned copies", b.RequestBytes, b.RawGBps)
 			}
 		}
-		if len(sizes) == 0 {
-			return nil, fmt.Errorf("no %s rows", dir.key)
-		}
-		p := newPlot(fmt.Sprintf("copy broker, %s%s", dir.title, onSim(r.Backend)), "request size", "bandwidth, all workers (GB/s)")
-		p.X.Tick.Marker = sizeTicks(sizes)
-		if err := lines(p, []string{broker, raw}, series); err != nil {
+		p, err := s.draw(dir.key, fmt.Sprintf("copy broker, %s%s", dir.title, onSim(r.Backend)), "request size", "bandwidth, all workers (GB/s)")
+		if err != nil {
 			return nil, err
 		}
 		out = append(out, p)

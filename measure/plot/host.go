@@ -76,31 +76,61 @@ func drawBandwidth(data []byte) ([]*plot.Plot, error) {
 		return nil, err
 	}
 	var out []*plot.Plot
-	for _, dir := range []struct{ key, title string }{{"h2d", "host to device"}, {"d2h", "device to host"}} {
-		series, order, sizes := map[string]plotter.XYs{}, []string{}, []float64{}
+	for _, dir := range directions {
+		var s sizeLines
 		for _, row := range r.Rows {
-			if row.Direction != dir.key || row.SizeBytes <= 0 {
-				continue
-			}
-			if _, ok := series[row.Kind]; !ok {
-				order = append(order, row.Kind)
-			}
-			series[row.Kind] = append(series[row.Kind], plotter.XY{X: math.Log2(row.SizeBytes), Y: row.MedianGBps})
-			if !slices.Contains(sizes, row.SizeBytes) {
-				sizes = append(sizes, row.SizeBytes)
+			if row.Direction == dir.key {
+				s.add(row.Kind, row.SizeBytes, row.MedianGBps)
 			}
 		}
-		if len(order) == 0 {
-			return nil, fmt.Errorf("no %s rows", dir.key)
-		}
-		p := newPlot(dir.title+onSim(r.Backend), "transfer size ("+r.DeviceName+")", "median bandwidth (GB/s)")
-		p.X.Tick.Marker = sizeTicks(sizes)
-		if err := lines(p, order, series); err != nil {
+		p, err := s.draw(dir.key, dir.title+onSim(r.Backend), "transfer size ("+r.DeviceName+")", "median bandwidth (GB/s)")
+		if err != nil {
 			return nil, err
 		}
 		out = append(out, p)
 	}
 	return out, nil
+}
+
+// directions are the two copy directions, one panel each.
+var directions = []struct{ key, title string }{{"h2d", "host to device"}, {"d2h", "device to host"}}
+
+// sizeLines gathers lines against a log2 size axis: the series in the order they first appear, and
+// the distinct sizes for the ticks.
+type sizeLines struct {
+	order  []string
+	series map[string]plotter.XYs
+	sizes  []float64
+}
+
+// add puts the point (size, y) on line name; sizes of 0 or less are left out.
+func (s *sizeLines) add(name string, size, y float64) {
+	if size <= 0 {
+		return
+	}
+	if s.series == nil {
+		s.series = map[string]plotter.XYs{}
+	}
+	if _, ok := s.series[name]; !ok {
+		s.order = append(s.order, name)
+	}
+	s.series[name] = append(s.series[name], plotter.XY{X: math.Log2(size), Y: y})
+	if !slices.Contains(s.sizes, size) {
+		s.sizes = append(s.sizes, size)
+	}
+}
+
+// draw makes the panel, or an error naming what (a direction) when no point was added.
+func (s *sizeLines) draw(what, title, x, y string) (*plot.Plot, error) {
+	if len(s.order) == 0 {
+		return nil, fmt.Errorf("no %s rows", what)
+	}
+	p := newPlot(title, x, y)
+	p.X.Tick.Marker = sizeTicks(s.sizes)
+	if err := lines(p, s.order, s.series); err != nil {
+		return nil, err
+	}
+	return p, nil
 }
 
 type pinnedResult struct {
