@@ -400,7 +400,7 @@ func (r *sleepRun) measureUsual() error {
 const fileRounds = 3
 
 // measureFileRounds runs fileRounds rounds of a raw write and read of the same bytes over the same
-// file as the set, the way the set does them (each slot in IOWorkers parts at once), then a sleep
+// file as the set, the way the set does them (parts of offload.IOPart, IOWorkers at once), then a sleep
 // and a wake of the set (which rewrites the file), each timed phase after an fsync. The raw
 // figures and the set's sleep and wake times are the medians of the rounds.
 func (r *sleepRun) measureFileRounds() error {
@@ -434,31 +434,33 @@ func (r *sleepRun) measureFileRounds() error {
 }
 
 // rawFileOnce times one raw write and one raw read of the set's bytes over its file, each after an
-// fsync.
+// fsync. Each goroutine moves its parts through a buffer of its own, as package offload does with
+// its staging buffers.
 func (r *sleepRun) rawFileOnce() (write, read float64, err error) {
-	piece := r.sleepPiece()
-	buf := make([]byte, piece)
+	total, workers := r.res.TotalBytes, r.opts.IOWorkers
+	part := offload.IOPart(r.sleepPiece(), workers)
+	r.res.IOWorkers = workers
+	buf := make([]byte, part*uint64(workers))
 	for i := range buf {
 		buf[i] = byte(i * 7)
 	}
-	total, workers := r.res.TotalBytes, r.opts.IOWorkers
-	r.res.IOWorkers = workers
-	phase := func(fn func(off, n uint64) error) (float64, error) {
+	mem := func(w int, n uint64) []byte { return buf[uint64(w)*part:][:n] }
+	phase := func(fn func(w int, off, n uint64) error) (float64, error) {
 		if err := r.file.Sync(); err != nil {
 			return 0, err
 		}
 		start := time.Now()
-		err := rawFileIO(total, piece, workers, fn)
+		err := rawFileIO(total, part, workers, fn)
 		return time.Since(start).Seconds(), err
 	}
-	if write, err = phase(func(off, n uint64) error {
-		_, err := r.file.WriteAt(buf[off%piece:][:n], int64(off))
+	if write, err = phase(func(w int, off, n uint64) error {
+		_, err := r.file.WriteAt(mem(w, n), int64(off))
 		return err
 	}); err != nil {
 		return 0, 0, err
 	}
-	read, err = phase(func(off, n uint64) error {
-		_, err := r.file.ReadAt(buf[off%piece:][:n], int64(off))
+	read, err = phase(func(w int, off, n uint64) error {
+		_, err := r.file.ReadAt(mem(w, n), int64(off))
 		return err
 	})
 	return write, read, err
@@ -477,36 +479,29 @@ func median(xs []float64) float64 {
 	return (s[len(s)/2-1] + s[len(s)/2]) / 2
 }
 
-// rawFileIO runs fn over total bytes, slot by slot (piece bytes), each slot in parts of
-// offload.IOPart, workers at a time, as package offload does.
-func rawFileIO(total, piece uint64, workers int, fn func(off, n uint64) error) error {
-	for base := uint64(0); base < total; base += piece {
-		end := min(base+piece, total)
-		part := offload.IOPart(end-base, workers)
-		var wg sync.WaitGroup
-		errs := make([]error, workers)
-		next := make(chan uint64, (end-base+part-1)/part)
-		for off := base; off < end; off += part {
-			next <- off
-		}
-		close(next)
-		for w := 0; w < workers; w++ {
-			wg.Add(1)
-			go func() {
-				defer wg.Done()
-				for off := range next {
-					if err := fn(off, min(part, end-off)); err != nil && errs[w] == nil {
-						errs[w] = err
-					}
-				}
-			}()
-		}
-		wg.Wait()
-		if err := errors.Join(errs...); err != nil {
-			return err
-		}
+// rawFileIO runs fn over total bytes in parts of part bytes, workers goroutines at once (fn's w
+// says which), each taking the next part as soon as its last one is done.
+func rawFileIO(total, part uint64, workers int, fn func(w int, off, n uint64) error) error {
+	next := make(chan uint64, (total+part-1)/part)
+	for off := uint64(0); off < total; off += part {
+		next <- off
 	}
-	return nil
+	close(next)
+	errs := make([]error, workers)
+	var wg sync.WaitGroup
+	for w := range workers {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for off := range next {
+				if errs[w] = fn(w, off, min(part, total-off)); errs[w] != nil {
+					return
+				}
+			}
+		}()
+	}
+	wg.Wait()
+	return errors.Join(errs...)
 }
 
 func (r *sleepRun) ratios() {

@@ -79,9 +79,10 @@ type Options struct {
 	// Progress, when set, is called with the bytes copied so far and the total, during Sleep, Wake,
 	// Save and Restore (from several goroutines, never at once).
 	Progress func(done, total uint64)
-	// IOWorkers is how many goroutines move each slot between its staging memory and the file of a
-	// File buffer, each a part of the slot (0: DefaultIOWorkers). One thread copies between the page
-	// cache and memory at a few GB/s; fast storage and a warm page cache want several.
+	// IOWorkers is how many goroutines move a File buffer's bytes between the file and pinned
+	// staging memory, each a part (IOPart) at a time, taking the next part as soon as it is done
+	// (0: DefaultIOWorkers). One thread copies between the page cache and memory at a few GB/s;
+	// fast storage and a warm page cache want several.
 	IOWorkers int
 }
 
@@ -94,7 +95,8 @@ const DefaultIOWorkers = 8
 const DefaultSlotSize uint64 = 256 << 20
 
 // IOPart is the part that each of workers I/O goroutines moves at once in File mode when a slot
-// holds slotBytes: the bytes divided among them, rounded up to 2 MiB.
+// holds slotBytes: the slot divided among them, rounded up to 2 MiB. Two slots are cut into
+// staging buffers of that size.
 func IOPart(slotBytes uint64, workers int) uint64 {
 	workers = max(workers, 1)
 	part := (slotBytes + uint64(workers) - 1) / uint64(workers)

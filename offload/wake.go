@@ -119,17 +119,7 @@ func (s *Set) wakeDevice(ctx context.Context, st *vmm.Stream, us []*unit, recrea
 		}
 	}
 	if len(files) > 0 {
-		recreateFiles := func() error { // while the first slot is read
-			for _, u := range files {
-				for _, r := range u.refs() {
-					if err := recreate(r); err != nil {
-						return err
-					}
-				}
-			}
-			return nil
-		}
-		if err := s.fileIn(ctx, st, files, recreateFiles, prog); err != nil {
+		if err := s.fileIn(ctx, st, files, recreate, prog); err != nil {
 			return fmt.Errorf("read back from file on %s: %w", st.Device(), err)
 		}
 	}

@@ -26,7 +26,7 @@ func runSleep(e *env, args []string) error {
 	file := fs.String("file", "", "file of --mode file (default: a temporary file, removed at the end)")
 	fs.Var(&chunk, "chunk", "the buffers' chunk size (default 512MiB, or --size when smaller)")
 	fs.Var(&slot, "slot", "the backup's slot size (default 256MiB)")
-	ioWorkers := fs.Int("io-workers", 0, "--mode file: goroutines that move each slot to or from the file, for the set and the raw figures (default 8)")
+	ioWorkers := fs.Int("io-workers", 0, "--mode file: goroutines that move parts to or from the file, for the set and the raw figures (default 8)")
 	if err := parse(fs, args); err != nil {
 		return err
 	}

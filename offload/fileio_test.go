@@ -1,0 +1,175 @@
+package offload_test
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"os"
+	"sync"
+	"testing"
+
+	"github.com/stretchr/testify/require"
+
+	"github.com/cuvmm/cuvmm/driver"
+	"github.com/cuvmm/cuvmm/growbuf"
+	"github.com/cuvmm/cuvmm/internal/testutil"
+	"github.com/cuvmm/cuvmm/offload"
+	"github.com/cuvmm/cuvmm/vmm"
+)
+
+// flakyFile is a file whose n-th ReadAt or WriteAt fails with errDisk, or calls hook first.
+type flakyFile struct {
+	*os.File
+	mu                  sync.Mutex
+	reads, writes       int
+	failRead, failWrite int
+	hook                func()
+}
+
+var errDisk = errors.New("disk error")
+
+func (f *flakyFile) count(n *int, fail int) error {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	*n++
+	if *n == fail {
+		if f.hook != nil {
+			f.hook()
+			return nil
+		}
+		return errDisk
+	}
+	return nil
+}
+
+func (f *flakyFile) ReadAt(p []byte, off int64) (int, error) {
+	if err := f.count(&f.reads, f.failRead); err != nil {
+		return 0, err
+	}
+	return f.File.ReadAt(p, off)
+}
+
+func (f *flakyFile) WriteAt(p []byte, off int64) (int, error) {
+	if err := f.count(&f.writes, f.failWrite); err != nil {
+		return 0, err
+	}
+	return f.File.WriteAt(p, off)
+}
+
+// fileFixture is a set holding one File buffer of 16 MiB in 2 MiB chunks, moved by 3 goroutines
+// through 8 MiB slots in 2 MiB parts: more parts than goroutines and staging buffers, so that
+// buffers are reused while earlier copies may still run.
+type fileFixture struct {
+	set *offload.Set
+	buf *growbuf.Buffer
+	d   *vmm.Device
+	f   *flakyFile
+}
+
+const fixtureSeed = 61
+
+func newFileFixture(t *testing.T, b *testutil.Backend) *fileFixture {
+	d := b.Device(t, 0)
+	osf, err := os.CreateTemp(t.TempDir(), "parts")
+	require.NoError(t, err)
+	t.Cleanup(func() { osf.Close() })
+	m := &fileFixture{d: d, f: &flakyFile{File: osf}, buf: newBuf(t, d, 16*mib, 2*mib, fixtureSeed, nil)}
+	m.set = newSet(t, b, offload.Options{SlotSize: 8 * mib, IOWorkers: 3})
+	require.NoError(t, m.set.Add("f", m.buf, offload.File, offload.EntryOptions{File: m.f}))
+	return m
+}
+
+func (m *fileFixture) requireIntact(t *testing.T) {
+	t.Helper()
+	require.False(t, m.set.Asleep("f"))
+	requirePattern(t, m.d, m.buf.Ptr(), 16*mib, fixtureSeed)
+}
+
+// TestFileFaults fails each driver call of a File sleep and wake, one at a time: a failed Sleep
+// leaves the buffer awake and intact, a failed Wake leaves it asleep with its file intact, each can
+// be retried, and the leak check at the end of each run finds nothing.
+func TestFileFaults(t *testing.T) {
+	var sleepCalls, wakeCalls map[string]int
+	testutil.Run(t, func(t *testing.T, b *testutil.Backend) {
+		m := newFileFixture(t, b)
+		sleepCalls = callsOf(b.Sim, func() { require.NoError(t, m.set.Sleep(bg)) })
+		wakeCalls = callsOf(b.Sim, func() { require.NoError(t, m.set.Wake(bg)) })
+		m.requireIntact(t)
+	}, testutil.SimOnly())
+	require.Greater(t, wakeCalls["cuMemcpyAsync"], 6, "one copy per part")
+	for _, phase := range []struct {
+		name  string
+		calls map[string]int
+	}{{"sleep", sleepCalls}, {"wake", wakeCalls}} {
+		for fn, n := range phase.calls {
+			for i := 1; i <= n; i++ {
+				t.Run(fmt.Sprintf("%s/%s#%d", phase.name, fn, i), func(t *testing.T) {
+					testutil.Run(t, func(t *testing.T, b *testutil.Backend) {
+						failFileCall(t, b, phase.name == "wake", fn, i)
+					}, testutil.SimOnly())
+				})
+			}
+		}
+	}
+}
+
+func failFileCall(t *testing.T, b *testutil.Backend, wake bool, fn string, i int) {
+	m := newFileFixture(t, b)
+	if wake {
+		require.NoError(t, m.set.Sleep(bg))
+	}
+	b.Sim.FailNth(fn, i, driver.ErrorUnknown)
+	var err error
+	if wake {
+		err = m.set.Wake(bg)
+	} else {
+		err = m.set.Sleep(bg)
+	}
+	b.Sim.ClearFaults()
+	if err != nil {
+		require.ErrorIs(t, err, driver.ErrorUnknown)
+		require.Equal(t, wake, m.set.Asleep("f"), "the old state")
+		if !wake {
+			m.requireIntact(t)
+			require.NoError(t, m.set.Sleep(bg), "a failed sleep can be retried")
+		}
+	}
+	if m.set.Asleep("f") {
+		require.NoError(t, m.set.Wake(bg), "a failed wake can be retried")
+	}
+	m.requireIntact(t)
+}
+
+// TestFileIOFailures fails the n-th read or write of the file, or cancels the context there: the
+// call fails naming the part, nothing is lost, and a retry succeeds.
+func TestFileIOFailures(t *testing.T) {
+	testutil.Run(t, func(t *testing.T, b *testutil.Backend) {
+		for _, n := range []int{1, 4, 8} {
+			m := newFileFixture(t, b)
+			m.f.failWrite = n
+			err := m.set.Sleep(bg)
+			require.ErrorIs(t, err, errDisk)
+			require.ErrorContains(t, err, "write 2 MiB of \"f\" at file offset")
+			m.requireIntact(t)
+			require.NoError(t, m.set.Sleep(bg))
+
+			m.f.failRead = m.f.reads + n
+			err = m.set.Wake(bg)
+			require.ErrorIs(t, err, errDisk)
+			require.ErrorContains(t, err, "read 2 MiB of \"f\" at file offset")
+			require.True(t, m.set.Asleep("f"))
+			require.NoError(t, m.set.Wake(bg))
+			m.requireIntact(t)
+
+			ctx, cancel := context.WithCancel(bg)
+			m.f.hook = cancel
+			require.NoError(t, m.set.Sleep(bg))
+			m.f.failRead = m.f.reads + n
+			require.ErrorIs(t, m.set.Wake(ctx), context.Canceled)
+			require.True(t, m.set.Asleep("f"))
+			m.f.hook = nil
+			require.NoError(t, m.set.Wake(bg))
+			m.requireIntact(t)
+		}
+	})
+}
