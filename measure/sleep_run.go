@@ -400,7 +400,7 @@ func (r *sleepRun) measureUsual() error {
 const fileRounds = 3
 
 // measureFileRounds runs fileRounds rounds of a raw write and read of the same bytes over the same
-// file as the set, the way the set does them (parts of offload.IOPart, IOWorkers at once), then a sleep
+// file as the set, the way the set does them (parts of offload.FilePart, IOWorkers at once), then a sleep
 // and a wake of the set (which rewrites the file), each timed phase after an fsync. The raw
 // figures and the set's sleep and wake times are the medians of the rounds.
 func (r *sleepRun) measureFileRounds() error {
@@ -434,18 +434,18 @@ func (r *sleepRun) measureFileRounds() error {
 }
 
 // rawFileOnce times one raw write and one raw read of the set's bytes over its file, each after an
-// fsync. Each goroutine moves its parts through a buffer of its own, as package offload does with
-// its staging buffers.
+// fsync. Each goroutine moves parts of offload.FilePart through offload.FileBuffers buffers of its
+// own in turn, as package offload does with its staging buffers.
 func (r *sleepRun) rawFileOnce() (write, read float64, err error) {
 	total, workers := r.res.TotalBytes, r.opts.IOWorkers
-	part := offload.IOPart(r.sleepPiece(), workers)
 	r.res.IOWorkers = workers
-	buf := make([]byte, part*uint64(workers))
+	const part, nbuf = offload.FilePart, offload.FileBuffers
+	buf := make([]byte, part*nbuf*uint64(workers))
 	for i := range buf {
 		buf[i] = byte(i * 7)
 	}
-	mem := func(w int, n uint64) []byte { return buf[uint64(w)*part:][:n] }
-	phase := func(fn func(w int, off, n uint64) error) (float64, error) {
+	mem := func(w, i int, n uint64) []byte { return buf[uint64(w*nbuf+i%nbuf)*part:][:n] }
+	phase := func(fn func(w, i int, off, n uint64) error) (float64, error) {
 		if err := r.file.Sync(); err != nil {
 			return 0, err
 		}
@@ -453,14 +453,14 @@ func (r *sleepRun) rawFileOnce() (write, read float64, err error) {
 		err := rawFileIO(total, part, workers, fn)
 		return time.Since(start).Seconds(), err
 	}
-	if write, err = phase(func(w int, off, n uint64) error {
-		_, err := r.file.WriteAt(mem(w, n), int64(off))
+	if write, err = phase(func(w, i int, off, n uint64) error {
+		_, err := r.file.WriteAt(mem(w, i, n), int64(off))
 		return err
 	}); err != nil {
 		return 0, 0, err
 	}
-	read, err = phase(func(w int, off, n uint64) error {
-		_, err := r.file.ReadAt(mem(w, n), int64(off))
+	read, err = phase(func(w, i int, off, n uint64) error {
+		_, err := r.file.ReadAt(mem(w, i, n), int64(off))
 		return err
 	})
 	return write, read, err
@@ -479,9 +479,10 @@ func median(xs []float64) float64 {
 	return (s[len(s)/2-1] + s[len(s)/2]) / 2
 }
 
-// rawFileIO runs fn over total bytes in parts of part bytes, workers goroutines at once (fn's w
-// says which), each taking the next part as soon as its last one is done.
-func rawFileIO(total, part uint64, workers int, fn func(w int, off, n uint64) error) error {
+// rawFileIO runs fn over total bytes in parts of part bytes, workers goroutines at once, each
+// taking the next part as soon as its last one is done (fn's w says which goroutine, and i how
+// many parts it moved before).
+func rawFileIO(total, part uint64, workers int, fn func(w, i int, off, n uint64) error) error {
 	next := make(chan uint64, (total+part-1)/part)
 	for off := uint64(0); off < total; off += part {
 		next <- off
@@ -493,10 +494,12 @@ func rawFileIO(total, part uint64, workers int, fn func(w int, off, n uint64) er
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
+			i := 0
 			for off := range next {
-				if errs[w] = fn(w, off, min(part, total-off)); errs[w] != nil {
+				if errs[w] = fn(w, i, off, min(part, total-off)); errs[w] != nil {
 					return
 				}
+				i++
 			}
 		}()
 	}

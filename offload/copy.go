@@ -158,22 +158,27 @@ func keepIn(ctx context.Context, st *vmm.Stream, refs []chunkRef, recreate func(
 	return nil
 }
 
-// ring is two staging slots that File units cycle through.
-func (s *Set) ring(ctx context.Context, d *vmm.Device, us []*unit) ([2]*slot, error) {
+// ring takes n staging slots, as large as the units' largest slot, for File units to move through.
+func (s *Set) ring(ctx context.Context, d *vmm.Device, us []*unit, n int) ([]*slot, error) {
+	size := ringSize(us)
+	var r []*slot
+	f := s.pool.feed(ctx, d, n, size)
+	defer f.finish()
+	for range n {
+		sl, err := f.take()
+		if err != nil {
+			s.pool.put(r...)
+			return nil, err
+		}
+		r = append(r, sl)
+	}
+	return r, nil
+}
+
+func ringSize(us []*unit) uint64 {
 	var size uint64
 	for _, u := range us {
 		size = max(size, u.slotSize)
 	}
-	var r [2]*slot
-	f := s.pool.feed(ctx, d, 2, size)
-	defer f.finish()
-	for i := range r {
-		sl, err := f.take()
-		if err != nil {
-			s.pool.put(r[0])
-			return r, err
-		}
-		r[i] = sl
-	}
-	return r, nil
+	return size
 }

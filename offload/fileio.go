@@ -11,10 +11,10 @@ import (
 	"github.com/cuvmm/cuvmm/vmm"
 )
 
-// File units move between the device and their files in parts (IOPart of a staging slot), each
-// through a staging buffer of its own, Options.IOWorkers parts at once. A goroutine that has
-// moved its part takes the next one at once: no part waits for the slowest part of a slot, and
-// the device's copies overlap the file's reads and writes part by part.
+// File units move between the device and their files in parts of FilePart bytes, Options.IOWorkers
+// parts at once. Each goroutine takes the next part as soon as its last one is done, so no part
+// waits for another, and moves it through the next of its own staging buffers, so that the bytes
+// it has just read are still in the CPU's cache when the device copies them.
 
 // fileJob is a part of a File unit: n bytes at off of chunk ref, at fileOff of the entry's file.
 type fileJob struct {
@@ -50,19 +50,23 @@ func fileParts(us []*unit, part uint64) []fileJob {
 	return jobs
 }
 
-// newStaging cuts the ring's slots into buffers of part bytes, each with an event.
-func newStaging(d *vmm.Device, ring [2]*slot, part uint64) ([]*stageBuf, error) {
-	var bufs []*stageBuf
+// newStaging cuts the ring's slots into n buffers of FilePart bytes, each with an event, and deals
+// them out to workers goroutines.
+func newStaging(d *vmm.Device, ring []*slot, n, workers int) ([][]*stageBuf, error) {
+	out := make([][]*stageBuf, workers)
+	var made []*stageBuf
 	for _, sl := range ring {
-		for off := uint64(0); off+part <= sl.size; off += part {
+		for off := uint64(0); off+FilePart <= sl.size && len(made) < n; off += FilePart {
 			ev, err := d.NewEvent(false)
 			if err != nil {
-				return nil, errors.Join(err, closeStaging(bufs))
+				return nil, errors.Join(err, closeStaging(made))
 			}
-			bufs = append(bufs, &stageBuf{sl: sl, off: off, ev: ev})
+			b := &stageBuf{sl: sl, off: off, ev: ev}
+			out[len(made)%workers] = append(out[len(made)%workers], b)
+			made = append(made, b)
 		}
 	}
-	return bufs, nil
+	return out, nil
 }
 
 func closeStaging(bufs []*stageBuf) error {
@@ -73,17 +77,30 @@ func closeStaging(bufs []*stageBuf) error {
 	return errors.Join(errs...)
 }
 
-// moveFiles runs step over the File units' parts, Options.IOWorkers goroutines at once, each part
-// with a free staging buffer; the first failure, or the end of ctx, stops the others. The stream
+// stagingPlan says how many slots of size bytes the staging buffers take, how many buffers there
+// are and how many goroutines move the jobs parts: each goroutine gets FileBuffers buffers where
+// two slots hold them (at least one), and no more buffers than parts are made.
+func stagingPlan(size uint64, workers, jobs int) (slots, bufs, goroutines int) {
+	perSlot := int(size / FilePart)
+	want := max(min(min(workers, jobs)*FileBuffers, jobs), 1)
+	slots = min((want+perSlot-1)/perSlot, 2)
+	bufs = min(want, slots*perSlot)
+	goroutines = max(min(workers, jobs, bufs), 1)
+	return slots, bufs, goroutines
+}
+
+// moveFiles runs step over the File units' parts, Options.IOWorkers goroutines at once, each with
+// staging buffers of its own; the first failure, or the end of ctx, stops the others. The stream
 // is idle when it returns.
 func (s *Set) moveFiles(ctx context.Context, st *vmm.Stream, us []*unit, step func(context.Context, fileJob, *stageBuf) error) (err error) {
-	ring, err := s.ring(ctx, st.Device(), us)
+	jobs := fileParts(us, FilePart)
+	nSlots, nBufs, workers := stagingPlan(ringSize(us), s.opts.IOWorkers, len(jobs))
+	ring, err := s.ring(ctx, st.Device(), us, nSlots)
 	if err != nil {
 		return err
 	}
-	defer s.pool.put(ring[:]...)
-	part := IOPart(ring[0].size, s.opts.IOWorkers)
-	bufs, err := newStaging(st.Device(), ring, part)
+	defer s.pool.put(ring...)
+	bufs, err := newStaging(st.Device(), ring, nBufs, workers)
 	if err != nil {
 		return err
 	}
@@ -91,26 +108,32 @@ func (s *Set) moveFiles(ctx context.Context, st *vmm.Stream, us []*unit, step fu
 		if err != nil {
 			drain(st) // first: no copy still uses a buffer
 		}
-		err = errors.Join(err, closeStaging(bufs))
+		for _, b := range bufs {
+			err = errors.Join(err, closeStaging(b))
+		}
 	}()
-	jobs := fileParts(us, part)
 	next := make(chan fileJob, len(jobs))
 	for _, j := range jobs {
 		next <- j
 	}
 	close(next)
-	free := make(chan *stageBuf, len(bufs))
-	for _, b := range bufs {
-		free <- b
-	}
 	ctx, cancel := context.WithCancelCause(ctx)
 	defer cancel(nil)
 	var wg sync.WaitGroup
-	for range min(s.opts.IOWorkers, len(jobs), len(bufs)) {
+	for w := range workers {
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
-			fileWorker(ctx, next, free, step, cancel)
+			for i := 0; ; i++ {
+				j, ok := <-next
+				if !ok || ctx.Err() != nil {
+					return
+				}
+				if err := step(ctx, j, bufs[w][i%len(bufs[w])]); err != nil {
+					cancel(err)
+					return
+				}
+			}
 		}()
 	}
 	wg.Wait()
@@ -118,27 +141,6 @@ func (s *Set) moveFiles(ctx context.Context, st *vmm.Stream, us []*unit, step fu
 		return err
 	}
 	return st.Synchronize()
-}
-
-// fileWorker moves parts from next until none is left or ctx ends. A buffer whose step failed is
-// not handed on: a copy may still use it.
-func fileWorker(ctx context.Context, next <-chan fileJob, free chan *stageBuf, step func(context.Context, fileJob, *stageBuf) error, cancel context.CancelCauseFunc) {
-	for j := range next {
-		var b *stageBuf
-		select {
-		case b = <-free:
-		case <-ctx.Done():
-			return
-		}
-		if ctx.Err() != nil {
-			return
-		}
-		if err := step(ctx, j, b); err != nil {
-			cancel(err)
-			return
-		}
-		free <- b
-	}
 }
 
 // fileOut writes File units to their files: each part is copied from the device into its buffer,

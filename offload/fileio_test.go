@@ -56,9 +56,9 @@ func (f *flakyFile) WriteAt(p []byte, off int64) (int, error) {
 	return f.File.WriteAt(p, off)
 }
 
-// fileFixture is a set holding one File buffer of 16 MiB in 2 MiB chunks, moved by 3 goroutines
-// through 8 MiB slots in 2 MiB parts: more parts than goroutines and staging buffers, so that
-// buffers are reused while earlier copies may still run.
+// fileFixture is a set holding one File buffer of 24 MiB in 4 MiB chunks, moved in 2 MiB parts by 3
+// goroutines through two 4 MiB slots: 12 parts through 4 staging buffers, so that buffers are
+// reused while earlier copies may still run.
 type fileFixture struct {
 	set *offload.Set
 	buf *growbuf.Buffer
@@ -73,8 +73,8 @@ func newFileFixture(t *testing.T, b *testutil.Backend) *fileFixture {
 	osf, err := os.CreateTemp(t.TempDir(), "parts")
 	require.NoError(t, err)
 	t.Cleanup(func() { osf.Close() })
-	m := &fileFixture{d: d, f: &flakyFile{File: osf}, buf: newBuf(t, d, 16*mib, 2*mib, fixtureSeed, nil)}
-	m.set = newSet(t, b, offload.Options{SlotSize: 8 * mib, IOWorkers: 3})
+	m := &fileFixture{d: d, f: &flakyFile{File: osf}, buf: newBuf(t, d, 24*mib, 4*mib, fixtureSeed, nil)}
+	m.set = newSet(t, b, offload.Options{SlotSize: 4 * mib, IOWorkers: 3})
 	require.NoError(t, m.set.Add("f", m.buf, offload.File, offload.EntryOptions{File: m.f}))
 	return m
 }
@@ -82,7 +82,7 @@ func newFileFixture(t *testing.T, b *testutil.Backend) *fileFixture {
 func (m *fileFixture) requireIntact(t *testing.T) {
 	t.Helper()
 	require.False(t, m.set.Asleep("f"))
-	requirePattern(t, m.d, m.buf.Ptr(), 16*mib, fixtureSeed)
+	requirePattern(t, m.d, m.buf.Ptr(), 24*mib, fixtureSeed)
 }
 
 // TestFileFaults fails each driver call of a File sleep and wake, one at a time: a failed Sleep
@@ -96,7 +96,7 @@ func TestFileFaults(t *testing.T) {
 		wakeCalls = callsOf(b.Sim, func() { require.NoError(t, m.set.Wake(bg)) })
 		m.requireIntact(t)
 	}, testutil.SimOnly())
-	require.Greater(t, wakeCalls["cuMemcpyAsync"], 6, "one copy per part")
+	require.Equal(t, 12, wakeCalls["cuMemcpyAsync"], "one copy per part")
 	for _, phase := range []struct {
 		name  string
 		calls map[string]int
@@ -144,7 +144,7 @@ func failFileCall(t *testing.T, b *testutil.Backend, wake bool, fn string, i int
 // call fails naming the part, nothing is lost, and a retry succeeds.
 func TestFileIOFailures(t *testing.T) {
 	testutil.Run(t, func(t *testing.T, b *testutil.Backend) {
-		for _, n := range []int{1, 4, 8} {
+		for _, n := range []int{1, 5, 12} {
 			m := newFileFixture(t, b)
 			m.f.failWrite = n
 			err := m.set.Sleep(bg)

@@ -80,7 +80,7 @@ type Options struct {
 	// Save and Restore (from several goroutines, never at once).
 	Progress func(done, total uint64)
 	// IOWorkers is how many goroutines move a File buffer's bytes between the file and pinned
-	// staging memory, each a part (IOPart) at a time, taking the next part as soon as it is done
+	// staging memory, each a part (FilePart) at a time, taking the next part as soon as it is done
 	// (0: DefaultIOWorkers). One thread copies between the page cache and memory at a few GB/s;
 	// fast storage and a warm page cache want several.
 	IOWorkers int
@@ -94,14 +94,16 @@ const DefaultIOWorkers = 8
 // DefaultSlotSize is Options.SlotSize's default.
 const DefaultSlotSize uint64 = 256 << 20
 
-// IOPart is the part that each of workers I/O goroutines moves at once in File mode when a slot
-// holds slotBytes: the slot divided among them, rounded up to 2 MiB. Two slots are cut into
-// staging buffers of that size.
-func IOPart(slotBytes uint64, workers int) uint64 {
-	workers = max(workers, 1)
-	part := (slotBytes + uint64(workers) - 1) / uint64(workers)
-	return max(hugePage, (part+hugePage-1)/hugePage*hugePage)
-}
+// FilePart is the bytes an I/O goroutine moves at once in File mode. Each goroutine cycles through
+// FileBuffers staging buffers of that size, so that the bytes it has just read from the page cache
+// are still in the CPU's cache when the device copies them. On the measured host, reading 8 GiB
+// from the page cache and copying it to the device ran at 49 GB/s with 2 MiB parts and 29 GB/s
+// with 32 MiB parts (8 goroutines), against raw reads of 51 and 31 GB/s.
+const FilePart uint64 = 2 << 20
+
+// FileBuffers is how many staging buffers of FilePart bytes each I/O goroutine cycles through: it
+// reads into one while the device copies from the others.
+const FileBuffers = 4
 
 // Set is a set of buffers that sleep and wake together or by tag. It is safe for concurrent use;
 // Sleep, Wake, Save, Restore and Close serialize.
