@@ -1,6 +1,9 @@
 package sim
 
 import (
+	"fmt"
+	"os"
+	"strings"
 	"testing"
 	"unsafe"
 
@@ -40,7 +43,7 @@ func TestReserveHugeRanges(t *testing.T) {
 	s := start(t)
 	bind(t, s, 0)
 	p, err := s.MemAddressReserve(64<<40, 0, 0, 0) // measured: 64 TiB OK
-	require.NoError(t, err)
+	require.NoError(t, err, "the largest free gap of this process's address space: %s", largestGap(t))
 	require.NotZero(t, p)
 	require.NoError(t, s.MemAddressFree(p, 64<<40))
 	_, err = s.MemAddressReserve(1<<50, 0, 0, 0) // measured: 1 PiB OUT_OF_MEMORY
@@ -333,4 +336,28 @@ func TestPageTableAccounting(t *testing.T) {
 	require.Equal(t, base0, free(c0))
 	require.Equal(t, base1, free(c1))
 	require.NoError(t, s.CtxSetCurrent(c0))
+}
+
+// largestGap describes the largest unmapped range below 128 TiB in /proc/self/maps, to explain a
+// failure to reserve a huge range.
+func largestGap(t *testing.T) string {
+	b, err := os.ReadFile("/proc/self/maps")
+	if err != nil {
+		return err.Error()
+	}
+	var best, at, prev uint64
+	for _, line := range strings.Split(string(b), "\n") {
+		var lo, hi uint64
+		if _, err := fmt.Sscanf(line, "%x-%x", &lo, &hi); err != nil || lo >= 1<<47 {
+			continue
+		}
+		if lo > prev && lo-prev > best {
+			best, at = lo-prev, prev
+		}
+		prev = max(prev, hi)
+	}
+	if prev < 1<<47 && 1<<47-prev > best {
+		best, at = 1<<47-prev, prev
+	}
+	return fmt.Sprintf("%d GiB at %#x", best>>30, at)
 }
