@@ -108,16 +108,23 @@ type SleepResult struct {
 	// phase, raw or not, starting after an fsync so that no dirty pages are pending. FileRounds
 	// rounds alternate a raw write and read with a sleep and a wake of the set: the raw figures and,
 	// in file mode, SleepSeconds and WakeSeconds are the medians of the rounds.
-	File             string        `json:"file,omitempty"`
-	IOWorkers        int           `json:"io_workers,omitempty"`
-	FileRounds       int           `json:"file_rounds,omitempty"`
-	RawFileWriteGBps float64       `json:"raw_file_write_gbps,omitempty"`
-	RawFileReadGBps  float64       `json:"raw_file_read_gbps,omitempty"`
-	SleepVsRawFile   float64       `json:"sleep_vs_raw_file,omitempty"`
-	WakeVsRawFile    float64       `json:"wake_vs_raw_file,omitempty"`
-	PerDevice        []SleepDevice `json:"per_device"`
-	Note             string        `json:"note,omitempty"`
-	Failure          string        `json:"failure,omitempty"`
+	File             string  `json:"file,omitempty"`
+	IOWorkers        int     `json:"io_workers,omitempty"`
+	FileRounds       int     `json:"file_rounds,omitempty"`
+	RawFileWriteGBps float64 `json:"raw_file_write_gbps,omitempty"`
+	RawFileReadGBps  float64 `json:"raw_file_read_gbps,omitempty"`
+	SleepVsRawFile   float64 `json:"sleep_vs_raw_file,omitempty"`
+	WakeVsRawFile    float64 `json:"wake_vs_raw_file,omitempty"`
+	// A file sleep can go no faster than the slower of the raw write and the raw D2H copy, a file
+	// wake than the slower of the raw read and the raw H2D copy: those limits, and the set's
+	// ratios to them.
+	FileSleepLimitGBps float64       `json:"file_sleep_limit_gbps,omitempty"`
+	FileWakeLimitGBps  float64       `json:"file_wake_limit_gbps,omitempty"`
+	SleepVsFileLimit   float64       `json:"sleep_vs_file_limit,omitempty"`
+	WakeVsFileLimit    float64       `json:"wake_vs_file_limit,omitempty"`
+	PerDevice          []SleepDevice `json:"per_device"`
+	Note               string        `json:"note,omitempty"`
+	Failure            string        `json:"failure,omitempty"`
 }
 
 // Check reports a failed verification as an error.

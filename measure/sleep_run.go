@@ -531,5 +531,9 @@ func (r *sleepRun) ratios() {
 	if r.file != nil {
 		res.SleepVsRawFile = sleepRatio(res.SleepGBps, res.RawFileWriteGBps)
 		res.WakeVsRawFile = sleepRatio(res.WakeGBps, res.RawFileReadGBps)
+		res.FileSleepLimitGBps = min(res.RawFileWriteGBps, res.RawD2HGBps)
+		res.FileWakeLimitGBps = min(res.RawFileReadGBps, res.RawH2DGBps)
+		res.SleepVsFileLimit = sleepRatio(res.SleepGBps, res.FileSleepLimitGBps)
+		res.WakeVsFileLimit = sleepRatio(res.WakeGBps, res.FileWakeLimitGBps)
 	}
 }

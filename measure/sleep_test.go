@@ -21,6 +21,17 @@ func TestSleepOnTheSimulator(t *testing.T) {
 	require.Greater(t, res.BaselineSleepSeconds, 0.0)
 	require.Greater(t, res.AggregateSleepX, 0.0)
 
+	file := t.TempDir() + "/sleep.bin"
+	res, err = Sleep(SleepOptions{Env: Env{Backend: b}, Size: 8 << 20, Chunk: 4 << 20, SlotSize: 4 << 20, Mode: "file", File: file, IOWorkers: 3})
+	require.NoError(t, err)
+	require.NoError(t, res.Check())
+	require.Equal(t, 3, res.IOWorkers)
+	require.Equal(t, min(res.RawFileReadGBps, res.RawH2DGBps), res.FileWakeLimitGBps)
+	require.Equal(t, min(res.RawFileWriteGBps, res.RawD2HGBps), res.FileSleepLimitGBps)
+	require.InDelta(t, res.WakeGBps/res.FileWakeLimitGBps, res.WakeVsFileLimit, 1e-9)
+	require.InDelta(t, res.SleepGBps/res.FileSleepLimitGBps, res.SleepVsFileLimit, 1e-9)
+	require.Greater(t, res.WakeVsFileLimit, 0.0)
+
 	for _, o := range []SleepOptions{
 		{Size: 0},
 		{Size: 3 << 20},

@@ -31,6 +31,8 @@ func (r *SleepResult) Text(w io.Writer) {
 	if r.File != "" {
 		fmt.Fprintf(w, "  file %s, %d I/O goroutines: raw write %.2f GB/s, read %.2f GB/s; sleep %.2fx, wake %.2fx of raw (medians of %d rounds)\n",
 			r.File, r.IOWorkers, r.RawFileWriteGBps, r.RawFileReadGBps, r.SleepVsRawFile, r.WakeVsRawFile, r.FileRounds)
+		fmt.Fprintf(w, "  limits (the slower of the file and the copy engine): sleep %.2f GB/s (%.2fx), wake %.2f GB/s (%.2fx)\n",
+			r.FileSleepLimitGBps, r.SleepVsFileLimit, r.FileWakeLimitGBps, r.WakeVsFileLimit)
 	}
 	for _, d := range r.PerDevice {
 		fmt.Fprintf(w, "  device %d: freed %s, raw D2H %.1f GB/s, raw H2D %.1f GB/s, verified %s, graph %s\n",
