@@ -20,6 +20,9 @@ func TestSleepOnTheSimulator(t *testing.T) {
 	require.Greater(t, res.RawD2HGBps, 0.0)
 	require.Greater(t, res.BaselineSleepSeconds, 0.0)
 	require.Greater(t, res.AggregateSleepX, 0.0)
+	require.Equal(t, 0.25, res.AsleepPauseSeconds)
+	require.Greater(t, res.WakeAtOnceSeconds, 0.0)
+	require.InDelta(t, res.WakeAtOnceGBps/res.RawH2DGBps, res.WakeAtOnceVsRaw, 1e-9)
 
 	file := t.TempDir() + "/sleep.bin"
 	res, err = Sleep(SleepOptions{Env: Env{Backend: b}, Size: 8 << 20, Chunk: 4 << 20, SlotSize: 4 << 20, Mode: "file", File: file, IOWorkers: 3})
