@@ -95,11 +95,12 @@ type SleepResult struct {
 	WakeVsRaw              float64 `json:"wake_vs_raw"`  // WakeGBps / RawH2DGBps
 	// The warm wake (WakeSeconds) follows AsleepPauseSeconds asleep: the driver clears released
 	// memory in the background for some tens of milliseconds, and a wake meanwhile is slower. The
-	// wake right after a warm sleep, and its ratio to the raw H2D copy:
-	AsleepPauseSeconds float64 `json:"asleep_pause_seconds"`
-	WakeAtOnceSeconds  float64 `json:"wake_at_once_seconds"`
-	WakeAtOnceGBps     float64 `json:"wake_at_once_gbps"`
-	WakeAtOnceVsRaw    float64 `json:"wake_at_once_vs_raw"`
+	// wake right after a warm sleep, and its ratio to the raw H2D copy. Not in file mode, whose
+	// WakeSeconds comes from the file rounds, each wake after an fsync.
+	AsleepPauseSeconds float64 `json:"asleep_pause_seconds,omitempty"`
+	WakeAtOnceSeconds  float64 `json:"wake_at_once_seconds,omitempty"`
+	WakeAtOnceGBps     float64 `json:"wake_at_once_gbps,omitempty"`
+	WakeAtOnceVsRaw    float64 `json:"wake_at_once_vs_raw,omitempty"`
 	// The usual approach on the first device: cuMemHostAlloc a backup, then copy the buffer into it.
 	BaselineSleepSeconds float64 `json:"baseline_sleep_seconds"`
 	BaselineAllocSeconds float64 `json:"baseline_alloc_seconds"`

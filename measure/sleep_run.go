@@ -464,6 +464,7 @@ func (r *sleepRun) measureFileRounds() error {
 	r.res.FileRounds = fileRounds
 	r.res.RawFileWriteGBps, r.res.RawFileReadGBps = sleepGBps(total, median(writes)), sleepGBps(total, median(reads))
 	r.res.SleepSeconds, r.res.WakeSeconds = median(sleeps), median(wakes)
+	r.res.AsleepPauseSeconds = 0 // the wakes above follow an fsync, not the pause
 	return r.verify("after the file rounds")
 }
 

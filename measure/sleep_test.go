@@ -34,6 +34,8 @@ func TestSleepOnTheSimulator(t *testing.T) {
 	require.InDelta(t, res.WakeGBps/res.FileWakeLimitGBps, res.WakeVsFileLimit, 1e-9)
 	require.InDelta(t, res.SleepGBps/res.FileSleepLimitGBps, res.SleepVsFileLimit, 1e-9)
 	require.Greater(t, res.WakeVsFileLimit, 0.0)
+	require.Zero(t, res.AsleepPauseSeconds, "file mode's wakes follow an fsync")
+	require.Zero(t, res.WakeAtOnceSeconds)
 
 	for _, o := range []SleepOptions{
 		{Size: 0},

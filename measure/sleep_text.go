@@ -21,8 +21,11 @@ func (r *SleepResult) Text(w io.Writer) {
 	fmt.Fprintf(w, "  cold sleep after the pool was trimmed %.3f s (re-pinning runs at %.1f GB/s here: floor %.3f s)\n",
 		r.RepinSleepSeconds, r.RawRepinGBps, r.RepinSleepLimitSeconds)
 	fmt.Fprintf(w, "  warm sleep  %.3f s (%.1f GB/s, %.2fx raw D2H %.1f GB/s)\n", r.SleepSeconds, r.SleepGBps, r.SleepVsRaw, r.RawD2HGBps)
-	fmt.Fprintf(w, "  warm wake   %.3f s (%.1f GB/s, %.2fx raw H2D %.1f GB/s) after %.0f ms asleep; right after the sleep %.3f s (%.2fx)\n",
-		r.WakeSeconds, r.WakeGBps, r.WakeVsRaw, r.RawH2DGBps, r.AsleepPauseSeconds*1000, r.WakeAtOnceSeconds, r.WakeAtOnceVsRaw)
+	fmt.Fprintf(w, "  warm wake   %.3f s (%.1f GB/s, %.2fx raw H2D %.1f GB/s)", r.WakeSeconds, r.WakeGBps, r.WakeVsRaw, r.RawH2DGBps)
+	if r.WakeAtOnceSeconds > 0 {
+		fmt.Fprintf(w, " after %.0f ms asleep; right after the sleep %.3f s (%.2fx)", r.AsleepPauseSeconds*1000, r.WakeAtOnceSeconds, r.WakeAtOnceVsRaw)
+	}
+	fmt.Fprintln(w)
 	fmt.Fprintf(w, "  usual backup (cuMemHostAlloc, then copy), one device: %.3f s (alloc %.3f s); first sleep of one device %.3f s: %.1fx faster\n",
 		r.BaselineSleepSeconds, r.BaselineAllocSeconds, r.FirstSleepOneSeconds, r.FirstSleepSpeedup)
 	if len(r.Devices) > 1 {
