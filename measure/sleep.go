@@ -112,8 +112,8 @@ type SleepResult struct {
 	AggregateSleepX    float64 `json:"aggregate_sleep_x,omitempty"`
 	AggregateWakeX     float64 `json:"aggregate_wake_x,omitempty"`
 	// File mode: the file, and raw writes and reads of the same bytes over the same file the way the
-	// set does them (os.File.WriteAt / ReadAt of parts of offload.FilePart, IOWorkers at once), each timed
-	// phase, raw or not, starting after an fsync so that no dirty pages are pending. FileRounds
+	// set does them (os.File.WriteAt / ReadAt of parts of offload.FilePart, IOWorkers at once), each
+	// timed phase, raw or not, starting after an fsync so that no dirty pages are pending. FileRounds
 	// rounds alternate a raw write and read with a sleep and a wake of the set: the raw figures and,
 	// in file mode, SleepSeconds and WakeSeconds are the medians of the rounds.
 	File             string  `json:"file,omitempty"`

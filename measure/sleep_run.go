@@ -79,7 +79,6 @@ const asleepPause = 250 * time.Millisecond
 
 // timedAfterPause waits asleepPause, then times a wake of tags.
 func (r *sleepRun) timedAfterPause(label string, total uint64, tags ...string) (float64, error) {
-	r.res.AsleepPauseSeconds = asleepPause.Seconds()
 	time.Sleep(asleepPause)
 	return r.timed(label, total, r.set.Wake, tags...)
 }
@@ -90,6 +89,7 @@ func (r *sleepRun) measureWakeAtOnce() error {
 	if r.file != nil {
 		return nil
 	}
+	r.res.AsleepPauseSeconds = asleepPause.Seconds() // the warm wake's, reported beside this one
 	if err := r.set.Sleep(context.Background()); err != nil {
 		return fmt.Errorf("sleep before the wake at once: %w", err)
 	}
@@ -434,9 +434,9 @@ func (r *sleepRun) measureUsual() error {
 const fileRounds = 3
 
 // measureFileRounds runs fileRounds rounds of a raw write and read of the same bytes over the same
-// file as the set, the way the set does them (parts of offload.FilePart, IOWorkers at once), then a sleep
-// and a wake of the set (which rewrites the file), each timed phase after an fsync. The raw
-// figures and the set's sleep and wake times are the medians of the rounds.
+// file as the set, the way the set does them (parts of offload.FilePart, IOWorkers at once), then
+// a sleep and a wake of the set (which rewrites the file), each timed phase after an fsync. The
+// raw figures and the set's sleep and wake times are the medians of the rounds.
 func (r *sleepRun) measureFileRounds() error {
 	var writes, reads, sleeps, wakes []float64
 	for i := 0; i < fileRounds; i++ {
@@ -464,7 +464,6 @@ func (r *sleepRun) measureFileRounds() error {
 	r.res.FileRounds = fileRounds
 	r.res.RawFileWriteGBps, r.res.RawFileReadGBps = sleepGBps(total, median(writes)), sleepGBps(total, median(reads))
 	r.res.SleepSeconds, r.res.WakeSeconds = median(sleeps), median(wakes)
-	r.res.AsleepPauseSeconds = 0 // the wakes above follow an fsync, not the pause
 	return r.verify("after the file rounds")
 }
 
