@@ -158,9 +158,8 @@ func keepIn(ctx context.Context, st *vmm.Stream, refs []chunkRef, recreate func(
 	return nil
 }
 
-// ring takes n staging slots, as large as the units' largest slot, for File units to move through.
-func (s *Set) ring(ctx context.Context, d *vmm.Device, us []*unit, n int) ([]*slot, error) {
-	size := ringSize(us)
+// ring takes n staging slots of size bytes for File units to move through.
+func (s *Set) ring(ctx context.Context, d *vmm.Device, size uint64, n int) ([]*slot, error) {
 	var r []*slot
 	f := s.pool.feed(ctx, d, n, size)
 	defer f.finish()
@@ -175,6 +174,7 @@ func (s *Set) ring(ctx context.Context, d *vmm.Device, us []*unit, n int) ([]*sl
 	return r, nil
 }
 
+// ringSize is the staging slot size of File units: their largest slot.
 func ringSize(us []*unit) uint64 {
 	var size uint64
 	for _, u := range us {

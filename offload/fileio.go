@@ -94,8 +94,9 @@ func stagingPlan(size uint64, workers, jobs int) (slots, bufs, goroutines int) {
 // is idle when it returns.
 func (s *Set) moveFiles(ctx context.Context, st *vmm.Stream, us []*unit, step func(context.Context, fileJob, *stageBuf) error) (err error) {
 	jobs := fileParts(us, FilePart)
-	nSlots, nBufs, workers := stagingPlan(ringSize(us), s.opts.IOWorkers, len(jobs))
-	ring, err := s.ring(ctx, st.Device(), us, nSlots)
+	size := ringSize(us)
+	nSlots, nBufs, workers := stagingPlan(size, s.opts.IOWorkers, len(jobs))
+	ring, err := s.ring(ctx, st.Device(), size, nSlots)
 	if err != nil {
 		return err
 	}

@@ -24,11 +24,10 @@ const hugePage = 2 << 20
 // fresh page in the thread that faults it, and on a virtual machine the host provides it then),
 // slot after slot in order; registerWorkers goroutines register the populated slots
 // (cuMemHostRegister then only pins pages already present) and queue each slot's copy (see
-// feedUsing). So populating slot i+1 overlaps
-// registering slot i and copying slot i-1, and the first sleep takes about the longest of the three
-// stages rather than their sum. The registering goroutines get cores of their own: a C model of
-// this pipeline on the measured host pinned and copied 16 GiB in 0.64 s on average with 14
-// populating threads and in 0.78 s with 16.
+// feedUsing). So populating slot i+1 overlaps registering slot i and copying slot i-1, and the
+// first sleep takes about the longest of the three stages rather than their sum. The registering
+// goroutines get cores of their own: a C model of this pipeline on the measured host pinned and
+// copied 16 GiB in 0.64 s on average with 14 populating threads and in 0.78 s with 16.
 const (
 	registerWorkers = 2
 	populateStep    = 16 << 20
