@@ -364,7 +364,7 @@ func Xfer(opts XferOptions) (res *XferResult, err error) {
 	if err := xferSender(&opts, x, child, res); err != nil {
 		return nil, err
 	}
-	if err := child.Wait(); err != nil {
+	if err := xferFinish(x, child); err != nil {
 		return nil, err
 	}
 	if opts.Peer == "torch" {
@@ -373,6 +373,14 @@ func Xfer(opts XferOptions) (res *XferResult, err error) {
 		}
 	}
 	return res, nil
+}
+
+// xferFinish closes the sender's communicator while the worker closes its own and exits: NCCL's
+// destroy waits for the other process's rank, so the two close together.
+func xferFinish(x *xferSide, child *worker.Process) error {
+	closed := make(chan error, 1)
+	go func() { closed <- errors.Join(x.reg.Close(), x.comm.Close()) }()
+	return errors.Join(child.Wait(), <-closed)
 }
 
 // xferFillBlocks grows the sender's buffer block by block, writing each block's part of the pattern.

@@ -133,7 +133,7 @@ func (c *Comm) waitLocked(ctx context.Context, op string) error {
 		}
 		if !errors.Is(err, ErrInProgress) {
 			c.abortLocked(err)
-			return fmt.Errorf("nccl: %s (%v): %w", op, c, err)
+			return fmt.Errorf("nccl: %s (%v), communicator aborted: %w", op, c, errors.Join(ErrAborted, err))
 		}
 		if ctxErr := ctx.Err(); ctxErr != nil {
 			c.abortLocked(ctxErr)
@@ -239,6 +239,12 @@ func (c *Comm) Abort() error {
 // Close deregisters what is still registered, finalizes the communicator (ncclCommFinalize, polled
 // for at most Options.CloseTimeout, after which it aborts) and destroys it (ncclCommDestroy). After
 // an abort it only marks the communicator closed. Close is idempotent and safe on nil.
+//
+// When ranks live in several processes, every rank should Close at about the same time, as a
+// collective: NCCL's destroy waits until the ranks of other processes that talk to this one have
+// closed theirs (or exited). A process that waits for its peer to exit before closing its own
+// communicator deadlocks with a peer doing the same; Close bounds that wait by CloseTimeout and then
+// returns an error wrapping ErrInUse (see destroy).
 func (c *Comm) Close() error {
 	if c == nil {
 		return nil
@@ -273,10 +279,27 @@ func (c *Comm) Close() error {
 		}
 		return fmt.Errorf("nccl: close %v: ncclCommFinalize: %w", c, err)
 	}
-	if err := c.dev.Raw(func(driver.API) error { return c.lib.CommDestroy(c.h) }); err != nil {
-		return fmt.Errorf("nccl: close %v: ncclCommDestroy: %w", c, err)
+	return c.destroy(ctx)
+}
+
+// destroy calls ncclCommDestroy, waiting for it until ctx ends. NCCL's proxy thread, which the
+// destroy joins, keeps serving the ranks of other processes that connected to it until they close
+// their communicators (or exit): a Close in one process therefore returns only once its peers close
+// too. When they have not by ctx's end, destroy returns an error wrapping ErrInUse and the destroy
+// finishes in the background as soon as they do; the communicator is closed either way.
+func (c *Comm) destroy(ctx context.Context) error {
+	done := make(chan error, 1)
+	go func() { done <- c.dev.Raw(func(driver.API) error { return c.lib.CommDestroy(c.h) }) }()
+	select {
+	case err := <-done:
+		if err != nil {
+			return fmt.Errorf("nccl: close %v: ncclCommDestroy: %w", c, err)
+		}
+		return nil
+	case <-ctx.Done():
+		return fmt.Errorf("nccl: close %v: ncclCommDestroy still waits for the ranks of other processes to close their communicators; it ends in the background when they do: %w",
+			c, ErrInUse)
 	}
-	return nil
 }
 
 // Wait waits until the work queued on s is done (cuStreamSynchronize), watching ctx and the

@@ -15,18 +15,21 @@ import (
 
 const disagreeDeadline = 3 * time.Second
 
-// TestRanksDisagree: a receiver expecting more bytes than were sent, and a receiver waiting for a
-// peer that sends elsewhere. NCCL hangs on both; the deadline aborts the communicator and the
-// operation returns an error in time (the stand-in reports the count mismatch at once).
+// TestRanksDisagree: a receiver expecting more bytes than were sent, and a receiver waiting for
+// itself instead of the peer that sends to it. Neither may hang past the deadline.
+//   - count: the stand-in reports the mismatch; NCCL does not check counts, and the receive ends with
+//     the bytes that were sent (seen with NCCL 2.28), so on the real NCCL only the time is checked.
+//   - peer: the receiver's communicator is aborted: at once by NCCL's invalid-usage report
+//     (ErrInvalidValue), or by the deadline on the stand-in; the sender, whose peer is gone, by the
+//     deadline.
 func TestRanksDisagree(t *testing.T) {
 	for _, tc := range []struct {
-		name    string
-		count   [2]uint64 // bytes rank 0 sends, rank 1 receives
-		from    int       // the rank rank 1 receives from
-		aborted bool      // rank 1's error must be the deadline's abort
+		name  string
+		count [2]uint64 // bytes rank 0 sends, rank 1 receives
+		from  int       // the rank rank 1 receives from
 	}{
-		{"count", [2]uint64{1 * mib, 2 * mib}, 0, false},
-		{"peer", [2]uint64{1 * mib, 1 * mib}, 1, true},
+		{"count", [2]uint64{1 * mib, 2 * mib}, 0},
+		{"peer", [2]uint64{1 * mib, 1 * mib}, 1},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			testutil.Run(t, func(t *testing.T, b *testutil.Backend) {
@@ -50,18 +53,25 @@ func TestRanksDisagree(t *testing.T) {
 				})
 				took := time.Since(start)
 				t.Logf("after %v: rank 0: %v; rank 1: %v", took, errs[0], errs[1])
-				require.Error(t, errs[1], "the receiver must fail")
-				if tc.aborted {
-					require.ErrorIs(t, errs[1], nccl.ErrAborted)
-					require.ErrorIs(t, errs[1], context.DeadlineExceeded)
-				}
 				require.Less(t, took, disagreeDeadline+abortSlack)
+				switch {
+				case tc.name == "count" && b.IsSim():
+					require.Error(t, errs[1], "the stand-in reports the count mismatch")
+				case tc.name == "peer":
+					require.ErrorIs(t, errs[1], nccl.ErrAborted)
+					require.True(t, errors.Is(errs[1], context.DeadlineExceeded) || errors.Is(errs[1], nccl.ErrInvalidValue), "%v", errs[1])
+					if !b.IsSim() {
+						require.ErrorIs(t, errs[0], nccl.ErrAborted, "the sender waits for a receiver that is gone")
+					}
+				}
 			}, testutil.Devices(2))
 		})
 	}
 }
 
-// TestInitDisagree: ranks that disagree on the communicator's size.
+// TestInitDisagree: ranks that disagree on the communicator's size. NCCL's bootstrap root drops them
+// and both wait in bootstrap until the deadline aborts them; NCCL leaves their bootstrap's listening
+// sockets open (AllowListeningSockets).
 func TestInitDisagree(t *testing.T) {
 	testutil.Run(t, func(t *testing.T, b *testutil.Backend) {
 		lib := library(t, b)
@@ -82,7 +92,7 @@ func TestInitDisagree(t *testing.T) {
 		require.Error(t, errs[0])
 		require.Error(t, errs[1])
 		require.Less(t, took, disagreeDeadline+abortSlack)
-	}, testutil.Devices(2))
+	}, testutil.Devices(2), testutil.AllowListeningSockets())
 }
 
 // TestRankNeverJoins: one rank alone, the other never calls NewComm; the deadline aborts. On the

@@ -118,13 +118,15 @@ var (
 	// poll until it has, so callers see it only from the raw API.
 	ErrInProgress = errors.New("nccl: in progress")
 	// ErrAborted: the communicator was aborted (ncclCommAbort), because a context ended while an
-	// operation waited or because Abort was called; it cannot be used again. The error of the
-	// operation that was waiting also wraps the context's error (context.DeadlineExceeded).
+	// operation waited, because NCCL reported an error for it, or because Abort was called; it cannot
+	// be used again. The error of the operation that was waiting also wraps the context's error
+	// (context.DeadlineExceeded) or NCCL's (ErrInvalidValue for ncclInvalidUsage, ErrRemote...).
 	ErrAborted = errors.New("nccl: communicator aborted")
 	// ErrClosed: a method was called after Close.
 	ErrClosed = errors.New("nccl: use after Close")
-	// ErrInUse: Close of a communicator while another call is using it, or of a buffer's registration
-	// that an operation is using.
+	// ErrInUse: Close of a communicator while another call is using it, or whose ranks in other
+	// processes have not closed theirs within Options.CloseTimeout (NCCL's destroy waits for them), or
+	// of a buffer's registration that an operation is using.
 	ErrInUse = errors.New("nccl: still in use")
 	// ErrAlreadyRegistered: Register of a buffer (or part of one) that is already registered with
 	// the communicator.

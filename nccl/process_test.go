@@ -143,8 +143,8 @@ func childLibrary() (*vmm.System, nccl.API, func(), error) {
 }
 
 // child is rank 1: it joins, then receives a buffer of envSize bytes from rank 0, verifies the
-// pattern and prints "verified N", or sends one in two halves (sendHalves). It waits for stdin to
-// close before leaving.
+// pattern, prints "verified N" and closes its communicator, or sends one in two halves
+// (sendHalves). It waits for stdin to close before leaving.
 func child(role string) error {
 	sys, lib, closeAll, err := childLibrary()
 	if err != nil {
@@ -197,6 +197,10 @@ func child(role string) error {
 		return err
 	}
 	fmt.Println("verified", bad)
+	// Both ranks close at once: NCCL's destroy waits for the other process's rank to close too.
+	if err := c.Close(); err != nil {
+		return err
+	}
 	sc := bufio.NewScanner(os.Stdin)
 	for sc.Scan() {
 	}
@@ -262,8 +266,8 @@ func TestTwoProcesses(t *testing.T) {
 		require.NoError(t, c.Group().SendBuffer(buf, 1, nil).Run(ctx))
 		require.NoError(t, c.Wait(ctx, nil))
 		require.Equal(t, "verified 0", ch.Line())
+		require.NoError(t, c.Close(), "closed together with the child's rank; child stderr:\n%s", ch.Stderr())
 		ch.Wait()
-		require.NoError(t, c.Close())
 	}, testutil.Devices(2))
 }
 

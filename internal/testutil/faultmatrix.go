@@ -126,7 +126,7 @@ func (c FaultCase[S, R]) run(t *testing.T, faults []armed) map[string]int {
 	live := s.Live()
 	require.True(t, live.Zero(), "%s: objects no API can free: %s (op error: %v)", name, live, opErr)
 	require.NoError(t, s.Close(), name)
-	requireNoFDLeak(t, fds)
+	requireNoFDLeak(t, fds, nil)
 	out := map[string]int{}
 	for fn, n := range after {
 		if d := n - before[fn]; d > 0 {
