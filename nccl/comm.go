@@ -259,9 +259,11 @@ func (c *Comm) Close() error {
 	if c.aborted != nil {
 		return nil
 	}
-	// ncclCommFinalize and ncclCommDestroy release what is still registered; the registrations only
-	// drop their holds on the buffers' allocations.
-	c.dropRegistrations()
+	// Deregistered before the finalize, while NCCL's proxies still run: the release of a peer's
+	// import of a registered buffer goes through them, and the cleanup that ncclCommDestroy does of
+	// what is still registered comes after they stopped (seen with NCCL 2.28: the buffer's memory
+	// stayed mapped for the life of the process).
+	regErr := c.deregisterAll()
 	timeout := c.opts.CloseTimeout
 	if timeout <= 0 {
 		timeout = DefaultCloseTimeout
@@ -277,9 +279,20 @@ func (c *Comm) Close() error {
 			c.aborted = err
 			_ = c.dev.Raw(func(driver.API) error { return c.lib.CommAbort(c.h) })
 		}
-		return fmt.Errorf("nccl: close %v: ncclCommFinalize: %w", c, err)
+		return errors.Join(regErr, fmt.Errorf("nccl: close %v: ncclCommFinalize: %w", c, err))
 	}
-	return c.destroy(ctx)
+	return errors.Join(regErr, c.destroy(ctx))
+}
+
+// deregisterAll deregisters every registration still open (each releases its holds even when
+// NCCL's deregistration fails). c.own is held and the communicator usable.
+func (c *Comm) deregisterAll() error {
+	var errs []error
+	for r := range c.regs {
+		errs = append(errs, r.deregisterLocked())
+	}
+	clear(c.regs)
+	return errors.Join(errs...)
 }
 
 // destroy calls ncclCommDestroy, waiting for it until ctx ends. NCCL's proxy thread, which the

@@ -18,13 +18,20 @@ import (
 // descriptor is still checked.
 func AllowListeningSockets() Option { return func(c *config) { c.allowListeners = true } }
 
+// AllowDeviceMemoryLoss lets the real-driver run end with up to n bytes less free memory on a
+// device than it started with (logged, not failed). NCCL (2.28) keeps the connection buffers of a
+// communicator that is aborted while an operation is in flight for the life of the process; only
+// the tests that abort one use this. More than n still fails.
+func AllowDeviceMemoryLoss(n uint64) Option { return func(c *config) { c.memoryLoss = n } }
+
 // memoryReturnWait is how long the leak check waits for device memory to come back: NCCL frees some
 // of an aborted communicator's memory from its own threads.
 const memoryReturnWait = 3 * time.Second
 
-// requireMemoryBack fails for each device whose free memory has not come back (within 2 MiB) to
-// what it was at the start, after waiting up to memoryReturnWait; it logs a wait that was needed.
-func requireMemoryBack(t testing.TB, devs []*vmm.Device, before []uint64) {
+// requireMemoryBack fails for each device whose free memory has not come back (within 2 MiB, or
+// allowed bytes) to what it was at the start, after waiting up to memoryReturnWait; it logs a wait
+// that was needed.
+func requireMemoryBack(t testing.TB, devs []*vmm.Device, before []uint64, allowed uint64) {
 	t.Helper()
 	const slack = 2 << 20
 	start := time.Now()
@@ -37,7 +44,12 @@ func requireMemoryBack(t testing.TB, devs []*vmm.Device, before []uint64) {
 				break
 			}
 			if time.Since(start) > memoryReturnWait {
-				t.Errorf("device %d: free memory %d bytes at the end, %d at the start: %d bytes leaked", i, free, before[i], before[i]-free)
+				lost := before[i] - free
+				if lost <= allowed {
+					t.Logf("device %d: %d bytes less free memory at the end (allowed up to %d: NCCL keeps an aborted communicator's buffers)", i, lost, allowed)
+				} else {
+					t.Errorf("device %d: free memory %d bytes at the end, %d at the start: %d bytes leaked", i, free, before[i], lost)
+				}
 				break
 			}
 			time.Sleep(20 * time.Millisecond)

@@ -50,6 +50,7 @@ type config struct {
 	simOpts        []sim.Option
 	simOnly        bool
 	allowListeners bool
+	memoryLoss     uint64
 }
 
 // Devices makes the test need n devices: the simulator gets n, the real driver skips (or fails with
@@ -188,7 +189,7 @@ func runCUDA(t *testing.T, c config, fn func(t *testing.T, b *Backend)) {
 	}
 	fdsBefore := fdTable(t)
 	t.Cleanup(func() {
-		requireMemoryBack(t, devs, before)
+		requireMemoryBack(t, devs, before, c.memoryLoss)
 		var allowed map[string]bool
 		if c.allowListeners {
 			allowed = listeningSockets(t)
