@@ -136,7 +136,10 @@ func (c *Comm) registerPiece(ctx context.Context, r *Registration, p *regPiece, 
 	}); err != nil {
 		return err
 	}
-	if errors.Is(callErr, ErrInProgress) {
+	// A window's registration is a group of its own: on a non-blocking communicator NCCL returns
+	// ncclSuccess while the group still runs (seen with 2.28), and the next call on the communicator
+	// fails until it is done. So a window is always waited for.
+	if errors.Is(callErr, ErrInProgress) || (o.Window && callErr == nil) {
 		callErr = c.waitLocked(ctx, "window registration")
 	}
 	if callErr == nil && window != nil {

@@ -319,7 +319,30 @@ func (l *Lib) CommWindowRegister(h nccl.CommHandle, ptr driver.DevicePtr, size u
 	if err != nil {
 		return nil, err
 	}
+	// NCCL runs a window's registration as a group of its own and, on a non-blocking communicator,
+	// returns ncclSuccess while it still runs: the communicator stays in progress for a moment.
+	if c := l.comm(h); c != nil {
+		c.busyFor(time.Millisecond)
+	}
 	return func() nccl.Window { return w }, nil
+}
+
+// busyFor keeps a ready communicator in progress for d.
+func (c *comm) busyFor(d time.Duration) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.state != stateReady {
+		return
+	}
+	c.state = stateBusy
+	time.AfterFunc(d, func() {
+		c.mu.Lock()
+		defer c.mu.Unlock()
+		if c.state == stateBusy {
+			c.state = stateReady
+			c.cond.Broadcast()
+		}
+	})
 }
 
 func (l *Lib) CommWindowDeregister(h nccl.CommHandle, w nccl.Window) error {
