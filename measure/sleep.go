@@ -34,8 +34,8 @@ type SleepOptions struct {
 	Chunk uint64
 	// SlotSize is the set's backup slot size (default offload.DefaultSlotSize).
 	SlotSize uint64
-	// IOWorkers is the set's file I/O parallelism (default offload.DefaultIOWorkers); the raw file
-	// figures use the same.
+	// IOWorkers is the set's file I/O parallelism for each device (default
+	// offload.DefaultIOWorkers); the raw file figures use as many goroutines in all as the set.
 	IOWorkers int
 }
 
@@ -112,10 +112,10 @@ type SleepResult struct {
 	AggregateSleepX    float64 `json:"aggregate_sleep_x,omitempty"`
 	AggregateWakeX     float64 `json:"aggregate_wake_x,omitempty"`
 	// File mode: the file, and raw writes and reads of the same bytes over the same file the way the
-	// set does them (os.File.WriteAt / ReadAt of parts of offload.FilePart, IOWorkers at once), each
-	// timed phase, raw or not, starting after an fsync so that no dirty pages are pending. FileRounds
-	// rounds alternate a raw write and read with a sleep and a wake of the set: the raw figures and,
-	// in file mode, SleepSeconds and WakeSeconds are the medians of the rounds.
+	// set does them (os.File.WriteAt / ReadAt of parts of offload.FilePart, IOWorkers at once for each
+	// device), each timed phase, raw or not, starting after an fsync so that no dirty pages are
+	// pending. FileRounds rounds alternate a raw write and read with a sleep and a wake of the set:
+	// the raw figures and, in file mode, SleepSeconds and WakeSeconds are the medians of the rounds.
 	File             string  `json:"file,omitempty"`
 	IOWorkers        int     `json:"io_workers,omitempty"`
 	FileRounds       int     `json:"file_rounds,omitempty"`

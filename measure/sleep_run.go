@@ -469,10 +469,11 @@ func (r *sleepRun) measureFileRounds() error {
 
 // rawFileOnce times one raw write and one raw read of the set's bytes over its file, each after an
 // fsync. Each goroutine moves parts of offload.FilePart through offload.FileBuffers buffers of its
-// own in turn, as package offload does with its staging buffers.
+// own in turn, as package offload does with its staging buffers; the set runs IOWorkers goroutines
+// for each device, and so does the raw figure.
 func (r *sleepRun) rawFileOnce() (write, read float64, err error) {
-	total, workers := r.res.TotalBytes, r.opts.IOWorkers
-	r.res.IOWorkers = workers
+	total, workers := r.res.TotalBytes, r.opts.IOWorkers*len(r.devs)
+	r.res.IOWorkers = r.opts.IOWorkers
 	const part, nbuf = offload.FilePart, offload.FileBuffers
 	buf := make([]byte, part*nbuf*uint64(workers))
 	for i := range buf {
