@@ -299,7 +299,8 @@ func (c *Comm) deregisterAll() error {
 // destroy joins, keeps serving the ranks of other processes that connected to it until they close
 // their communicators (or exit): a Close in one process therefore returns only once its peers close
 // too. When they have not by ctx's end, destroy returns an error wrapping ErrInUse and the destroy
-// finishes in the background as soon as they do; the communicator is closed either way.
+// finishes in the background as soon as they do (a peer that exits counts); the communicator is
+// closed either way. The device's vmm.System.Close waits for a destroy still in the background.
 func (c *Comm) destroy(ctx context.Context) error {
 	done := make(chan error, 1)
 	go func() { done <- c.dev.Raw(func(driver.API) error { return c.lib.CommDestroy(c.h) }) }()
