@@ -1,6 +1,7 @@
 package measure
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
@@ -37,6 +38,11 @@ type SleepOptions struct {
 	// IOWorkers is the set's file I/O parallelism for each device (default
 	// offload.DefaultIOWorkers); the raw file figures use as many goroutines in all as the set.
 	IOWorkers int
+	// FilePart and FileBuffers are the set's file part size and staging buffers per goroutine
+	// (defaults offload.DefaultFilePart and offload.DefaultFileBuffers); the raw file figures use
+	// the same.
+	FilePart    uint64
+	FileBuffers int
 }
 
 // SleepDevice is one device's part of a Sleep run.
@@ -112,12 +118,14 @@ type SleepResult struct {
 	AggregateSleepX    float64 `json:"aggregate_sleep_x,omitempty"`
 	AggregateWakeX     float64 `json:"aggregate_wake_x,omitempty"`
 	// File mode: the file, and raw writes and reads of the same bytes over the same file the way the
-	// set does them (os.File.WriteAt / ReadAt of parts of offload.FilePart, IOWorkers at once for each
-	// device), each timed phase, raw or not, starting after an fsync so that no dirty pages are
+	// set does them (os.File.WriteAt / ReadAt of parts of FilePart bytes through FileBuffers buffers
+	// per goroutine, IOWorkers goroutines for each device), each timed phase, raw or not, starting after an fsync so that no dirty pages are
 	// pending. FileRounds rounds alternate a raw write and read with a sleep and a wake of the set:
 	// the raw figures and, in file mode, SleepSeconds and WakeSeconds are the medians of the rounds.
 	File             string  `json:"file,omitempty"`
 	IOWorkers        int     `json:"io_workers,omitempty"`
+	FilePart         uint64  `json:"file_part_bytes,omitempty"`
+	FileBuffers      int     `json:"file_buffers,omitempty"`
 	FileRounds       int     `json:"file_rounds,omitempty"`
 	RawFileWriteGBps float64 `json:"raw_file_write_gbps,omitempty"`
 	RawFileReadGBps  float64 `json:"raw_file_read_gbps,omitempty"`
@@ -178,7 +186,19 @@ func (o *SleepOptions) check() (offload.Policy, error) {
 // maxIOWorkers bounds IOWorkers: more goroutines than that only contend.
 const maxIOWorkers = 64
 
+// maxFileBuffers bounds FileBuffers: a goroutine reads into one at a time.
+const maxFileBuffers = 64
+
 func (o *SleepOptions) checkIOWorkers(policy offload.Policy) error {
+	if (o.FilePart != 0 || o.FileBuffers != 0) && policy != offload.File {
+		return fmt.Errorf("--file-part and --file-buffers are for --mode file: %w", ErrInvalidOption)
+	}
+	if o.FilePart%4096 != 0 || o.FileBuffers < 0 || o.FileBuffers > maxFileBuffers {
+		return fmt.Errorf("--file-part %d, --file-buffers %d: want a multiple of 4 KiB and 1 to %d buffers: %w",
+			o.FilePart, o.FileBuffers, maxFileBuffers, ErrInvalidOption)
+	}
+	o.FilePart = cmp.Or(o.FilePart, offload.DefaultFilePart)
+	o.FileBuffers = cmp.Or(o.FileBuffers, offload.DefaultFileBuffers)
 	switch {
 	case o.IOWorkers < 0 || o.IOWorkers > maxIOWorkers:
 		return fmt.Errorf("--io-workers %d: want 1 to %d: %w", o.IOWorkers, maxIOWorkers, ErrInvalidOption)
@@ -254,11 +274,12 @@ func (r *sleepRun) setup() error {
 	if slot == 0 {
 		slot = offload.DefaultSlotSize
 	}
-	r.set = offload.NewSet(r.opts.Backend.Sys, offload.Options{SlotSize: slot, IOWorkers: r.opts.IOWorkers, Progress: func(done, total uint64) {
-		if r.bar != nil {
-			r.bar.Update(done)
-		}
-	}})
+	r.set = offload.NewSet(r.opts.Backend.Sys, offload.Options{SlotSize: slot, IOWorkers: r.opts.IOWorkers,
+		FilePart: r.opts.FilePart, FileBuffers: r.opts.FileBuffers, Progress: func(done, total uint64) {
+			if r.bar != nil {
+				r.bar.Update(done)
+			}
+		}})
 	return r.addBuffers()
 }
 

@@ -434,7 +434,7 @@ func (r *sleepRun) measureUsual() error {
 const fileRounds = 3
 
 // measureFileRounds runs fileRounds rounds of a raw write and read of the same bytes over the same
-// file as the set, the way the set does them (parts of offload.FilePart, IOWorkers at once), then
+// file as the set, the way the set does them (parts of FilePart bytes, IOWorkers at once), then
 // a sleep and a wake of the set (which rewrites the file), each timed phase after an fsync. The
 // raw figures and the set's sleep and wake times are the medians of the rounds.
 func (r *sleepRun) measureFileRounds() error {
@@ -468,14 +468,14 @@ func (r *sleepRun) measureFileRounds() error {
 }
 
 // rawFileOnce times one raw write and one raw read of the set's bytes over its file, each after an
-// fsync. Each goroutine moves parts of offload.FilePart through offload.FileBuffers buffers of its
-// own in turn, as package offload does with its staging buffers; the set runs IOWorkers goroutines
+// fsync. Each goroutine moves parts of FilePart bytes through FileBuffers buffers of its own in
+// turn, as package offload does with its staging buffers; the set runs IOWorkers goroutines
 // for each device, and so does the raw figure.
 func (r *sleepRun) rawFileOnce() (write, read float64, err error) {
 	total, workers := r.res.TotalBytes, r.opts.IOWorkers*len(r.devs)
-	r.res.IOWorkers = r.opts.IOWorkers
-	const part, nbuf = offload.FilePart, offload.FileBuffers
-	buf := make([]byte, part*nbuf*uint64(workers))
+	r.res.IOWorkers, r.res.FilePart, r.res.FileBuffers = r.opts.IOWorkers, r.opts.FilePart, r.opts.FileBuffers
+	part, nbuf := r.opts.FilePart, r.opts.FileBuffers
+	buf := make([]byte, part*uint64(nbuf*workers))
 	for i := range buf {
 		buf[i] = byte(i * 7)
 	}

@@ -11,7 +11,7 @@ import (
 	"github.com/cuvmm/cuvmm/vmm"
 )
 
-// File units move between the device and their files in parts of FilePart bytes, Options.IOWorkers
+// File units move between the device and their files in parts of Options.FilePart bytes, Options.IOWorkers
 // parts at once. Each goroutine takes the next part as soon as its last one is done, so no part
 // waits for another, and moves it through the next of its own staging buffers, so that the bytes
 // it has just read are still in the CPU's cache when the device copies them.
@@ -50,13 +50,13 @@ func fileParts(us []*unit, part uint64) []fileJob {
 	return jobs
 }
 
-// newStaging cuts the ring's slots into n buffers of FilePart bytes, each with an event, and deals
+// newStaging cuts the ring's slots into n buffers of part bytes, each with an event, and deals
 // them out to workers goroutines.
-func newStaging(d *vmm.Device, ring []*slot, n, workers int) ([][]*stageBuf, error) {
+func newStaging(d *vmm.Device, ring []*slot, part uint64, n, workers int) ([][]*stageBuf, error) {
 	out := make([][]*stageBuf, workers)
 	var made []*stageBuf
 	for _, sl := range ring {
-		for off := uint64(0); off+FilePart <= sl.size && len(made) < n; off += FilePart {
+		for off := uint64(0); off+part <= sl.size && len(made) < n; off += part {
 			ev, err := d.NewEvent(false)
 			if err != nil {
 				return nil, errors.Join(err, closeStaging(made))
@@ -78,11 +78,11 @@ func closeStaging(bufs []*stageBuf) error {
 }
 
 // stagingPlan says how many slots of size bytes the staging buffers take, how many buffers there
-// are and how many goroutines move the jobs parts: each goroutine gets FileBuffers buffers where
-// two slots hold them (at least one), and no more buffers than parts are made.
-func stagingPlan(size uint64, workers, jobs int) (slots, bufs, goroutines int) {
-	perSlot := int(size / FilePart)
-	want := max(min(min(workers, jobs)*FileBuffers, jobs), 1)
+// are and how many goroutines move the jobs parts: each goroutine gets perWorker buffers of part
+// bytes (at most size) where two slots hold them (at least one), and no more buffers than parts.
+func stagingPlan(size, part uint64, workers, perWorker, jobs int) (slots, bufs, goroutines int) {
+	perSlot := int(size / part)
+	want := max(min(min(workers, jobs)*perWorker, jobs), 1)
 	slots = min((want+perSlot-1)/perSlot, 2)
 	bufs = min(want, slots*perSlot)
 	goroutines = max(min(workers, jobs, bufs), 1)
@@ -93,15 +93,16 @@ func stagingPlan(size uint64, workers, jobs int) (slots, bufs, goroutines int) {
 // staging buffers of its own; the first failure, or the end of ctx, stops the others. The stream
 // is idle when it returns.
 func (s *Set) moveFiles(ctx context.Context, st *vmm.Stream, us []*unit, step func(context.Context, fileJob, *stageBuf) error) (err error) {
-	jobs := fileParts(us, FilePart)
 	size := ringSize(us)
-	nSlots, nBufs, workers := stagingPlan(size, s.opts.IOWorkers, len(jobs))
+	part := min(s.opts.FilePart, size)
+	jobs := fileParts(us, part)
+	nSlots, nBufs, workers := stagingPlan(size, part, s.opts.IOWorkers, s.opts.FileBuffers, len(jobs))
 	ring, err := s.ring(ctx, st.Device(), size, nSlots)
 	if err != nil {
 		return err
 	}
 	defer s.pool.put(ring...)
-	bufs, err := newStaging(st.Device(), ring, nBufs, workers)
+	bufs, err := newStaging(st.Device(), ring, part, nBufs, workers)
 	if err != nil {
 		return err
 	}

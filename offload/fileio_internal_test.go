@@ -6,7 +6,7 @@ import (
 	"github.com/stretchr/testify/require"
 )
 
-// TestStagingPlan checks how File staging is sized: FileBuffers buffers of FilePart per goroutine,
+// TestStagingPlan checks how File staging is sized: DefaultFileBuffers buffers of DefaultFilePart per goroutine,
 // within two slots, never more buffers than parts.
 func TestStagingPlan(t *testing.T) {
 	const mib = 1 << 20
@@ -23,7 +23,7 @@ func TestStagingPlan(t *testing.T) {
 		{2 * mib, 8, 1, 1, 1, 1},
 		{256 * mib, 0, 10, 1, 1, 1},
 	} {
-		slots, bufs, workers := stagingPlan(c.size, c.workers, c.jobs)
+		slots, bufs, workers := stagingPlan(c.size, DefaultFilePart, c.workers, DefaultFileBuffers, c.jobs)
 		require.Equal(t, [3]int{c.slots, c.bufs, c.workers2}, [3]int{slots, bufs, workers}, "%+v", c)
 	}
 }

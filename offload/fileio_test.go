@@ -173,3 +173,39 @@ func TestFileIOFailures(t *testing.T) {
 		}
 	})
 }
+
+// TestFilePartOptions moves a File buffer of 24 MiB in 4 MiB chunks with other part sizes and
+// staging buffer counts: a part that is not a multiple of 4 KiB is rounded up, one larger than a
+// slot is cut to the slot, and the content comes back whole every time (one copy per part).
+func TestFilePartOptions(t *testing.T) {
+	for _, c := range []struct {
+		name   string
+		part   uint64
+		bufs   int
+		copies int
+	}{
+		{"1MiB-1buf", mib, 1, 24},
+		{"3MiB+1-2bufs", 3*mib + 1, 2, 12}, // 3 MiB + 4 KiB, then the rest of each chunk
+		{"64MiB-cut-to-slot", 64 * mib, 2, 6},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			testutil.Run(t, func(t *testing.T, b *testutil.Backend) {
+				d := b.Device(t, 0)
+				f, err := os.CreateTemp(t.TempDir(), "parts")
+				require.NoError(t, err)
+				t.Cleanup(func() { f.Close() })
+				buf := newBuf(t, d, 24*mib, 4*mib, fixtureSeed, nil)
+				set := newSet(t, b, offload.Options{SlotSize: 4 * mib, IOWorkers: 3, FilePart: c.part, FileBuffers: c.bufs})
+				require.NoError(t, set.Add("f", buf, offload.File, offload.EntryOptions{File: f}))
+				wake := func() { require.NoError(t, set.Wake(bg)) }
+				require.NoError(t, set.Sleep(bg))
+				if b.Sim != nil {
+					require.Equal(t, c.copies, callsOf(b.Sim, wake)["cuMemcpyAsync"], "one copy per part")
+				} else {
+					wake()
+				}
+				requirePattern(t, d, buf.Ptr(), 24*mib, fixtureSeed)
+			})
+		})
+	}
+}

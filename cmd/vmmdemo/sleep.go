@@ -18,7 +18,7 @@ func runSleep(e *env, args []string) error {
 	fs := newFlags(e, "sleep")
 	c.register(fs, 1)
 	size := sizeFlag{1 << 30}
-	var chunk, slot sizeFlag
+	var chunk, slot, part sizeFlag
 	var devs deviceList
 	fs.Var(&size, "size", "buffer size on each device (a multiple of 2 MiB)")
 	fs.Var(&devs, "devices", "devices, one buffer each: a list such as 0,1, or all (default 0)")
@@ -27,6 +27,8 @@ func runSleep(e *env, args []string) error {
 	fs.Var(&chunk, "chunk", "the buffers' chunk size (default 512MiB, or --size when smaller)")
 	fs.Var(&slot, "slot", "the backup's slot size (default 256MiB)")
 	ioWorkers := fs.Int("io-workers", 0, "--mode file: goroutines that move parts to or from the file, for the set and the raw figures (default 8)")
+	fs.Var(&part, "file-part", "--mode file: bytes each goroutine moves at once (default 2MiB)")
+	fileBuffers := fs.Int("file-buffers", 0, "--mode file: staging buffers each goroutine cycles through (default 4)")
 	if err := parse(fs, args); err != nil {
 		return err
 	}
@@ -38,6 +40,6 @@ func runSleep(e *env, args []string) error {
 			}
 		}
 		return measure.Sleep(measure.SleepOptions{Env: me, Size: size.v, Devices: ordinals, Mode: *mode, File: *file,
-			Chunk: chunk.v, SlotSize: slot.v, IOWorkers: *ioWorkers})
+			Chunk: chunk.v, SlotSize: slot.v, IOWorkers: *ioWorkers, FilePart: part.v, FileBuffers: *fileBuffers})
 	})
 }

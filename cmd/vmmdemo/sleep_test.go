@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"os"
 	"path/filepath"
+	"slices"
 	"testing"
 
 	"github.com/stretchr/testify/require"
@@ -24,6 +25,7 @@ func TestSleepJSON(t *testing.T) {
 		{"--size", "8MiB", "--sim-devices", "2", "--devices", "0,1", "--mode", "discard"},
 		{"--size", "8MiB", "--mode", "file", "--file", file},
 		{"--size", "8MiB", "--mode", "file", "--file", file, "--io-workers", "8"},
+		{"--size", "8MiB", "--mode", "file", "--file", file, "--file-part", "1MiB", "--file-buffers", "2"},
 	} {
 		stdout, stderr, code := runSleepCmd(t, append(args, "--json")...)
 		require.Equal(t, 0, code, stderr)
@@ -40,6 +42,11 @@ func TestSleepJSON(t *testing.T) {
 			require.Contains(t, res, "raw_file_write_gbps")
 			require.Equal(t, 8.0, res["io_workers"], "the default, or --io-workers 8")
 			require.Equal(t, 3.0, res["file_rounds"], "raw and set file speeds are medians of rounds")
+			if slices.Contains(args, "--file-part") {
+				require.Equal(t, [2]any{float64(1 << 20), 2.0}, [2]any{res["file_part_bytes"], res["file_buffers"]})
+			} else {
+				require.Equal(t, [2]any{float64(2 << 20), 4.0}, [2]any{res["file_part_bytes"], res["file_buffers"]}, "the defaults")
+			}
 			st, err := os.Stat(file)
 			require.NoError(t, err, "--file is kept")
 			require.EqualValues(t, 8<<20, st.Size())
@@ -70,6 +77,11 @@ func TestSleepBadFlags(t *testing.T) {
 		{"--size", "8MiB", "--mode", "file", "--io-workers", "-1"},
 		{"--size", "8MiB", "--mode", "file", "--io-workers", "65"},
 		{"--size", "8MiB", "--io-workers", "8"},
+		{"--size", "8MiB", "--file-part", "1MiB"},
+		{"--size", "8MiB", "--file-buffers", "2"},
+		{"--size", "8MiB", "--mode", "file", "--file-part", "1000"},
+		{"--size", "8MiB", "--mode", "file", "--file-buffers", "-1"},
+		{"--size", "8MiB", "--mode", "file", "--file-buffers", "65"},
 	} {
 		_, stderr, code := runSleepCmd(t, args...)
 		require.NotEqual(t, 0, code, args)
