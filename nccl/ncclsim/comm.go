@@ -130,10 +130,10 @@ func (c *comm) connect() {
 	}
 	if c.state == stateConnecting {
 		c.state = stateReady
-		for r, p := range c.peers {
+		for _, p := range c.peers {
 			if p != nil && p.conn != nil {
 				c.wait.Add(1)
-				go c.receive(r, p)
+				go c.receive(p, p.conn)
 			}
 		}
 	}
@@ -241,16 +241,18 @@ func (c *comm) handshake(conn net.Conn, want int) error {
 	return nil
 }
 
-// receive moves the messages rank r sends into its queue until the connection ends.
-func (c *comm) receive(r int, p *peer) {
+// receive moves the messages that arrive on conn, p's connection, into p's queue until the
+// connection ends. It reads conn, not p.conn, which shutdown clears under the lock once it has
+// closed the connection.
+func (c *comm) receive(p *peer, conn net.Conn) {
 	defer c.wait.Done()
 	for {
 		var hdr [8]byte
-		_, err := io.ReadFull(p.conn, hdr[:])
+		_, err := io.ReadFull(conn, hdr[:])
 		var msg []byte
 		if err == nil {
 			msg = make([]byte, binary.LittleEndian.Uint64(hdr[:]))
-			_, err = io.ReadFull(p.conn, msg)
+			_, err = io.ReadFull(conn, msg)
 		}
 		c.mu.Lock()
 		if err != nil {
