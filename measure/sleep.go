@@ -119,8 +119,8 @@ type SleepResult struct {
 	AggregateWakeX     float64 `json:"aggregate_wake_x,omitempty"`
 	// File mode: the file, and raw writes and reads of the same bytes over the same file the way the
 	// set does them (os.File.WriteAt / ReadAt of parts of FilePart bytes through FileBuffers buffers
-	// per goroutine, IOWorkers goroutines for each device), each timed phase, raw or not, starting after an fsync so that no dirty pages are
-	// pending. FileRounds rounds alternate a raw write and read with a sleep and a wake of the set:
+	// per goroutine, IOWorkers goroutines for each device), each timed phase, raw or not, starting
+	// after an fsync so that no dirty pages are pending. FileRounds rounds alternate a raw write and read with a sleep and a wake of the set:
 	// the raw figures and, in file mode, SleepSeconds and WakeSeconds are the medians of the rounds.
 	File             string  `json:"file,omitempty"`
 	IOWorkers        int     `json:"io_workers,omitempty"`
@@ -190,15 +190,9 @@ const maxIOWorkers = 64
 const maxFileBuffers = 64
 
 func (o *SleepOptions) checkIOWorkers(policy offload.Policy) error {
-	if (o.FilePart != 0 || o.FileBuffers != 0) && policy != offload.File {
-		return fmt.Errorf("--file-part and --file-buffers are for --mode file: %w", ErrInvalidOption)
+	if err := o.checkFileParts(policy); err != nil {
+		return err
 	}
-	if o.FilePart%4096 != 0 || o.FileBuffers < 0 || o.FileBuffers > maxFileBuffers {
-		return fmt.Errorf("--file-part %d, --file-buffers %d: want a multiple of 4 KiB and 1 to %d buffers: %w",
-			o.FilePart, o.FileBuffers, maxFileBuffers, ErrInvalidOption)
-	}
-	o.FilePart = cmp.Or(o.FilePart, offload.DefaultFilePart)
-	o.FileBuffers = cmp.Or(o.FileBuffers, offload.DefaultFileBuffers)
 	switch {
 	case o.IOWorkers < 0 || o.IOWorkers > maxIOWorkers:
 		return fmt.Errorf("--io-workers %d: want 1 to %d: %w", o.IOWorkers, maxIOWorkers, ErrInvalidOption)
@@ -207,6 +201,22 @@ func (o *SleepOptions) checkIOWorkers(policy offload.Policy) error {
 	case o.IOWorkers == 0:
 		o.IOWorkers = offload.DefaultIOWorkers
 	}
+	return nil
+}
+
+// checkFileParts checks FilePart and FileBuffers and sets their defaults.
+func (o *SleepOptions) checkFileParts(policy offload.Policy) error {
+	if (o.FilePart != 0 || o.FileBuffers != 0) && policy != offload.File {
+		return fmt.Errorf("--file-part and --file-buffers are for --mode file: %w", ErrInvalidOption)
+	}
+	slot := cmp.Or(o.SlotSize, offload.DefaultSlotSize)
+	if o.FilePart%4096 != 0 || o.FilePart > slot || o.FileBuffers < 0 || o.FileBuffers > maxFileBuffers {
+		return fmt.Errorf("--file-part %s, --file-buffers %d: want a multiple of 4 KiB up to the slot (%s), and 1 to %d buffers: %w",
+			units.FormatSize(o.FilePart), o.FileBuffers, units.FormatSize(slot), maxFileBuffers, ErrInvalidOption)
+	}
+	// The set cuts a part larger than its slots, which a buffer smaller than a slot shrinks to its size.
+	o.FilePart = min(cmp.Or(o.FilePart, offload.DefaultFilePart), o.Size)
+	o.FileBuffers = cmp.Or(o.FileBuffers, offload.DefaultFileBuffers)
 	return nil
 }
 

@@ -187,6 +187,7 @@ func TestFilePartOptions(t *testing.T) {
 		{"1MiB-1buf", mib, 1, 24},
 		{"3MiB+1-2bufs", 3*mib + 1, 2, 12}, // 3 MiB + 4 KiB, then the rest of each chunk
 		{"64MiB-cut-to-slot", 64 * mib, 2, 6},
+		{"2^63-cut-to-slot", 1 << 63, 1, 6},
 	} {
 		t.Run(c.name, func(t *testing.T) {
 			testutil.Run(t, func(t *testing.T, b *testutil.Backend) {

@@ -163,7 +163,7 @@ func NewSet(sys *vmm.System, opts Options) *Set {
 	if opts.FilePart == 0 {
 		opts.FilePart = DefaultFilePart
 	}
-	opts.FilePart = (opts.FilePart + 4095) / 4096 * 4096
+	opts.FilePart = (min(opts.FilePart, opts.SlotSize) + 4095) / 4096 * 4096
 	if opts.FileBuffers <= 0 {
 		opts.FileBuffers = DefaultFileBuffers
 	}

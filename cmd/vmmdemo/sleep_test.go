@@ -80,6 +80,8 @@ func TestSleepBadFlags(t *testing.T) {
 		{"--size", "8MiB", "--file-part", "1MiB"},
 		{"--size", "8MiB", "--file-buffers", "2"},
 		{"--size", "8MiB", "--mode", "file", "--file-part", "1000"},
+		{"--size", "8MiB", "--mode", "file", "--file-part", "512MiB"},
+		{"--size", "8MiB", "--mode", "file", "--slot", "4MiB", "--file-part", "8MiB"},
 		{"--size", "8MiB", "--mode", "file", "--file-buffers", "-1"},
 		{"--size", "8MiB", "--mode", "file", "--file-buffers", "65"},
 	} {
