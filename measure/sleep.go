@@ -120,8 +120,9 @@ type SleepResult struct {
 	// File mode: the file, and raw writes and reads of the same bytes over the same file the way the
 	// set does them (os.File.WriteAt / ReadAt of parts of FilePart bytes through FileBuffers buffers
 	// per goroutine, IOWorkers goroutines for each device), each timed phase, raw or not, starting
-	// after an fsync so that no dirty pages are pending. FileRounds rounds alternate a raw write and read with a sleep and a wake of the set:
-	// the raw figures and, in file mode, SleepSeconds and WakeSeconds are the medians of the rounds.
+	// after an fsync so that no dirty pages are pending. FileRounds rounds alternate a raw write and
+	// read with a sleep and a wake of the set: the raw figures and, in file mode, SleepSeconds and
+	// WakeSeconds are the medians of the rounds.
 	File             string  `json:"file,omitempty"`
 	IOWorkers        int     `json:"io_workers,omitempty"`
 	FilePart         uint64  `json:"file_part_bytes,omitempty"`
@@ -168,6 +169,7 @@ func (o *SleepOptions) check() (offload.Policy, error) {
 	if o.Size == 0 || o.Size%(2<<20) != 0 {
 		return 0, fmt.Errorf("--size %s: want a non-zero multiple of 2 MiB: %w", units.FormatSize(o.Size), ErrInvalidOption)
 	}
+	o.SlotSize = cmp.Or(o.SlotSize, offload.DefaultSlotSize)
 	if err := o.checkIOWorkers(policy); err != nil {
 		return 0, err
 	}
@@ -209,13 +211,14 @@ func (o *SleepOptions) checkFileParts(policy offload.Policy) error {
 	if (o.FilePart != 0 || o.FileBuffers != 0) && policy != offload.File {
 		return fmt.Errorf("--file-part and --file-buffers are for --mode file: %w", ErrInvalidOption)
 	}
-	slot := cmp.Or(o.SlotSize, offload.DefaultSlotSize)
-	if o.FilePart%4096 != 0 || o.FilePart > slot || o.FileBuffers < 0 || o.FileBuffers > maxFileBuffers {
-		return fmt.Errorf("--file-part %s, --file-buffers %d: want a multiple of 4 KiB up to the slot (%s), and 1 to %d buffers: %w",
-			units.FormatSize(o.FilePart), o.FileBuffers, units.FormatSize(slot), maxFileBuffers, ErrInvalidOption)
+	// The set would cut a larger part to its slots (a buffer smaller than a slot has smaller ones),
+	// and the raw figures must use the part the set uses: refused instead.
+	most := min(o.SlotSize, o.Size)
+	if o.FilePart%4096 != 0 || o.FilePart > most || o.FileBuffers < 0 || o.FileBuffers > maxFileBuffers {
+		return fmt.Errorf("--file-part %s, --file-buffers %d: want a multiple of 4 KiB up to the slot and the buffer (%s), and 1 to %d buffers: %w",
+			units.FormatSize(o.FilePart), o.FileBuffers, units.FormatSize(most), maxFileBuffers, ErrInvalidOption)
 	}
-	// The set cuts a part larger than its slots, which a buffer smaller than a slot shrinks to its size.
-	o.FilePart = min(cmp.Or(o.FilePart, offload.DefaultFilePart), o.Size)
+	o.FilePart = cmp.Or(o.FilePart, offload.DefaultFilePart) // at most a buffer: sizes are multiples of 2 MiB
 	o.FileBuffers = cmp.Or(o.FileBuffers, offload.DefaultFileBuffers)
 	return nil
 }
@@ -280,11 +283,7 @@ func (r *sleepRun) setup() error {
 	if err := r.makeBuffers(); err != nil {
 		return err
 	}
-	slot := r.opts.SlotSize
-	if slot == 0 {
-		slot = offload.DefaultSlotSize
-	}
-	r.set = offload.NewSet(r.opts.Backend.Sys, offload.Options{SlotSize: slot, IOWorkers: r.opts.IOWorkers,
+	r.set = offload.NewSet(r.opts.Backend.Sys, offload.Options{SlotSize: r.opts.SlotSize, IOWorkers: r.opts.IOWorkers,
 		FilePart: r.opts.FilePart, FileBuffers: r.opts.FileBuffers, Progress: func(done, total uint64) {
 			if r.bar != nil {
 				r.bar.Update(done)

@@ -290,12 +290,7 @@ func (r *sleepRun) measureBaselines() error {
 }
 
 // sleepPiece is the size of the raw copies: the slot size offload copies in.
-func (r *sleepRun) sleepPiece() uint64 {
-	if r.opts.SlotSize != 0 {
-		return min(r.opts.SlotSize, r.opts.Size)
-	}
-	return min(offload.DefaultSlotSize, r.opts.Size)
-}
+func (r *sleepRun) sleepPiece() uint64 { return min(r.opts.SlotSize, r.opts.Size) }
 
 // rawHost is pinned memory made the way offload makes its slots (registered THP), up to 2 GiB, that
 // the raw copies cycle through.

@@ -82,6 +82,7 @@ func TestSleepBadFlags(t *testing.T) {
 		{"--size", "8MiB", "--mode", "file", "--file-part", "1000"},
 		{"--size", "8MiB", "--mode", "file", "--file-part", "512MiB"},
 		{"--size", "8MiB", "--mode", "file", "--slot", "4MiB", "--file-part", "8MiB"},
+		{"--size", "8MiB", "--mode", "file", "--file-part", "16MiB"}, // larger than the buffer
 		{"--size", "8MiB", "--mode", "file", "--file-buffers", "-1"},
 		{"--size", "8MiB", "--mode", "file", "--file-buffers", "65"},
 	} {
