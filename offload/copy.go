@@ -15,7 +15,9 @@ type hostPiece struct {
 }
 
 // pipe keeps two batches of copies in flight on a stream: batch j is marked with an event, and
-// the caller waits for batch j-1 while j runs, so the copy engine never waits for the host.
+// the caller waits for batch j-1 while j runs, so the copy engine never waits for the host. The
+// events block: a waiting goroutine sleeps instead of spinning on a core that a first sleep's
+// populating goroutines need.
 type pipe struct {
 	st *vmm.Stream
 	ev [2]*vmm.Event
@@ -24,7 +26,7 @@ type pipe struct {
 func newPipe(st *vmm.Stream) (*pipe, error) {
 	p := &pipe{st: st}
 	for i := range p.ev {
-		e, err := st.Device().NewEvent(false)
+		e, err := st.Device().NewBlockingEvent()
 		if err != nil {
 			return nil, errors.Join(err, p.close())
 		}

@@ -57,7 +57,7 @@ func newStaging(d *vmm.Device, ring []*slot, part uint64, n, workers int) ([][]*
 	var made []*stageBuf
 	for _, sl := range ring {
 		for off := uint64(0); off+part <= sl.size && len(made) < n; off += part {
-			ev, err := d.NewEvent(false)
+			ev, err := d.NewBlockingEvent()
 			if err != nil {
 				return nil, errors.Join(err, closeStaging(made))
 			}

@@ -210,3 +210,24 @@ func TestFilePartOptions(t *testing.T) {
 		})
 	}
 }
+
+// The goroutines of a Sleep and a Wake wait for their copies on blocking events (asleep, not
+// spinning on a CPU that the goroutines reading or writing files need), in Keep and File mode.
+func TestCopiesWaitOnBlockingEvents(t *testing.T) {
+	testutil.Run(t, func(t *testing.T, b *testutil.Backend) {
+		m := newFileFixture(t, b)
+		require.NoError(t, m.set.Add("k", newBuf(t, m.d, 8*mib, 4*mib, 7, nil), offload.Keep, offload.EntryOptions{}))
+		blocking := driver.EventBlockingSync | driver.EventDisableTiming
+		made := func() [3]int {
+			c := b.Sim.EventsCreated
+			return [3]int{c(blocking), c(driver.EventDisableTiming), c(driver.EventDefault)}
+		}
+		before := made()
+		require.NoError(t, m.set.Sleep(bg))
+		require.NoError(t, m.set.Wake(bg))
+		after := made()
+		require.Greater(t, after[0], before[0], "no blocking event")
+		require.Equal(t, before[1:], after[1:], "events that spin")
+		m.requireIntact(t)
+	}, testutil.SimOnly())
+}

@@ -111,3 +111,45 @@ func TestHoldAndStats(t *testing.T) {
 		require.Equal(t, d.Location(), props.Location)
 	})
 }
+
+// A blocking event orders work like any other; on the simulator it is created with BLOCKING_SYNC
+// (its Synchronize sleeps instead of spinning on the real driver) and without timing.
+func TestBlockingEvent(t *testing.T) {
+	testutil.Run(t, func(t *testing.T, b *testutil.Backend) {
+		d := b.Device(t, 0)
+		blocking := driver.EventBlockingSync | driver.EventDisableTiming
+		var before int
+		if b.IsSim() {
+			before = b.Sim.EventsCreated(blocking)
+		}
+		e, err := d.NewBlockingEvent()
+		require.NoError(t, err)
+		defer func() { require.NoError(t, e.Close()) }()
+		if b.IsSim() {
+			require.Equal(t, before+1, b.Sim.EventsCreated(blocking))
+		}
+		src, err := d.AllocPlain(2 * mib)
+		require.NoError(t, err)
+		defer func() { require.NoError(t, src.Close()) }()
+		dst, err := d.AllocPlain(2 * mib)
+		require.NoError(t, err)
+		defer func() { require.NoError(t, dst.Close()) }()
+		require.NoError(t, d.Fill(src.Ptr(), 2*mib, 0, 5))
+		s, err := d.CreateStream(vmm.StreamOptions{NonBlocking: true})
+		require.NoError(t, err)
+		defer func() { require.NoError(t, s.Close()) }()
+		require.NoError(t, d.CopyAsync(dst.Ptr(), src.Ptr(), 2*mib, s))
+		require.NoError(t, e.Record(s))
+		require.NoError(t, e.Synchronize())
+		done, err := e.Query()
+		require.NoError(t, err)
+		require.True(t, done)
+		bad, err := d.Verify(dst.Ptr(), 2*mib, 0, 5)
+		require.NoError(t, err)
+		require.Zero(t, bad, "the copy recorded before the event is done once it is")
+		_, err = e.Elapsed(e)
+		require.Error(t, err, "a blocking event has no timing")
+		require.NoError(t, e.Close())
+		require.ErrorIs(t, e.Synchronize(), vmm.ErrClosed)
+	})
+}

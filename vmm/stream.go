@@ -88,12 +88,25 @@ type Event struct {
 	e driver.Event
 }
 
-// NewEvent creates an event; timing events can be used with Elapsed.
+// NewEvent creates an event; timing events can be used with Elapsed. Synchronize on it spins on a
+// CPU until the event completes, which returns soonest after a short wait.
 func (d *Device) NewEvent(timing bool) (*Event, error) {
 	flags := driver.EventDefault
 	if !timing {
 		flags = driver.EventDisableTiming
 	}
+	return d.newEvent(flags)
+}
+
+// NewBlockingEvent creates an event without timing whose Synchronize puts the calling thread to
+// sleep until the event completes (CU_EVENT_BLOCKING_SYNC) instead of spinning on a CPU: for
+// goroutines that wait often while others need the cores, such as goroutines that read a file
+// while their copies run.
+func (d *Device) NewBlockingEvent() (*Event, error) {
+	return d.newEvent(driver.EventDisableTiming | driver.EventBlockingSync)
+}
+
+func (d *Device) newEvent(flags uint32) (*Event, error) {
 	e := &Event{owner: owner{dev: d}}
 	if err := d.create(&e.own, "event", func(api driver.API) error {
 		var err error

@@ -126,6 +126,7 @@ type Sim struct {
 	legacy     map[driver.DevicePtr]*legacyAlloc
 	streams    map[driver.Stream]*stream
 	events     map[driver.Event]*event
+	eventsMade map[uint32]int // events created so far, by flags
 	modules    map[driver.Module]*module
 	funcs      map[driver.Function]*function
 	fds        int // file descriptors the simulator holds open
@@ -162,16 +163,17 @@ func New(opts ...Option) *Sim {
 		panic(fmt.Sprintf("sim: Granularity(%d): must be a power of two and a multiple of the page size", g))
 	}
 	s := &Sim{
-		cfg:     cfg,
-		threads: make(map[int]driver.Context),
-		calls:   make(map[string]int),
-		allocs:  make(map[*allocation]struct{}),
-		handles: make(map[driver.MemHandle]*allocation),
-		legacy:  make(map[driver.DevicePtr]*legacyAlloc),
-		streams: make(map[driver.Stream]*stream),
-		events:  make(map[driver.Event]*event),
-		modules: make(map[driver.Module]*module),
-		funcs:   make(map[driver.Function]*function),
+		cfg:        cfg,
+		threads:    make(map[int]driver.Context),
+		calls:      make(map[string]int),
+		allocs:     make(map[*allocation]struct{}),
+		handles:    make(map[driver.MemHandle]*allocation),
+		legacy:     make(map[driver.DevicePtr]*legacyAlloc),
+		streams:    make(map[driver.Stream]*stream),
+		events:     make(map[driver.Event]*event),
+		eventsMade: make(map[uint32]int),
+		modules:    make(map[driver.Module]*module),
+		funcs:      make(map[driver.Function]*function),
 	}
 	for i := 0; i < cfg.devices; i++ {
 		s.devs = append(s.devs, newDevice(i, cfg))
@@ -329,6 +331,15 @@ func (s *Sim) Calls(function string) int {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	return s.calls[fn]
+}
+
+// EventsCreated reports how many events were created so far with exactly these flags
+// (cuEventCreate; driver.EventBlockingSync, driver.EventDisableTiming): how a test tells whether a
+// wait on them would spin or sleep on the real driver.
+func (s *Sim) EventsCreated(flags uint32) int {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.eventsMade[flags]
 }
 
 // CallCounts reports how many calls of each function were made so far (C base names; functions never

@@ -90,6 +90,7 @@ func (s *Sim) EventCreate(flags uint32) (driver.Event, error) {
 	}
 	h := driver.Event(newHandle())
 	s.events[h] = &event{dev: d, flags: flags}
+	s.eventsMade[flags]++
 	return h, nil
 }
 
