@@ -88,8 +88,9 @@ type Event struct {
 	e driver.Event
 }
 
-// NewEvent creates an event; timing events can be used with Elapsed. Synchronize on it spins on a
-// CPU until the event completes, which returns soonest after a short wait.
+// NewEvent creates an event; timing events can be used with Elapsed. Synchronize on it waits the
+// context's default way (the primary context's automatic mode: it spins on a CPU while the process
+// has no more contexts than the machine has cores), which returns soonest after a short wait.
 func (d *Device) NewEvent(timing bool) (*Event, error) {
 	flags := driver.EventDefault
 	if !timing {
