@@ -173,6 +173,9 @@ func (o *SleepOptions) check() (offload.Policy, error) {
 	if err := o.checkIOWorkers(policy); err != nil {
 		return 0, err
 	}
+	if err := o.checkFileParts(policy); err != nil {
+		return 0, err
+	}
 	if len(o.Devices) == 0 {
 		o.Devices = []int{0}
 	}
@@ -192,9 +195,6 @@ const maxIOWorkers = 64
 const maxFileBuffers = 64
 
 func (o *SleepOptions) checkIOWorkers(policy offload.Policy) error {
-	if err := o.checkFileParts(policy); err != nil {
-		return err
-	}
 	switch {
 	case o.IOWorkers < 0 || o.IOWorkers > maxIOWorkers:
 		return fmt.Errorf("--io-workers %d: want 1 to %d: %w", o.IOWorkers, maxIOWorkers, ErrInvalidOption)

@@ -12,9 +12,9 @@ import (
 )
 
 // File units move between the device and their files in parts of Options.FilePart bytes,
-// Options.IOWorkers parts at once. Each goroutine takes the next part as soon as its last one is done, so no part
-// waits for another, and moves it through the next of its own staging buffers, so that the bytes
-// it has just read are still in the CPU's cache when the device copies them.
+// Options.IOWorkers parts at once. Each goroutine takes the next part as soon as its last one is
+// done, so no part waits for another, and moves it through the next of its own staging buffers, so
+// that the bytes it has just read are still in the CPU's cache when the device copies them.
 
 // fileJob is a part of a File unit: n bytes at off of chunk ref, at fileOff of the entry's file.
 type fileJob struct {

@@ -6,8 +6,8 @@ import (
 	"github.com/stretchr/testify/require"
 )
 
-// TestStagingPlan checks how File staging is sized: DefaultFileBuffers buffers of DefaultFilePart per goroutine,
-// within two slots, never more buffers than parts.
+// TestStagingPlan checks how File staging is sized: DefaultFileBuffers buffers of DefaultFilePart
+// per goroutine, within two slots, never more buffers than parts.
 func TestStagingPlan(t *testing.T) {
 	const mib = 1 << 20
 	for _, c := range []struct {

@@ -101,10 +101,11 @@ const DefaultIOWorkers = 8
 const DefaultSlotSize uint64 = 256 << 20
 
 // DefaultFilePart is Options.FilePart's default: the bytes an I/O goroutine moves at once in File
-// mode. Each goroutine cycles through DefaultFileBuffers staging buffers of that size, so that the bytes it has just read from the page cache
-// are still in the CPU's cache when the device copies them. On the measured host, reading 8 GiB
-// from the page cache and copying it to the device ran at 49 GB/s with 2 MiB parts and 29 GB/s
-// with 32 MiB parts (8 goroutines), against raw reads of 51 and 31 GB/s.
+// mode. Each goroutine cycles through DefaultFileBuffers staging buffers of that size, so that the
+// bytes it has just read from the page cache are still in the CPU's cache when the device copies
+// them. On the measured host, reading 8 GiB from the page cache and copying it to the device ran
+// at 49 GB/s with 2 MiB parts and 29 GB/s with 32 MiB parts (8 goroutines), against raw reads of
+// 51 and 31 GB/s.
 const DefaultFilePart uint64 = 2 << 20
 
 // DefaultFileBuffers is Options.FileBuffers' default: each I/O goroutine reads into one staging
