@@ -218,7 +218,7 @@ func (o *SleepOptions) checkFileParts(policy offload.Policy) error {
 		return fmt.Errorf("--file-part %s, --file-buffers %d: want a multiple of 4 KiB up to the slot and the buffer (%s), and 1 to %d buffers: %w",
 			units.FormatSize(o.FilePart), o.FileBuffers, units.FormatSize(most), maxFileBuffers, ErrInvalidOption)
 	}
-	o.FilePart = cmp.Or(o.FilePart, offload.DefaultFilePart) // at most a buffer: sizes are multiples of 2 MiB
+	o.FilePart = cmp.Or(o.FilePart, min(offload.DefaultFilePart, most)) // the part the set uses
 	o.FileBuffers = cmp.Or(o.FileBuffers, offload.DefaultFileBuffers)
 	return nil
 }

@@ -6,8 +6,8 @@ import (
 	"github.com/stretchr/testify/require"
 )
 
-// TestStagingPlan checks how File staging is sized: DefaultFileBuffers buffers of DefaultFilePart
-// per goroutine, within two slots, never more buffers than parts.
+// TestStagingPlan checks how File staging is sized: perWorker buffers of part bytes per goroutine
+// (here 4 of 2 MiB), within two slots, never more buffers than parts.
 func TestStagingPlan(t *testing.T) {
 	const mib = 1 << 20
 	for _, c := range []struct {
@@ -23,7 +23,7 @@ func TestStagingPlan(t *testing.T) {
 		{2 * mib, 8, 1, 1, 1, 1},
 		{256 * mib, 0, 10, 1, 1, 1},
 	} {
-		slots, bufs, workers := stagingPlan(c.size, DefaultFilePart, c.workers, DefaultFileBuffers, c.jobs)
+		slots, bufs, workers := stagingPlan(c.size, 2*mib, c.workers, 4, c.jobs)
 		require.Equal(t, [3]int{c.slots, c.bufs, c.workers2}, [3]int{slots, bufs, workers}, "%+v", c)
 	}
 }

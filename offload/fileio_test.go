@@ -57,7 +57,8 @@ func (f *flakyFile) WriteAt(p []byte, off int64) (int, error) {
 }
 
 // fileFixture is a set holding one File buffer of 24 MiB in 4 MiB chunks, moved in 2 MiB parts by 3
-// goroutines through two 4 MiB slots: 12 parts through 4 staging buffers, so that buffers are
+// goroutines through two 4 MiB slots (parts and buffers set here, not the defaults: the tests count
+// parts): 12 parts through 4 staging buffers, so that buffers are
 // reused while earlier copies may still run.
 type fileFixture struct {
 	set *offload.Set
@@ -74,7 +75,7 @@ func newFileFixture(t *testing.T, b *testutil.Backend) *fileFixture {
 	require.NoError(t, err)
 	t.Cleanup(func() { osf.Close() })
 	m := &fileFixture{d: d, f: &flakyFile{File: osf}, buf: newBuf(t, d, 24*mib, 4*mib, fixtureSeed, nil)}
-	m.set = newSet(t, b, offload.Options{SlotSize: 4 * mib, IOWorkers: 3})
+	m.set = newSet(t, b, offload.Options{SlotSize: 4 * mib, IOWorkers: 3, FilePart: 2 * mib, FileBuffers: 4})
 	require.NoError(t, m.set.Add("f", m.buf, offload.File, offload.EntryOptions{File: m.f}))
 	return m
 }

@@ -86,8 +86,8 @@ type Options struct {
 	IOWorkers int
 	// FilePart is the bytes an I/O goroutine moves at once (0: DefaultFilePart), rounded up to 4 KiB
 	// and at most a slot; FileBuffers is how many staging buffers of that size each goroutine cycles
-	// through (0: DefaultFileBuffers). Fewer, smaller buffers keep the bytes just read in the CPU's
-	// cache until the device copies them; more let the reads run further ahead of the copies.
+	// through (0: DefaultFileBuffers). More buffers let the reads run further ahead of the copies;
+	// fewer keep the bytes just read in the CPU's cache until the device copies them.
 	FilePart    uint64
 	FileBuffers int
 }
@@ -101,16 +101,17 @@ const DefaultIOWorkers = 8
 const DefaultSlotSize uint64 = 256 << 20
 
 // DefaultFilePart is Options.FilePart's default: the bytes an I/O goroutine moves at once in File
-// mode. Each goroutine cycles through DefaultFileBuffers staging buffers of that size, so that the
-// bytes it has just read from the page cache are still in the CPU's cache when the device copies
-// them. On the measured host, reading 8 GiB from the page cache and copying it to the device ran
-// at 49 GB/s with 2 MiB parts and 29 GB/s with 32 MiB parts (8 goroutines), against raw reads of
-// 51 and 31 GB/s.
-const DefaultFilePart uint64 = 2 << 20
+// mode. Each goroutine cycles through DefaultFileBuffers staging buffers of that size. Measured in
+// C on the project's H200 hosts (reading a file out of the page cache into pinned staging, then
+// copying it to the device, 8 threads per GPU, five rounds, each against a read alone of the same
+// parts): 4 MiB parts in 2 buffers woke at 0.93 of the read alone on two GPUs at once and 0.89-0.90
+// on one, 2 MiB in 4 buffers at 0.83 and 0.81-0.85, 2 MiB in 2 at 0.88 and 0.74-0.81; 32 MiB parts
+// fell far behind (29 GB/s against 49 on one GPU).
+const DefaultFilePart uint64 = 4 << 20
 
 // DefaultFileBuffers is Options.FileBuffers' default: each I/O goroutine reads into one staging
-// buffer while the device copies from the others.
-const DefaultFileBuffers = 4
+// buffer while the device copies from the other (see DefaultFilePart).
+const DefaultFileBuffers = 2
 
 // Set is a set of buffers that sleep and wake together or by tag. It is safe for concurrent use;
 // Sleep, Wake, Save, Restore and Close serialize.

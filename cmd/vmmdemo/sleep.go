@@ -27,8 +27,8 @@ func runSleep(e *env, args []string) error {
 	fs.Var(&chunk, "chunk", "the buffers' chunk size (default 512MiB, or --size when smaller)")
 	fs.Var(&slot, "slot", "the backup's slot size (default 256MiB)")
 	ioWorkers := fs.Int("io-workers", 0, "--mode file: goroutines that move parts to or from the file, for the set and the raw figures (default 8)")
-	fs.Var(&part, "file-part", "--mode file: bytes each goroutine moves at once (default 2MiB)")
-	fileBuffers := fs.Int("file-buffers", 0, "--mode file: staging buffers each goroutine cycles through (default 4)")
+	fs.Var(&part, "file-part", "--mode file: bytes each goroutine moves at once (default 4MiB, or --size or --slot when smaller)")
+	fileBuffers := fs.Int("file-buffers", 0, "--mode file: staging buffers each goroutine cycles through (default 2)")
 	if err := parse(fs, args); err != nil {
 		return err
 	}

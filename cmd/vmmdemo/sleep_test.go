@@ -25,7 +25,7 @@ func TestSleepJSON(t *testing.T) {
 		{"--size", "8MiB", "--sim-devices", "2", "--devices", "0,1", "--mode", "discard"},
 		{"--size", "8MiB", "--mode", "file", "--file", file},
 		{"--size", "8MiB", "--mode", "file", "--file", file, "--io-workers", "8"},
-		{"--size", "8MiB", "--mode", "file", "--file", file, "--file-part", "1MiB", "--file-buffers", "2"},
+		{"--size", "8MiB", "--mode", "file", "--file", file, "--file-part", "1MiB", "--file-buffers", "3"},
 	} {
 		stdout, stderr, code := runSleepCmd(t, append(args, "--json")...)
 		require.Equal(t, 0, code, stderr)
@@ -43,9 +43,9 @@ func TestSleepJSON(t *testing.T) {
 			require.Equal(t, 8.0, res["io_workers"], "the default, or --io-workers 8")
 			require.Equal(t, 3.0, res["file_rounds"], "raw and set file speeds are medians of rounds")
 			if slices.Contains(args, "--file-part") {
-				require.Equal(t, [2]any{float64(1 << 20), 2.0}, [2]any{res["file_part_bytes"], res["file_buffers"]})
+				require.Equal(t, [2]any{float64(1 << 20), 3.0}, [2]any{res["file_part_bytes"], res["file_buffers"]})
 			} else {
-				require.Equal(t, [2]any{float64(2 << 20), 4.0}, [2]any{res["file_part_bytes"], res["file_buffers"]}, "the defaults")
+				require.Equal(t, [2]any{float64(4 << 20), 2.0}, [2]any{res["file_part_bytes"], res["file_buffers"]}, "the defaults")
 			}
 			st, err := os.Stat(file)
 			require.NoError(t, err, "--file is kept")
@@ -56,6 +56,17 @@ func TestSleepJSON(t *testing.T) {
 			require.Len(t, res["per_device"], 2)
 		}
 	}
+}
+
+// TestSleepFilePartFitsBuffer checks that the default part is cut to a buffer smaller than it, so
+// that the raw file figures use the part the set uses.
+func TestSleepFilePartFitsBuffer(t *testing.T) {
+	stdout, stderr, code := runSleepCmd(t, "--size", "2MiB", "--mode", "file", "--json")
+	require.Equal(t, 0, code, stderr)
+	var res map[string]any
+	require.NoError(t, json.Unmarshal([]byte(stdout), &res), stdout)
+	require.Equal(t, true, res["verified"])
+	require.Equal(t, float64(2<<20), res["file_part_bytes"], "the 4 MiB default, cut to the 2 MiB buffer")
 }
 
 func TestSleepHuman(t *testing.T) {
