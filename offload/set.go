@@ -103,10 +103,10 @@ const DefaultSlotSize uint64 = 256 << 20
 // DefaultFilePart is Options.FilePart's default: the bytes an I/O goroutine moves at once in File
 // mode. Each goroutine cycles through DefaultFileBuffers staging buffers of that size. Measured in
 // C on the project's H200 hosts (reading a file out of the page cache into pinned staging, then
-// copying it to the device, 8 threads per GPU, five rounds, each against a read alone of the same
-// parts): 4 MiB parts in 2 buffers woke at 0.93 of the read alone on two GPUs at once and 0.89-0.90
-// on one, 2 MiB in 4 buffers at 0.83 and 0.81-0.85, 2 MiB in 2 at 0.88 and 0.74-0.81; 32 MiB parts
-// fell far behind (29 GB/s against 49 on one GPU).
+// copying it to the device, 8 threads per GPU, rounds of five, each against a read alone of the
+// same parts), the medians: 4 MiB parts in 2 buffers woke at 0.93-0.99 of the read alone on two
+// GPUs at once and 0.89-0.90 on one; 2 MiB in 4 buffers at 0.80-0.83 and 0.81-0.85; 2 MiB in 2 at
+// 0.88 and 0.74-0.81. 32 MiB parts fell far behind (29 GB/s against 49 on one GPU).
 const DefaultFilePart uint64 = 4 << 20
 
 // DefaultFileBuffers is Options.FileBuffers' default: each I/O goroutine reads into one staging
