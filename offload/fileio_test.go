@@ -57,9 +57,9 @@ func (f *flakyFile) WriteAt(p []byte, off int64) (int, error) {
 }
 
 // fileFixture is a set holding one File buffer of 24 MiB in 4 MiB chunks, moved in 2 MiB parts by 3
-// goroutines through two 4 MiB slots (parts and buffers set here, not the defaults: the tests count
-// parts): 12 parts through 4 staging buffers, so that buffers are
-// reused while earlier copies may still run.
+// goroutines through two 4 MiB slots: 12 parts through 4 staging buffers, so that buffers are
+// reused while earlier copies may still run. The parts and buffers are set here rather than left to
+// the defaults, because the tests count parts.
 type fileFixture struct {
 	set *offload.Set
 	buf *growbuf.Buffer
