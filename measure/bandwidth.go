@@ -25,6 +25,9 @@ type BandwidthOptions struct {
 	Staging, StagingChunk uint64
 	StagingBuffers        int
 	NoStaging             bool
+	// StagingSpin makes the stager's waits spin on a core instead of sleeping
+	// (pinned.StagerOptions.SpinWait).
+	StagingSpin bool
 	// Iters is the timed iterations per size (0: 5 to 50, fewer for large sizes).
 	Iters int
 }
@@ -67,6 +70,7 @@ type BandwidthStaging struct {
 	SizeBytes   uint64  `json:"size_bytes"`
 	ChunkBytes  uint64  `json:"chunk_bytes"`
 	Buffers     int     `json:"buffers"`
+	SpinWait    bool    `json:"spin_wait"`      // the stager's waits spun on a core (else they slept)
 	D2HGBs      float64 `json:"d2h_gbps"`       // device → discarding io.Writer, wall clock
 	H2DGBs      float64 `json:"h2d_gbps"`       // non-copying io.Reader → device, wall clock
 	RawD2HGBs   float64 `json:"raw_d2h_gbps"`   // baseline: host-alloc D2H at the largest size

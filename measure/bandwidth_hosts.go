@@ -169,12 +169,12 @@ func measureStaging(o *BandwidthOptions, d *vmm.Device, res *BandwidthResult) (s
 	if err := d.Memset(dev.Ptr(), 0x33, size); err != nil {
 		return nil, err
 	}
-	stager, err := pinned.NewStager(d, pinned.StagerOptions{Buffers: o.StagingBuffers, BufferSize: o.StagingChunk})
+	stager, err := pinned.NewStager(d, pinned.StagerOptions{Buffers: o.StagingBuffers, BufferSize: o.StagingChunk, SpinWait: o.StagingSpin})
 	if err != nil {
 		return nil, err
 	}
 	defer func() { err = errors.Join(err, stager.Close()) }()
-	st = &BandwidthStaging{SizeBytes: size, ChunkBytes: stager.ChunkSize(), Buffers: o.StagingBuffers}
+	st = &BandwidthStaging{SizeBytes: size, ChunkBytes: stager.ChunkSize(), Buffers: o.StagingBuffers, SpinWait: o.StagingSpin}
 	bar := begin(o.Progress, "staging", 6)
 	defer bar.Done()
 	ctx := context.Background()

@@ -45,7 +45,11 @@ func (r *BandwidthResult) Text(w io.Writer) {
 	}
 	fmt.Fprintf(w, "\npinned regions vs raw cuMemcpy on cuMemHostAlloc memory, sizes ≥ 16 MiB: lowest ratio %.3f (target ≥ 0.97)\n", r.MinPinnedVsHostAlloc)
 	if s := r.Staging; s != nil {
-		fmt.Fprintf(w, "async staging of %s in %d × %s buffers:\n", units.FormatSize(s.SizeBytes), s.Buffers, units.FormatSize(s.ChunkBytes))
+		wait := "sleeping"
+		if s.SpinWait {
+			wait = "spinning"
+		}
+		fmt.Fprintf(w, "async staging of %s in %d × %s buffers, %s waits:\n", units.FormatSize(s.SizeBytes), s.Buffers, units.FormatSize(s.ChunkBytes), wait)
 		fmt.Fprintf(w, "  device → discarding writer %6.1f GB/s = %.3f × raw D2H %.1f GB/s (target ≥ 0.9)\n", s.D2HGBs, s.D2HVsRaw, s.RawD2HGBs)
 		fmt.Fprintf(w, "  reader → device            %6.1f GB/s = %.3f × raw H2D %.1f GB/s\n", s.H2DGBs, s.H2DVsRaw, s.RawH2DGBs)
 	}

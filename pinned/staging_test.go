@@ -10,6 +10,7 @@ import (
 
 	"github.com/stretchr/testify/require"
 
+	"github.com/cuvmm/cuvmm/driver"
 	"github.com/cuvmm/cuvmm/internal/testutil"
 	"github.com/cuvmm/cuvmm/pinned"
 )
@@ -251,5 +252,49 @@ func TestStagersShareAPool(t *testing.T) {
 			require.NoError(t, <-errs)
 		}
 		require.Zero(t, pool.Stats().InUse)
+	})
+}
+
+// A stager waits on events that sleep by default and on events that spin with SpinWait; either
+// way it moves the same bytes both ways.
+func TestStagerWaitKinds(t *testing.T) {
+	testutil.Run(t, func(t *testing.T, b *testutil.Backend) {
+		d := b.Device(t, 0)
+		const n = 3*mib + 40
+		src, freeSrc := deviceBuffer(t, d, 4*mib)
+		defer freeSrc()
+		dst, freeDst := deviceBuffer(t, d, 4*mib)
+		defer freeDst()
+		require.NoError(t, d.Fill(src, 4*mib, 0, 13))
+		for _, spin := range []bool{false, true} {
+			events := func() [2]int { return [2]int{} }
+			if b.Sim != nil {
+				events = func() [2]int {
+					c := b.Sim.EventsCreated
+					return [2]int{c(driver.EventBlockingSync | driver.EventDisableTiming), c(driver.EventDisableTiming)}
+				}
+			}
+			before := events()
+			st, err := pinned.NewStager(d, pinned.StagerOptions{Buffers: 3, BufferSize: mib, SpinWait: spin})
+			require.NoError(t, err)
+			var out bytes.Buffer
+			_, err = st.DeviceToWriter(t.Context(), &out, src, n)
+			require.NoError(t, err)
+			require.Zero(t, badWords(out.Bytes(), 0, 13), "spin %v: the writer got the device's bytes", spin)
+			_, err = st.ReaderToDevice(t.Context(), dst, bytes.NewReader(out.Bytes()), n)
+			require.NoError(t, err)
+			bad, err := d.Verify(dst, n, 0, 13)
+			require.NoError(t, err)
+			require.Zero(t, bad, "spin %v: the device got the reader's bytes", spin)
+			require.NoError(t, st.Close())
+			if b.Sim != nil {
+				made := events()
+				want := [2]int{before[0] + 3, before[1]}
+				if spin {
+					want = [2]int{before[0], before[1] + 3}
+				}
+				require.Equal(t, want, made, "spin %v: events made (blocking, spinning)", spin)
+			}
+		}
 	})
 }

@@ -27,6 +27,7 @@ func runBandwidth(e *env, args []string) error {
 	fs.Var(&chunk, "staging-chunk", "staging buffer size (default 32MiB)")
 	buffers := fs.Int("staging-buffers", 2, "staging buffers (at least 2)")
 	noStaging := fs.Bool("no-staging", false, "skip the staging measurement")
+	spin := fs.Bool("staging-spin", false, "staging waits spin on a core instead of sleeping")
 	iters := fs.Int("iters", 0, "timed iterations per size (default: 5 to 50, fewer for large sizes)")
 	if err := parse(fs, args); err != nil {
 		return err
@@ -36,7 +37,7 @@ func runBandwidth(e *env, args []string) error {
 	}
 	return measureAndShow(e, &c, func(me measure.Env) (*measure.BandwidthResult, error) {
 		return measure.Bandwidth(measure.BandwidthOptions{Env: me, Device: *device, MaxSize: maxSize.v,
-			Staging: staging.v, StagingChunk: chunk.v, StagingBuffers: *buffers, NoStaging: *noStaging, Iters: *iters})
+			Staging: staging.v, StagingChunk: chunk.v, StagingBuffers: *buffers, NoStaging: *noStaging, StagingSpin: *spin, Iters: *iters})
 	})
 }
 
