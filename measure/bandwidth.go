@@ -105,6 +105,9 @@ func (o *BandwidthOptions) defaults() ([]uint64, error) {
 	if o.Iters < 0 || o.StagingBuffers < 2 {
 		return nil, fmt.Errorf("--iters must be ≥ 0 and --staging-buffers ≥ 2: %w", ErrInvalidOption)
 	}
+	if o.NoStaging && (o.Staging != 0 || o.StagingChunk != 0 || o.StagingSpin) {
+		return nil, fmt.Errorf("--no-staging skips the staging measurement that --staging, --staging-chunk and --staging-spin set up: leave them out: %w", ErrInvalidOption)
+	}
 	sim := o.Backend.Sim()
 	if o.MaxSize == 0 {
 		o.MaxSize = pick[uint64](sim, 64<<20, 1<<30)

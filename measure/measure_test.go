@@ -99,6 +99,10 @@ func TestOptionsChecked(t *testing.T) {
 			_, err := measure.Bandwidth(measure.BandwidthOptions{Env: env, MaxSize: 4 << 10, StagingBuffers: 2})
 			return err
 		},
+		"bandwidth no staging with spin": func() error {
+			_, err := measure.Bandwidth(measure.BandwidthOptions{Env: env, StagingBuffers: 2, NoStaging: true, StagingSpin: true})
+			return err
+		},
 		"share size": func() error {
 			_, err := measure.Share(measure.ShareOptions{Env: env, Size: 1 << 10, Chunks: 1, Location: "device", Rounds: 1, ChildAccess: "device"})
 			return err
