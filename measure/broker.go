@@ -35,6 +35,9 @@ type BrokerOptions struct {
 	// Depth is the requests each worker keeps in flight, Streams the broker's copy streams per
 	// device, RTTSamples the round trips timed per worker (all at least 1).
 	Depth, Streams, RTTSamples int
+	// SpinMax is the broker's Options.SpinMax: copies of at most this many bytes are waited for by
+	// spinning, larger ones sleeping (0: the broker's default, 4 MiB; negative: every copy sleeps).
+	SpinMax int64
 	// SocketDir is the directory the broker's socket is made in (it must exist and stays); empty,
 	// a private temporary directory is made and removed.
 	SocketDir string
@@ -107,6 +110,11 @@ type BrokerBandwidth struct {
 	RawPerDeviceGBs []float64 `json:"raw_per_device_gbps"`
 	VsRaw           float64   `json:"vs_raw"`
 	Target          float64   `json:"target"`
+	// ServerCPUSeconds is the CPU time of this process, which runs the broker, while the workers
+	// copied through it (getrusage, user and system); ServerCores that time over the same wall time:
+	// the cores the broker kept busy.
+	ServerCPUSeconds float64 `json:"server_cpu_seconds"`
+	ServerCores      float64 `json:"server_cores"`
 }
 
 // BrokerRoundTrip is the round trip of a small synchronous copy through the broker.
@@ -182,6 +190,7 @@ type BrokerResult struct {
 	WindowBytes      uint64            `json:"window_bytes"`
 	BufferBytes      uint64            `json:"buffer_bytes"`
 	StreamsPerDevice int               `json:"streams_per_device"`
+	SpinMaxBytes     int64             `json:"spin_max_bytes"` // the broker's SpinMax; -1: every copy sleeps
 	Depth            int               `json:"requests_in_flight_per_worker"`
 	Verified         bool              `json:"verified"`
 	MismatchedWords  uint64            `json:"mismatched_words"`
@@ -215,6 +224,17 @@ func (o *BrokerOptions) check() error {
 		o.BytesPerWorker = pick[uint64](o.Backend.Sim(), 64<<20, 2<<30)
 	}
 	return nil
+}
+
+// spinMax is the broker's SpinMax for the option o: its default for 0, -1 when every copy sleeps.
+func spinMax(o int64) int64 {
+	switch {
+	case o == 0:
+		return broker.DefaultSpinMax
+	case o < 0:
+		return -1
+	}
+	return o
 }
 
 // brokerRun is one Broker run: what it made, so that everything is freed on every path.
@@ -302,7 +322,7 @@ func (b *brokerRun) plan() error {
 	}
 	b.bufSize, _ = units.RoundUp(b.sizes[len(b.sizes)-1], g)
 	b.res = &BrokerResult{Backend: o.Backend.Name, Workers: o.Workers, WindowBytes: b.window, BufferBytes: b.bufSize,
-		StreamsPerDevice: o.Streams, Depth: o.Depth, Verified: true, Devices: ordinalsOf(b.devs),
+		StreamsPerDevice: o.Streams, SpinMaxBytes: spinMax(o.SpinMax), Depth: o.Depth, Verified: true, Devices: ordinalsOf(b.devs),
 		Timing: "wall clock: each worker times its own requests; aggregate = all bytes / (last end − first start); raw = this process, same request size, one stream per device, every device at once"}
 	if o.Backend.Sim() {
 		b.res.Timing += " (simulator: Go memory copies, not GPU figures)"
@@ -334,7 +354,7 @@ func (b *brokerRun) startServer() (err error) {
 		}
 		dir = b.dir
 	}
-	b.srv, err = broker.NewServer(b.region, filepath.Join(dir, "broker.sock"), broker.Options{Devices: b.devs, StreamsPerDevice: o.Streams,
+	b.srv, err = broker.NewServer(b.region, filepath.Join(dir, "broker.sock"), broker.Options{Devices: b.devs, StreamsPerDevice: o.Streams, SpinMax: o.SpinMax,
 		Grant: func(peer unix.Ucred) (broker.Grant, error) {
 			off, ok := windows[peer.Pid]
 			if !ok {

@@ -3,6 +3,9 @@ package measure
 import (
 	"errors"
 	"fmt"
+	"time"
+
+	"golang.org/x/sys/unix"
 
 	"github.com/cuvmm/cuvmm/internal/pattern"
 	"github.com/cuvmm/cuvmm/internal/units"
@@ -165,11 +168,14 @@ func (b *brokerRun) bandwidth(s uint64, d string) (BrokerBandwidth, error) {
 	if s < 16<<20 {
 		bw.Target = brokerTargetSmall
 	}
+	cpu0, t0 := cpuTime(), time.Now()
 	if err := b.all(func(*brokerProc) brokerCmd {
 		return brokerCmd{Op: brokerCmdBandwidth, RequestBytes: s, Direction: d, Bytes: bytes, Depth: b.o.Depth}
 	}); err != nil {
 		return bw, err
 	}
+	bw.ServerCPUSeconds = (cpuTime() - cpu0).Seconds()
+	bw.ServerCores = bw.ServerCPUSeconds / max(time.Since(t0).Seconds(), 1e-9)
 	var err error
 	if bw.RawGBs, bw.RawPerDeviceGBs, err = brokerRaw(b.region, b.devs, b.res.WorkerDevices, s, d, bytes, b.bufSize); err != nil {
 		return bw, fmt.Errorf("raw %s %s: %w", units.FormatSize(s), d, err)
@@ -255,4 +261,13 @@ func brokerMemoryResult(res *BrokerResult, b *Backend, devs []*vmm.Device, procs
 		m.ExpectedNaiveBytes = uint64(m.WorkersOnDevice) * cost
 		res.GPUMemory.PerDevice = append(res.GPUMemory.PerDevice, m)
 	}
+}
+
+// cpuTime is the CPU time this process has used so far, user and system (zero where getrusage fails).
+func cpuTime() time.Duration {
+	var ru unix.Rusage
+	if unix.Getrusage(unix.RUSAGE_SELF, &ru) != nil {
+		return 0
+	}
+	return time.Duration(ru.Utime.Nano() + ru.Stime.Nano())
 }

@@ -173,15 +173,24 @@ func brokerSummarize(res *BrokerResult, gpu bool) {
 		(t.MinVsRaw16MiB < 0 || t.MinVsRaw16MiB >= brokerTargetLarge) && (t.MinVsRaw1MiB < 0 || t.MinVsRaw1MiB >= brokerTargetSmall)
 }
 
+// spinText says how the broker waits for copies; the cores column is the CPU the broker's process
+// used over the wall time.
+func spinText(spinMax int64) string {
+	if spinMax < 0 {
+		return "every copy waited for sleeping"
+	}
+	return fmt.Sprintf("copies up to %s waited for spinning, larger ones sleeping (cores: CPU time of the broker's process / wall time)", units.FormatSize(uint64(spinMax)))
+}
+
 // Text writes the result for people.
 func (r *BrokerResult) Text(w io.Writer) {
 	fmt.Fprintf(w, "copy broker: %s %s region (pinned in %.1f ms), %d worker processes on devices %v, %s windows, %s device buffers (%s backend)\n",
 		units.FormatSize(r.RegionBytes), r.RegionKind, r.RegionSeconds*1e3, r.Workers, r.WorkerDevices, units.FormatSize(r.WindowBytes), units.FormatSize(r.BufferBytes), r.Backend)
 	fmt.Fprintf(w, "timing: %s\n", r.Timing)
-	fmt.Fprintf(w, "\nbandwidth, %d requests in flight per worker, %d streams per device:\n", r.Depth, r.StreamsPerDevice)
-	fmt.Fprintf(w, "  %-8s %-4s %12s %12s %8s %8s   per worker GB/s\n", "request", "dir", "aggregate", "raw", "× raw", "target")
+	fmt.Fprintf(w, "\nbandwidth, %d requests in flight per worker, %d streams per device, %s:\n", r.Depth, r.StreamsPerDevice, spinText(r.SpinMaxBytes))
+	fmt.Fprintf(w, "  %-8s %-4s %12s %12s %8s %8s %7s   per worker GB/s\n", "request", "dir", "aggregate", "raw", "× raw", "target", "cores")
 	for _, bw := range r.Bandwidth {
-		fmt.Fprintf(w, "  %-8s %-4s %9.1f GB/s %7.1f GB/s %8.3f %8.2f  ", units.FormatSize(bw.RequestBytes), bw.Direction, bw.AggregateGBs, bw.RawGBs, bw.VsRaw, bw.Target)
+		fmt.Fprintf(w, "  %-8s %-4s %9.1f GB/s %7.1f GB/s %8.3f %8.2f %7.2f  ", units.FormatSize(bw.RequestBytes), bw.Direction, bw.AggregateGBs, bw.RawGBs, bw.VsRaw, bw.Target, bw.ServerCores)
 		for _, g := range bw.PerWorkerGBs {
 			fmt.Fprintf(w, " %.1f", g)
 		}

@@ -1,6 +1,11 @@
 package main
 
-import "github.com/cuvmm/cuvmm/measure"
+import (
+	"math"
+
+	"github.com/cuvmm/cuvmm/measure"
+	"github.com/cuvmm/cuvmm/pinned/broker"
+)
 
 func init() {
 	register(&command{
@@ -27,6 +32,8 @@ func runBroker(e *env, args []string) error {
 	depth := fs.Int("depth", 8, "requests each worker keeps in flight")
 	streams := fs.Int("streams", 4, "copy streams per device in the broker")
 	samples := fs.Int("rtt-samples", 200, "round trips timed per worker")
+	spin := sizeFlag{v: broker.DefaultSpinMax}
+	fs.Var(&spin, "spin-max", "the broker waits for copies up to this size by spinning, for larger ones sleeping (0: every copy sleeps)")
 	if err := parse(fs, args); err != nil {
 		return err
 	}
@@ -39,6 +46,16 @@ func runBroker(e *env, args []string) error {
 			return nil, err
 		}
 		return measure.Broker(measure.BrokerOptions{Env: me, SocketDir: dir, Size: size.v, Workers: *workers, Devices: devs.list(),
-			MaxRequest: maxReq.v, BytesPerWorker: perWorker.v, Depth: *depth, Streams: *streams, RTTSamples: *samples})
+			MaxRequest: maxReq.v, BytesPerWorker: perWorker.v, Depth: *depth, Streams: *streams, RTTSamples: *samples,
+			SpinMax: spinOption(spin.v)})
 	})
+}
+
+// spinOption is measure's SpinMax for --spin-max: 0 (every copy sleeps) is negative there, whose 0
+// is the default.
+func spinOption(v uint64) int64 {
+	if v == 0 {
+		return -1
+	}
+	return int64(min(v, math.MaxInt64))
 }

@@ -43,7 +43,10 @@ func TestBrokerCommandJSON(t *testing.T) {
 		require.Positive(t, bw.RawGBs)
 		require.Len(t, bw.RawPerDeviceGBs, 2)
 		require.InDelta(t, bw.AggregateGBs/bw.RawGBs, bw.VsRaw, 1e-9)
+		require.Positive(t, bw.ServerCPUSeconds, "the broker's process used CPU while it copied")
+		require.Positive(t, bw.ServerCores)
 	}
+	require.Equal(t, int64(4<<20), res.SpinMaxBytes, "the broker's default")
 	rt := res.RoundTrip
 	require.Equal(t, uint64(4096), rt.RequestBytes)
 	require.Len(t, rt.PerWorkerRTTUS, 3)
@@ -66,6 +69,16 @@ func TestBrokerCommandJSON(t *testing.T) {
 	require.True(t, res.Targets.BrokerSameForAnyN)
 	require.False(t, res.Targets.GPUFigures)
 	require.NotEmpty(t, res.Notes)
+}
+
+// --spin-max reaches the broker: 0 makes every copy sleep.
+func TestBrokerSpinMax(t *testing.T) {
+	for arg, want := range map[string]int64{"0": -1, "1MiB": 1 << 20} {
+		res := runBrokerJSON(t, "--sim-devices", "1", "--size", "8MiB", "--workers", "1", "--max-request", "1MiB",
+			"--bytes", "4MiB", "--rtt-samples", "3", "--spin-max", arg)
+		require.Equal(t, want, res.SpinMaxBytes, arg)
+		require.True(t, res.Verified, arg)
+	}
 }
 
 // The broker's GPU memory is the same for 1, 4 and 8 workers; mapping the region in every worker

@@ -448,3 +448,54 @@ func TestDriverFailures(t *testing.T) {
 		require.NoError(t, c.Copy(ctx, Request{Buffer: rb.ID(), Dir: ToDevice, Length: 4096}))
 	}, testutil.SimOnly())
 }
+
+// A copy of at most SpinMax bytes is waited for by spinning on its stream, a larger one on the
+// stream's blocking event; a negative SpinMax makes every copy sleep. The simulator counts the waits.
+func TestCopyWaitKinds(t *testing.T) {
+	testutil.Run(t, func(t *testing.T, b *testutil.Backend) {
+		ctx := testCtx(t)
+		dev := b.Device(t, 0)
+		region := newRegion(t, dev, 8*mib, pinned.Options{})
+		buf := newDevBuffer(t, dev, 2, 2*mib)
+		// waits counts the stream and event synchronizations so far (the simulator only).
+		waits := func() [2]int {
+			if b.Sim == nil {
+				return [2]int{}
+			}
+			return [2]int{b.Sim.Calls("cuStreamSynchronize"), b.Sim.Calls("cuEventSynchronize")}
+		}
+		for _, spinMax := range []int64{mib, -1} {
+			blocking := 0
+			if b.Sim != nil {
+				blocking = b.Sim.EventsCreated(driver.EventBlockingSync | driver.EventDisableTiming)
+			}
+			srv, path := startServer(t, region, Options{SpinMax: spinMax, StreamsPerDevice: 2})
+			if b.Sim != nil {
+				require.Equal(t, blocking+2, b.Sim.EventsCreated(driver.EventBlockingSync|driver.EventDisableTiming),
+					"a blocking event per copy stream")
+			}
+			c := dial(t, path)
+			rb, err := c.Register(ctx, buf)
+			require.NoError(t, err)
+			for _, n := range []uint64{mib / 2, 3 * mib} {
+				fillHost(region.Bytes()[:n], 0, 21)
+				before := waits()
+				require.NoError(t, c.Copy(ctx, Request{Buffer: rb.ID(), Dir: ToDevice, Length: n}))
+				after := waits()
+				requireDevicePattern(t, dev, buf.Ptr(), n, 0, 21)
+				want := before
+				if spinMax >= 0 && int64(n) <= spinMax {
+					want[0]++
+				} else {
+					want[1]++
+				}
+				if b.Sim != nil {
+					require.Equal(t, want, after, "SpinMax %d, %d bytes: (stream, event) waits", spinMax, n)
+				}
+			}
+			require.NoError(t, rb.Close())
+			require.NoError(t, c.Close())
+			require.NoError(t, srv.Close())
+		}
+	})
+}

@@ -92,10 +92,30 @@ func TestServerCloseRetriesStreams(t *testing.T) {
 		srv, err := Listen(region, filepath.Join(privateDir(t), "b.sock"), Options{StreamsPerDevice: 2})
 		require.NoError(t, err)
 		b.Sim.FailNth("cuStreamDestroy", 2, driver.ErrorUnknown)
+		b.Sim.FailNth("cuEventDestroy", 1, driver.ErrorUnknown)
 		require.Error(t, srv.Close())
 		require.Equal(t, 1, b.Sim.Live().Streams)
+		require.Equal(t, 1, b.Sim.Live().Events)
 		require.NoError(t, srv.Close())
 		require.Zero(t, b.Sim.Live().Streams)
+		require.Zero(t, b.Sim.Live().Events)
 		require.NoError(t, srv.Close())
+	}, testutil.SimOnly())
+}
+
+// A Listen whose second copy stream or its event cannot be made fails and leaves no stream or event.
+func TestListenFailureLeavesNothing(t *testing.T) {
+	testutil.Run(t, func(t *testing.T, b *testutil.Backend) {
+		dev := b.Device(t, 0)
+		region := newRegion(t, dev, 4*mib, pinned.Options{})
+		before := b.Sim.Live()
+		for _, fn := range []string{"cuStreamCreate", "cuEventCreate"} {
+			b.Sim.FailNth(fn, 2, driver.ErrorOutOfMemory)
+			_, err := Listen(region, filepath.Join(privateDir(t), "b.sock"), Options{StreamsPerDevice: 2})
+			require.ErrorIs(t, err, driver.ErrOutOfMemory, fn)
+			b.Sim.ClearFaults()
+			require.Equal(t, before.Streams, b.Sim.Live().Streams, fn)
+			require.Equal(t, before.Events, b.Sim.Live().Events, fn)
+		}
 	}, testutil.SimOnly())
 }
