@@ -217,6 +217,25 @@ func TestRegisterReadOnly(t *testing.T) {
 	})
 }
 
+// Memory mapped read-only, registered for writing: Register faults pages in by writing to them
+// only after MADV_POPULATE_WRITE has shown they are writable, so it returns (the real driver refuses
+// the registration) instead of crashing the process with a write to a read-only page.
+func TestRegisterWritableOfReadOnlyMemory(t *testing.T) {
+	testutil.Run(t, func(t *testing.T, b *testutil.Backend) {
+		d := b.Device(t, 0)
+		mem, err := unix.Mmap(-1, 0, 4*mib, unix.PROT_READ, unix.MAP_PRIVATE|unix.MAP_ANONYMOUS)
+		require.NoError(t, err)
+		defer func() { require.NoError(t, unix.Munmap(mem)) }()
+		r, err := pinned.Register(d, mem, pinned.RegisterOptions{HugePages: true})
+		if b.IsSim() {
+			require.NoError(t, err, "the simulator does not check the protection")
+			require.NoError(t, r.Close())
+			return
+		}
+		require.Error(t, err)
+	})
+}
+
 type discard struct{}
 
 func (discard) Write(p []byte) (int, error) { return len(p), nil }

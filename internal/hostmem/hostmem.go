@@ -1,0 +1,42 @@
+// Package hostmem faults host memory in before it is pinned.
+//
+// The kernel zeroes a fresh page in the thread that first touches it, so memory about to be
+// registered with the driver is faulted in from several threads first. How makes a difference:
+// madvise(MADV_POPULATE_WRITE) runs under the process's address-space lock (mmap_lock), which every
+// populating thread and every registration then share, while a write fault on the page itself is
+// handled under the lock of its mapping alone (per-VMA locks, Linux 6.4+). On the H200 host (Linux
+// 6.18, 32 cores), a first sleep of offload pinning 16 GiB on the way took 0.43-0.52 s with faults
+// against 0.70-0.80 s with MADV_POPULATE_WRITE in new processes of the same machine, its pages
+// faulted in within 0.20-0.25 s instead of 0.40-0.59 s, while cuMemHostRegister ran beside them.
+package hostmem
+
+import (
+	"sync/atomic"
+	"unsafe"
+)
+
+// PageSize is the smallest page the faults step over.
+const PageSize = 4096
+
+// FaultIn faults every page of mem in for writing, from the calling goroutine, without changing a
+// byte: it adds zero atomically to one aligned 32-bit word of each page, which stays correct while
+// other threads write the same memory. A page of mem with no whole aligned word in it (only at
+// mem's ends) is read instead. mem must be mapped writable.
+func FaultIn(mem []byte) {
+	if len(mem) == 0 {
+		return
+	}
+	base := uintptr(unsafe.Pointer(unsafe.SliceData(mem)))
+	end := base + uintptr(len(mem))
+	for page := base &^ (PageSize - 1); page < end; page += PageSize {
+		word := (max(page, base) + 3) &^ 3
+		if word+4 <= end && word+4 <= page+PageSize {
+			atomic.AddUint32((*uint32)(unsafe.Pointer(&mem[word-base])), 0)
+			continue
+		}
+		sink.Add(uint32(mem[max(page, base)-base]))
+	}
+}
+
+// sink keeps the reads of FaultIn from being optimised away.
+var sink atomic.Uint32
