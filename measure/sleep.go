@@ -84,16 +84,17 @@ type SleepResult struct {
 	// size, every device at once), over the same bytes: the limit.
 	RawD2HGBps float64 `json:"raw_d2h_gbps"`
 	RawH2DGBps float64 `json:"raw_h2d_gbps"`
-	// RawPinGBps is how fast this host pins fresh memory the way the backup is made (map, fault in
-	// from several threads, cuMemHostRegister), timed on the raw copies' host memory (up to 2 GiB per
-	// device, every device at once). FirstSleepLimitSeconds is the first sleep's floor that follows:
-	// the longer of pinning and copying the bytes.
+	// RawPinGBps is how fast this host pins fresh memory with pinned.Register (map, fault in from
+	// several threads, then cuMemHostRegister), timed on the raw copies' host memory (up to 2 GiB per
+	// device, every device at once). FirstSleepLimitSeconds is the longer of pinning and copying the
+	// bytes at these rates: the floor of a first sleep that pins, then copies. The first sleep
+	// overlaps faulting pages in with registering others, so it can beat it.
 	RawPinGBps             float64 `json:"raw_pin_gbps"`
 	FirstSleepLimitSeconds float64 `json:"first_sleep_limit_seconds"`
 	// A second cold sleep, after TrimPool gave the backup back: it pins again, now memory the host
 	// has already provided to the process once (on a virtual machine whose memory grows as it is first
 	// touched, the first sleep also pays for that growth). RawRepinGBps is the pinning rate of such
-	// memory, RepinSleepLimitSeconds the floor that follows.
+	// memory, RepinSleepLimitSeconds the time to pin, then copy, that follows.
 	RepinSleepSeconds      float64 `json:"repin_sleep_seconds"`
 	RawRepinGBps           float64 `json:"raw_repin_gbps"`
 	RepinSleepLimitSeconds float64 `json:"repin_sleep_limit_seconds"`

@@ -16,9 +16,9 @@ func (r *SleepResult) Text(w io.Writer) {
 	}
 	fmt.Fprintf(w, "  verified %s, address unchanged %s, freed %s (%.3f of the bytes slept)\n",
 		yesNo(r.Verified), yesNo(r.PtrUnchanged), units.FormatSize(r.FreedBytes), r.FreedRatio)
-	fmt.Fprintf(w, "  first sleep %.3f s (%.1f GB/s, pinning on the way; pinning alone runs at %.1f GB/s here, so %.3f s is the floor); first wake %.3f s\n",
+	fmt.Fprintf(w, "  first sleep %.3f s (%.1f GB/s, pinning on the way; pinned.Register runs at %.1f GB/s here: %.3f s to pin, then copy); first wake %.3f s\n",
 		r.FirstSleepSeconds, r.FirstSleepGBps, r.RawPinGBps, r.FirstSleepLimitSeconds, r.FirstWakeSeconds)
-	fmt.Fprintf(w, "  cold sleep after the pool was trimmed %.3f s (re-pinning runs at %.1f GB/s here: floor %.3f s)\n",
+	fmt.Fprintf(w, "  cold sleep after the pool was trimmed %.3f s (re-pinning runs at %.1f GB/s here: %.3f s to pin, then copy)\n",
 		r.RepinSleepSeconds, r.RawRepinGBps, r.RepinSleepLimitSeconds)
 	fmt.Fprintf(w, "  warm sleep  %.3f s (%.1f GB/s, %.2fx raw D2H %.1f GB/s)\n", r.SleepSeconds, r.SleepGBps, r.SleepVsRaw, r.RawD2HGBps)
 	fmt.Fprintf(w, "  warm wake   %.3f s (%.1f GB/s, %.2fx raw H2D %.1f GB/s)", r.WakeSeconds, r.WakeGBps, r.WakeVsRaw, r.RawH2DGBps)

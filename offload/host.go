@@ -30,8 +30,8 @@ const hugePage = 2 << 20
 // goroutines get cores of their own: a C model of this pipeline on the measured host pinned and
 // copied 16 GiB in 0.64 s on average with 14 populating threads and in 0.78 s with 16. The pages
 // are faulted in by writing to them (hostmem.FaultIn), not with MADV_POPULATE_WRITE, which holds
-// the address-space lock that the registrations need too: 0.43-0.52 s against 0.70-0.80 s for a
-// first sleep of 16 GiB on the measured host.
+// the address-space lock that the registrations need too: a first sleep of 16 GiB took 0.55-0.56 s
+// against 0.82-0.91 s on the measured host.
 const (
 	registerWorkers = 2
 	populateStep    = 16 << 20

@@ -13,7 +13,6 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/cuvmm/cuvmm/driver"
-	"github.com/cuvmm/cuvmm/internal/hostmem"
 	"github.com/cuvmm/cuvmm/internal/lifetime"
 	"github.com/cuvmm/cuvmm/internal/memfd"
 	"github.com/cuvmm/cuvmm/internal/units"
@@ -309,11 +308,9 @@ func (r *Region) register(readOnly bool, progress func(done, total uint64)) erro
 // populate faults mem in before registration, from several threads at once: the kernel zeroes a
 // fresh page in the faulting thread, so one thread (cuMemHostRegister faulting the pages itself)
 // zeroes about 6 GB/s while the machine's cores together go many times faster. Each worker takes
-// 64 MiB steps, which it faults in by writing to them (hostmem.FaultIn: faster than
-// MADV_POPULATE_WRITE, which holds the address-space lock) once MADV_POPULATE_WRITE of the step's
-// first page has shown that the memory is writable; read-only registrations, whose memory may be
-// mapped read-only, use MADV_POPULATE_READ (Linux 5.14+), and where the advice is refused each
-// page is read instead. The bytes never change. progress, when set, is called as steps complete.
+// 64 MiB steps with MADV_POPULATE_WRITE (or _READ for read-only registrations, whose memory may be
+// mapped read-only), Linux 5.14+; older kernels get a read of each page instead. The bytes never
+// change. progress, when set, is called as steps complete.
 func populate(mem []byte, readOnly bool, progress func(done, total uint64)) {
 	total := uint64(len(mem))
 	advice := unix.MADV_POPULATE_WRITE
@@ -337,7 +334,7 @@ func populate(mem []byte, readOnly bool, progress func(done, total uint64)) {
 				}
 				off := i * step
 				n := min(step, total-off)
-				if err := populateStep(mem[off:off+n], advice); err != nil {
+				if err := unix.Madvise(mem[off:off+n], advice); err != nil {
 					var sum byte
 					for p := off; p < off+n; p += pageSize {
 						sum += mem[p]
@@ -354,19 +351,6 @@ func populate(mem []byte, readOnly bool, progress func(done, total uint64)) {
 		}()
 	}
 	wg.Wait()
-}
-
-// populateStep faults one step in with advice: for MADV_POPULATE_WRITE, the advice for the first
-// page only, then writes (see populate).
-func populateStep(mem []byte, advice int) error {
-	if advice != unix.MADV_POPULATE_WRITE {
-		return unix.Madvise(mem, advice)
-	}
-	if err := unix.Madvise(mem[:min(len(mem), int(pageSize))], advice); err != nil {
-		return err
-	}
-	hostmem.FaultIn(mem)
-	return nil
 }
 
 // populateSink keeps the page reads of populate from being optimised away.

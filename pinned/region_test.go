@@ -217,9 +217,8 @@ func TestRegisterReadOnly(t *testing.T) {
 	})
 }
 
-// Memory mapped read-only, registered for writing: Register faults pages in by writing to them
-// only after MADV_POPULATE_WRITE has shown they are writable, so it returns (the real driver refuses
-// the registration) instead of crashing the process with a write to a read-only page.
+// Memory mapped read-only, registered for writing: Register's populate must not write to the
+// pages (which would crash the process), and the real driver refuses the registration.
 func TestRegisterWritableOfReadOnlyMemory(t *testing.T) {
 	testutil.Run(t, func(t *testing.T, b *testutil.Backend) {
 		d := b.Device(t, 0)

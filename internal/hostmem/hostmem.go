@@ -1,13 +1,15 @@
 // Package hostmem faults host memory in before it is pinned.
 //
 // The kernel zeroes a fresh page in the thread that first touches it, so memory about to be
-// registered with the driver is faulted in from several threads first. How makes a difference:
-// madvise(MADV_POPULATE_WRITE) runs under the process's address-space lock (mmap_lock), which every
-// populating thread and every registration then share, while a write fault on the page itself is
-// handled under the lock of its mapping alone (per-VMA locks, Linux 6.4+). On the H200 host (Linux
-// 6.18, 32 cores), a first sleep of offload pinning 16 GiB on the way took 0.43-0.52 s with faults
-// against 0.70-0.80 s with MADV_POPULATE_WRITE in new processes of the same machine, its pages
-// faulted in within 0.20-0.25 s instead of 0.40-0.59 s, while cuMemHostRegister ran beside them.
+// registered with the driver is faulted in from several threads first. While registrations run
+// beside it, how makes a difference: madvise(MADV_POPULATE_WRITE) works under the process's
+// address-space lock (mmap_lock), which every populating thread and every cuMemHostRegister then
+// share, while a write fault on the page itself is handled under the lock of its mapping alone
+// (per-VMA locks, Linux 6.4+). On the two-GPU H200 host (Linux 6.18, 32 cores), offload's first
+// sleep of 16 GiB, which pins while it copies, took 0.55-0.56 s with faults against 0.82-0.91 s with
+// MADV_POPULATE_WRITE, alternated in new processes of one machine; its pages were faulted in within
+// 0.20-0.25 s instead of 0.40-0.59 s. Populating first and registering after (pinned.Register) gained
+// nothing: 0.91-1.05 s for 16 GiB either way.
 package hostmem
 
 import (
