@@ -9,7 +9,7 @@
 // sleep of 16 GiB, which pins while it copies, took 0.55-0.56 s with faults against 0.82-0.91 s with
 // MADV_POPULATE_WRITE, alternated in new processes of one machine; its pages were faulted in within
 // 0.20-0.25 s instead of 0.40-0.59 s. Populating first and registering after (pinned.Register) gained
-// nothing: 0.91-1.05 s for 16 GiB either way.
+// nothing: 0.91-1.09 s for 16 GiB either way.
 package hostmem
 
 import (

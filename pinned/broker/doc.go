@@ -58,9 +58,11 @@
 // # Concurrency
 //
 // Each served device has Options.StreamsPerDevice non-blocking streams shared by all workers. A copy
-// takes a free stream, is queued on it (cuMemcpyHtoDAsync / cuMemcpyDtoHAsync) and answered when
-// cuStreamSynchronize returns, from a goroutine of its own (or, for small copies, the connection's
-// goroutine), so copies of many workers, and many copies of one worker, run at once. They are not
+// takes a free stream, is queued on it (cuMemcpyHtoDAsync / cuMemcpyDtoHAsync) and answered when it
+// is done, from a goroutine of its own (or, for small copies, the connection's goroutine), so copies
+// of many workers, and many copies of one worker, run at once. A copy of at most Options.SpinMax
+// bytes is waited for by spinning (cuStreamSynchronize), a larger one by sleeping on a blocking
+// event, so that large copies do not keep a core busy each. They are not
 // ordered with the worker's own GPU work: a worker synchronizes what touches a range before asking
 // for a copy of it, and touches the range again once the copy's Completion is done.
 package broker
