@@ -428,7 +428,7 @@ func TestDriverFailures(t *testing.T) {
 		ctx := testCtx(t)
 		dev := b.Device(t, 0)
 		region := newRegion(t, dev, 4*mib, pinned.Options{})
-		_, path := startServer(t, region, Options{})
+		_, path := startServer(t, region, Options{SpinMax: mib})
 		c := dial(t, path)
 		buf := newDevBuffer(t, dev, 1, 2*mib)
 
@@ -446,6 +446,17 @@ func TestDriverFailures(t *testing.T) {
 		err = c.Copy(ctx, Request{Buffer: rb.ID(), Dir: ToHost, Length: mib})
 		require.ErrorIs(t, err, ErrInternal)
 		require.NoError(t, c.Copy(ctx, Request{Buffer: rb.ID(), Dir: ToDevice, Length: 4096}))
+		// A copy above SpinMax whose event fails: the error is answered, and the broker waited for
+		// the stream instead.
+		for _, fn := range []string{"cuEventRecord", "cuEventSynchronize"} {
+			syncs := b.Sim.Calls("cuStreamSynchronize")
+			b.Sim.FailNth(fn, 1, driver.ErrorIllegalAddress)
+			err = c.Copy(ctx, Request{Buffer: rb.ID(), Dir: ToHost, Length: 2 * mib})
+			require.ErrorIs(t, err, ErrInternal, fn)
+			require.ErrorContains(t, err, "CUDA_ERROR_ILLEGAL_ADDRESS", fn)
+			require.Equal(t, syncs+1, b.Sim.Calls("cuStreamSynchronize"), fn)
+		}
+		require.NoError(t, c.Copy(ctx, Request{Buffer: rb.ID(), Dir: ToHost, Length: 2 * mib}))
 	}, testutil.SimOnly())
 }
 

@@ -140,15 +140,20 @@ type copyStream struct {
 }
 
 // wait waits for the copy of n bytes just queued on the stream: spinning up to spinMax bytes, else
-// sleeping on the event.
+// sleeping on the event. When the event fails, it waits for the stream instead, so that no copy
+// still runs once the stream and the buffer are handed back.
 func (c *copyStream) wait(n uint64, spinMax int64) error {
 	if spinMax >= 0 && n <= uint64(spinMax) {
 		return c.st.Synchronize()
 	}
-	if err := c.done.Record(c.st); err != nil {
-		return err
+	err := c.done.Record(c.st)
+	if err == nil {
+		err = c.done.Synchronize()
 	}
-	return c.done.Synchronize()
+	if err != nil {
+		return errors.Join(err, c.st.Synchronize())
+	}
+	return nil
 }
 
 // close destroys the event and the stream; what fails to close stays set, for a retry.
