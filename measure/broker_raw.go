@@ -18,8 +18,8 @@ import (
 // device in use at once, as many bytes as that device's workers move through the broker, in pieces of
 // s queued back to back on one stream, from (or into) the region: each device over its own part of
 // the region, as the workers use their own windows (two devices writing the same host pages at
-// once ran at 11-54 GB/s in some runs on the two-GPU host, against 55 apart). It returns the
-// aggregate and the per-device rates in GB/s.
+// once reached 13-58 GB/s together in some runs on the two-GPU host, against 102-110 apart). It
+// returns the aggregate and the per-device rates in GB/s.
 func brokerRaw(region *pinned.Region, devs []*vmm.Device, workerDevs []int, s uint64, dir string, perWorker, bufSize uint64) (float64, []float64, error) {
 	results := make([]rawCopyRun, len(devs))
 	part := region.Len() / uint64(len(devs)) / s * s
