@@ -18,11 +18,17 @@ import (
 // simulator's figures say nothing about a GPU; the ratios are what the benchmarks are for).
 func benchDevice(b *testing.B) (*vmm.Device, bool) {
 	b.Helper()
+	return benchDeviceOf(b, 1)
+}
+
+// benchDeviceOf is benchDevice with simDevices devices in the simulator.
+func benchDeviceOf(b *testing.B, simDevices int) (*vmm.Device, bool) {
+	b.Helper()
 	var api driver.API
 	real := true
 	api, err := driver.Open()
 	if err != nil {
-		s := sim.New(sim.Devices(1))
+		s := sim.New(sim.Devices(simDevices))
 		b.Cleanup(func() { s.Close() })
 		api, real = s, false
 	}
