@@ -13,6 +13,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/cuvmm/cuvmm/driver"
+	"github.com/cuvmm/cuvmm/internal/hostmem"
 	"github.com/cuvmm/cuvmm/internal/lifetime"
 	"github.com/cuvmm/cuvmm/internal/memfd"
 	"github.com/cuvmm/cuvmm/internal/units"
@@ -335,11 +336,7 @@ func populate(mem []byte, readOnly bool, progress func(done, total uint64)) {
 				off := i * step
 				n := min(step, total-off)
 				if err := unix.Madvise(mem[off:off+n], advice); err != nil {
-					var sum byte
-					for p := off; p < off+n; p += pageSize {
-						sum += mem[p]
-					}
-					populateSink.Add(uint32(sum))
+					hostmem.ReadIn(mem[off : off+n])
 				}
 				d := done.Add(n)
 				if progress != nil {
@@ -352,9 +349,6 @@ func populate(mem []byte, readOnly bool, progress func(done, total uint64)) {
 	}
 	wg.Wait()
 }
-
-// populateSink keeps the page reads of populate from being optimised away.
-var populateSink atomic.Uint32
 
 // RegisterOptions tunes Register.
 type RegisterOptions struct {

@@ -50,3 +50,18 @@ func TestFaultInEdges(t *testing.T) {
 	FaultIn(mem[PageSize-2 : PageSize+6]) // the second page has one
 	require.Equal(t, []byte{2, 3, 4, 5, 0, 0, 0, 0}, mem[PageSize-2:PageSize+6])
 }
+
+func TestReadInMakesEveryPageResidentOfReadOnlyMemory(t *testing.T) {
+	const pages = 16
+	mem, err := unix.Mmap(-1, 0, pages*PageSize, unix.PROT_READ, unix.MAP_PRIVATE|unix.MAP_ANONYMOUS)
+	require.NoError(t, err)
+	defer func() { require.NoError(t, unix.Munmap(mem)) }()
+	for _, v := range resident(t, mem) {
+		require.Zero(t, v&1, "fresh anonymous memory is not resident")
+	}
+	ReadIn(mem) // a write would fault: the mapping is read-only
+	for i, v := range resident(t, mem) {
+		require.Equal(t, byte(1), v&1, "page %d", i)
+	}
+	ReadIn(nil)
+}
