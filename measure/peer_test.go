@@ -2,8 +2,10 @@ package measure_test
 
 import (
 	"bytes"
+	"cmp"
 	"encoding/json"
 	"errors"
+	"os"
 	"os/exec"
 	"path/filepath"
 	"strings"
@@ -20,8 +22,8 @@ const fileWakePeer = "../scripts/peers/file_wake.c"
 // buildFileWakePeer compiles the peer with the host's C compiler, warnings as errors.
 func buildFileWakePeer(t *testing.T) string {
 	t.Helper()
-	cc, err := exec.LookPath("cc")
-	if err != nil {
+	cc := cmp.Or(os.Getenv("CC"), "gcc") // as the driver's and nccl's C-built tests
+	if _, err := exec.LookPath(cc); err != nil {
 		if testutil.RequireGPU() {
 			t.Fatalf("CUVMM_REQUIRE_GPU=1 but no C compiler to build %s: %v", fileWakePeer, err)
 		}
