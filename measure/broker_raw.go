@@ -22,7 +22,6 @@ import (
 // returns the aggregate and the per-device rates in GB/s.
 func brokerRaw(region *pinned.Region, devs []*vmm.Device, workerDevs []int, s uint64, dir string, perWorker, bufSize uint64) (float64, []float64, error) {
 	results := make([]rawCopyRun, len(devs))
-	part := region.Len() / uint64(len(devs)) / s * s
 	var wg sync.WaitGroup
 	for i, d := range devs {
 		n := 0
@@ -37,7 +36,7 @@ func brokerRaw(region *pinned.Region, devs []*vmm.Device, workerDevs []int, s ui
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
-			results[i] = rawCopiesOn(region, hostRange{uint64(i) * part, part}, d, s, dir, perWorker/s*uint64(n), bufSize)
+			results[i] = rawCopiesOn(region, rawPart(region.Len(), len(devs), i, s), d, s, dir, perWorker/s*uint64(n), bufSize)
 		}()
 	}
 	wg.Wait()
@@ -62,6 +61,18 @@ func brokerRaw(region *pinned.Region, devs []*vmm.Device, workerDevs []int, s ui
 		total += r.bytes
 	}
 	return float64(total) / float64(max(last.Sub(first).Nanoseconds(), 1)), per, nil
+}
+
+// rawPart is device i's part of a region of regionLen bytes (at least s) for copies of s bytes: an
+// equal share of whole copies where each of the n devices gets one, else one copy's bytes each,
+// as far apart as the region allows (devices then share pages only where the region is smaller than
+// n copies).
+func rawPart(regionLen uint64, n, i int, s uint64) hostRange {
+	if part := regionLen / uint64(n) / s * s; part > 0 {
+		return hostRange{uint64(i) * part, part}
+	}
+	slots := regionLen / s
+	return hostRange{uint64(i) % slots * s, s}
 }
 
 // rawCopyRun is what one device's raw copies did.
