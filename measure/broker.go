@@ -226,17 +226,6 @@ func (o *BrokerOptions) check() error {
 	return nil
 }
 
-// spinMax is the broker's SpinMax for the option o: its default for 0, -1 when every copy sleeps.
-func spinMax(o int64) int64 {
-	switch {
-	case o == 0:
-		return broker.DefaultSpinMax
-	case o < 0:
-		return -1
-	}
-	return o
-}
-
 // brokerRun is one Broker run: what it made, so that everything is freed on every path.
 type brokerRun struct {
 	o       *BrokerOptions
@@ -322,7 +311,7 @@ func (b *brokerRun) plan() error {
 	}
 	b.bufSize, _ = units.RoundUp(b.sizes[len(b.sizes)-1], g)
 	b.res = &BrokerResult{Backend: o.Backend.Name, Workers: o.Workers, WindowBytes: b.window, BufferBytes: b.bufSize,
-		StreamsPerDevice: o.Streams, SpinMaxBytes: spinMax(o.SpinMax), Depth: o.Depth, Verified: true, Devices: ordinalsOf(b.devs),
+		StreamsPerDevice: o.Streams, Depth: o.Depth, Verified: true, Devices: ordinalsOf(b.devs),
 		Timing: "wall clock: each worker times its own requests; aggregate = all bytes / (last end − first start); raw = this process, same request size, one stream per device, every device at once"}
 	if o.Backend.Sim() {
 		b.res.Timing += " (simulator: Go memory copies, not GPU figures)"
@@ -366,6 +355,7 @@ func (b *brokerRun) startServer() (err error) {
 	if err != nil {
 		return err
 	}
+	b.res.SpinMaxBytes = b.srv.SpinMax()
 	b.served = make(chan error, 1)
 	go func() { b.served <- b.srv.Serve() }()
 	return nil

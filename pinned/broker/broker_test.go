@@ -3,6 +3,7 @@ package broker
 import (
 	"errors"
 	"fmt"
+	"math"
 	"net"
 	"os"
 	"sync"
@@ -458,6 +459,18 @@ func TestDriverFailures(t *testing.T) {
 		}
 		require.NoError(t, c.Copy(ctx, Request{Buffer: rb.ID(), Dir: ToHost, Length: 2 * mib}))
 	}, testutil.SimOnly())
+}
+
+// Server.SpinMax reports the option with its default filled in, and -1 for any negative one.
+func TestServerSpinMax(t *testing.T) {
+	testutil.Run(t, func(t *testing.T, b *testutil.Backend) {
+		region := newRegion(t, b.Device(t, 0), 2*mib, pinned.Options{})
+		for _, c := range []struct{ opt, want int64 }{{0, DefaultSpinMax}, {-5, -1}, {mib, mib}, {math.MaxInt64, math.MaxInt64}} {
+			srv, _ := startServer(t, region, Options{SpinMax: c.opt})
+			require.Equal(t, c.want, srv.SpinMax(), "Options.SpinMax %d", c.opt)
+			require.NoError(t, srv.Close())
+		}
+	})
 }
 
 // A copy of at most SpinMax bytes is waited for by spinning on its stream, a larger one on the

@@ -322,6 +322,10 @@ func (s *Server) Devices() []int {
 	return out
 }
 
+// SpinMax is the largest copy the server waits for by spinning, its Options.SpinMax with the
+// default filled in; -1 when every copy sleeps.
+func (s *Server) SpinMax() int64 { return max(s.opts.SpinMax, -1) }
+
 // Stats reads the server's counters.
 func (s *Server) Stats() Stats {
 	ls := s.ln.Stats()
