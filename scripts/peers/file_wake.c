@@ -13,8 +13,8 @@
  *         stream) as soon as it is read; a buffer is read into again only after its last copy
  *         (a blocking event).
  * Parts go to the threads of a GPU in file order, each thread taking the next as soon as it is
- * done. It checks the device's last bytes against the file after the last wake, and prints one
- * line of JSON: per-round GB/s of all GPUs together, their medians, and wake / read.
+ * done. After the last wake it checks every byte of each device against its file, and prints one
+ * line of JSON: per-round GB/s of all GPUs together, their medians, wake / read, and verified.
  *
  *   cc -O2 -o file_wake file_wake.c -ldl -lpthread
  *   ./file_wake --gpus 2 --size 16GiB [--threads 8] [--part 4MiB] [--buffers 2] [--rounds 5]
@@ -246,18 +246,25 @@ static void setup_worker(struct worker *w, struct gpu *g, const struct opts *o) 
 	}
 }
 
-/* verify compares each device's last part with the pattern its file holds. */
-static int verify(struct gpu *gs, const struct opts *o) {
-	size_t n = o->size < o->part ? o->size : o->part, off = o->size - n;
-	unsigned char *got = malloc(n), *want = malloc(n);
+/* verify compares every part of each device with its file after the last wake, through the
+ * device's first pinned staging buffer, and names the first part that differs. */
+static int verify(struct gpu *gs, struct worker *ws, const struct opts *o) {
+	unsigned char *want = malloc(o->part);
 	int ok = 1;
-	for (int i = 0; i < o->gpus; i++) {
+	for (int i = 0; i < o->gpus && ok; i++) {
+		unsigned char *got = ws[i * o->threads].buf[0];
 		CK(cu.CtxSetCurrent(gs[i].ctx));
-		CK(cu.MemcpyDtoH(got, gs[i].dev + off, n));
-		fill(want, n, off, i);
-		ok = ok && memcmp(got, want, n) == 0;
+		for (size_t off = 0; off < o->size && ok; off += o->part) {
+			size_t n = o->size - off < o->part ? o->size - off : o->part;
+			CK(cu.MemcpyDtoH(got, gs[i].dev + off, n));
+			fill(want, n, off, i);
+			if (memcmp(got, want, n)) {
+				fprintf(stderr, "file_wake: GPU %d differs from its file in the part at byte %zu\n", i, off);
+				ok = 0;
+			}
+		}
 	}
-	free(got), free(want);
+	free(want);
 	return ok;
 }
 
@@ -336,6 +343,6 @@ int main(int argc, char **argv) {
 	printf("\"median_read_gbps\": %.2f, \"median_wake_gbps\": %.2f, \"median_h2d_gbps\": %.2f, ",
 	       median(r[READ], o.rounds), median(r[WAKE], o.rounds), median(r[H2D], o.rounds));
 	printf("\"median_wake_vs_read\": %.3f, \"verified\": %s}\n", median(ratio, o.rounds),
-	       verify(gs, &o) ? "true" : "false");
+	       verify(gs, ws, &o) ? "true" : "false");
 	return 0;
 }
