@@ -5,6 +5,7 @@ import (
 	"cmp"
 	"encoding/json"
 	"errors"
+	"fmt"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -22,25 +23,46 @@ const fileWakePeer = "../scripts/peers/file_wake.c"
 // buildFileWakePeer compiles the peer with the host's C compiler, warnings as errors.
 func buildFileWakePeer(t *testing.T) string {
 	t.Helper()
-	cc := cmp.Or(os.Getenv("CC"), "gcc") // as the driver's and nccl's C-built tests
+	bin := filepath.Join(t.TempDir(), "file_wake")
+	compileC(t, "-O2", "-Wall", "-Wextra", "-Werror", "-o", bin, fileWakePeer, "-ldl", "-lpthread")
+	return bin
+}
+
+// buildFakeCUDA compiles testdata/fakecuda.c as a libcuda.so.1 and returns its directory.
+func buildFakeCUDA(t *testing.T) string {
+	t.Helper()
+	dir := t.TempDir()
+	compileC(t, "-O2", "-Wall", "-Wextra", "-Werror", "-shared", "-fPIC", "-o", filepath.Join(dir, "libcuda.so.1"), "testdata/fakecuda.c")
+	return dir
+}
+
+// compileC runs the host's C compiler ($CC, else gcc, as the driver's and nccl's C-built tests);
+// without one the test skips, or fails under CUVMM_REQUIRE_GPU=1.
+func compileC(t *testing.T, args ...string) {
+	t.Helper()
+	cc := cmp.Or(os.Getenv("CC"), "gcc")
 	if _, err := exec.LookPath(cc); err != nil {
 		if testutil.RequireGPU() {
-			t.Fatalf("CUVMM_REQUIRE_GPU=1 but no C compiler to build %s: %v", fileWakePeer, err)
+			t.Fatalf("CUVMM_REQUIRE_GPU=1 but no C compiler for %v: %v", args, err)
 		}
-		t.Skipf("no C compiler to build %s: %v", fileWakePeer, err)
+		t.Skipf("no C compiler for %v: %v", args, err)
 	}
-	bin := filepath.Join(t.TempDir(), "file_wake")
-	out, err := exec.Command(cc, "-O2", "-Wall", "-Wextra", "-Werror", "-o", bin, fileWakePeer, "-ldl", "-lpthread").CombinedOutput()
+	out, err := exec.Command(cc, args...).CombinedOutput()
 	require.NoError(t, err, "%s", out)
-	return bin
 }
 
 // runPeer runs the peer and returns its exit code, stdout and stderr.
 func runPeer(t *testing.T, bin string, args ...string) (int, string, string) {
 	t.Helper()
+	return runPeerEnv(t, bin, nil, args...)
+}
+
+// runPeerEnv is runPeer with env added to the test's environment.
+func runPeerEnv(t *testing.T, bin string, env []string, args ...string) (int, string, string) {
+	t.Helper()
 	var stdout, stderr bytes.Buffer
 	cmd := exec.Command(bin, args...)
-	cmd.Stdout, cmd.Stderr = &stdout, &stderr
+	cmd.Stdout, cmd.Stderr, cmd.Env = &stdout, &stderr, append(os.Environ(), env...)
 	err := cmd.Run()
 	var exit *exec.ExitError
 	if errors.As(err, &exit) {
@@ -86,4 +108,34 @@ func TestFileWakePeer(t *testing.T) {
 	require.Positive(t, res.MedianReadGBps, stdout)
 	require.Positive(t, res.MedianWakeGBps, stdout)
 	require.Positive(t, res.MedianH2DGBps, stdout)
+}
+
+// The peer's whole pipeline over a driver made of host memory (testdata/fakecuda.c), so that it
+// runs without a GPU: two GPUs, a size that ends inside a part, more threads than one part each.
+// Its check finds every byte equal, and names the part where one byte was flipped.
+func TestFileWakePeerPipeline(t *testing.T) {
+	bin, lib := buildFileWakePeer(t), buildFakeCUDA(t)
+	args := []string{"--gpus", "2", "--size", "9MiB", "--part", "1MiB", "--threads", "3", "--buffers", "2", "--rounds", "3", "--dir", t.TempDir()}
+	env := []string{"LD_LIBRARY_PATH=" + lib}
+	code, stdout, stderr := runPeerEnv(t, bin, env, args...)
+	require.Equal(t, 0, code, "%s", stderr)
+	var res struct {
+		GPUs      int       `json:"gpus"`
+		SizeBytes uint64    `json:"size_bytes"`
+		Verified  bool      `json:"verified"`
+		WakeGBps  []float64 `json:"wake_gbps"`
+		Ratio     []float64 `json:"wake_vs_read"`
+	}
+	require.NoError(t, json.Unmarshal([]byte(stdout), &res), stdout)
+	require.True(t, res.Verified, stdout)
+	require.Equal(t, 2, res.GPUs)
+	require.Equal(t, uint64(9<<20), res.SizeBytes)
+	require.Len(t, res.WakeGBps, 3, stdout)
+	require.Len(t, res.Ratio, 3, stdout)
+	for _, at := range []int{0, 5<<20 + 7, 9<<20 - 1} {
+		code, stdout, stderr = runPeerEnv(t, bin, append(env, fmt.Sprintf("FAKECUDA_FLIP_AT=%d", at)), args...)
+		require.Equal(t, 0, code, "%s", stderr)
+		require.Contains(t, stdout, `"verified": false`, "byte %d flipped", at)
+		require.Contains(t, stderr, fmt.Sprintf("GPU 0 differs from its file in the part at byte %d", at/(1<<20)*(1<<20)))
+	}
 }

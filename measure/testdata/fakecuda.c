@@ -1,0 +1,85 @@
+/*
+ * fakecuda.c: the driver calls that scripts/peers/file_wake.c makes, over host memory, built as a
+ * libcuda.so.1 of its own so that TestFileWakePeer can run the peer's whole pipeline on a machine
+ * without a GPU. Device memory is malloc'd; every copy is a memcpy done at once, so streams and
+ * events have nothing to wait for. FAKECUDA_FLIP_AT=N flips byte N of the first allocation in
+ * every copy back to the host that covers it, for the test that the peer's check catches a
+ * difference.
+ */
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+
+typedef int CUresult;
+typedef unsigned long long CUdeviceptr;
+
+#define FAKE_MAX_DEVICES 8
+
+static char *first_alloc;
+
+CUresult cuInit(unsigned flags) { return flags == 0 ? 0 : 1; }
+
+CUresult cuDeviceGet(int *dev, int ordinal) {
+	if (ordinal < 0 || ordinal >= FAKE_MAX_DEVICES)
+		return 101; /* CUDA_ERROR_INVALID_DEVICE */
+	*dev = ordinal;
+	return 0;
+}
+
+CUresult cuDevicePrimaryCtxRetain(void **ctx, int dev) {
+	*ctx = (void *)(uintptr_t)(dev + 1);
+	return 0;
+}
+
+CUresult cuCtxSetCurrent(void *ctx) { return ctx ? 0 : 1; }
+
+CUresult cuMemAlloc_v2(CUdeviceptr *p, size_t n) {
+	char *m = malloc(n);
+	if (!m)
+		return 2; /* CUDA_ERROR_OUT_OF_MEMORY */
+	if (!first_alloc)
+		first_alloc = m;
+	*p = (CUdeviceptr)(uintptr_t)m;
+	return 0;
+}
+
+CUresult cuMemHostAlloc(void **p, size_t n, unsigned flags) {
+	(void)flags;
+	*p = malloc(n);
+	return *p ? 0 : 2;
+}
+
+CUresult cuStreamCreate(void **s, unsigned flags) {
+	(void)flags;
+	*s = malloc(1);
+	return 0;
+}
+
+CUresult cuStreamSynchronize(void *s) { return s ? 0 : 1; }
+
+CUresult cuEventCreate(void **e, unsigned flags) {
+	(void)flags;
+	*e = malloc(1);
+	return 0;
+}
+
+CUresult cuEventRecord(void *e, void *s) { return e && s ? 0 : 1; }
+
+CUresult cuEventSynchronize(void *e) { return e ? 0 : 1; }
+
+CUresult cuMemcpyHtoDAsync_v2(CUdeviceptr dst, const void *src, size_t n, void *s) {
+	(void)s;
+	memcpy((void *)(uintptr_t)dst, src, n);
+	return 0;
+}
+
+CUresult cuMemcpyDtoH_v2(void *dst, CUdeviceptr src, size_t n) {
+	memcpy(dst, (const void *)(uintptr_t)src, n);
+	const char *at = getenv("FAKECUDA_FLIP_AT");
+	if (at && first_alloc) {
+		uintptr_t flip = (uintptr_t)first_alloc + strtoull(at, NULL, 10);
+		if (flip >= src && flip - src < n)
+			((char *)dst)[flip - src] ^= 1;
+	}
+	return 0;
+}
