@@ -51,6 +51,19 @@ func compileC(t *testing.T, args ...string) {
 	require.NoError(t, err, "%s", out)
 }
 
+// peerResult is the part of the peer's JSON line that the tests check.
+type peerResult struct {
+	GPUs           int       `json:"gpus"`
+	SizeBytes      uint64    `json:"size_bytes"`
+	Verified       bool      `json:"verified"`
+	ReadGBps       []float64 `json:"read_gbps"`
+	WakeGBps       []float64 `json:"wake_gbps"`
+	WakeVsRead     []float64 `json:"wake_vs_read"`
+	MedianReadGBps float64   `json:"median_read_gbps"`
+	MedianWakeGBps float64   `json:"median_wake_gbps"`
+	MedianH2DGBps  float64   `json:"median_h2d_gbps"`
+}
+
 // runPeer runs the peer and returns its exit code, stdout and stderr.
 func runPeer(t *testing.T, bin string, args ...string) (int, string, string) {
 	t.Helper()
@@ -95,13 +108,7 @@ func TestFileWakePeer(t *testing.T) {
 		t.Skipf("the peer needs the CUDA driver (set CUVMM_REQUIRE_GPU=1 to fail instead): %s", stderr)
 	}
 	require.Equal(t, 0, code, "%s", stderr)
-	var res struct {
-		Verified       bool      `json:"verified"`
-		ReadGBps       []float64 `json:"read_gbps"`
-		MedianReadGBps float64   `json:"median_read_gbps"`
-		MedianWakeGBps float64   `json:"median_wake_gbps"`
-		MedianH2DGBps  float64   `json:"median_h2d_gbps"`
-	}
+	var res peerResult
 	require.NoError(t, json.Unmarshal([]byte(stdout), &res), stdout)
 	require.True(t, res.Verified, stdout)
 	require.Len(t, res.ReadGBps, 2, stdout)
@@ -119,19 +126,13 @@ func TestFileWakePeerPipeline(t *testing.T) {
 	env := []string{"LD_LIBRARY_PATH=" + lib}
 	code, stdout, stderr := runPeerEnv(t, bin, env, args...)
 	require.Equal(t, 0, code, "%s", stderr)
-	var res struct {
-		GPUs      int       `json:"gpus"`
-		SizeBytes uint64    `json:"size_bytes"`
-		Verified  bool      `json:"verified"`
-		WakeGBps  []float64 `json:"wake_gbps"`
-		Ratio     []float64 `json:"wake_vs_read"`
-	}
+	var res peerResult
 	require.NoError(t, json.Unmarshal([]byte(stdout), &res), stdout)
 	require.True(t, res.Verified, stdout)
 	require.Equal(t, 2, res.GPUs)
 	require.Equal(t, uint64(9<<20), res.SizeBytes)
 	require.Len(t, res.WakeGBps, 3, stdout)
-	require.Len(t, res.Ratio, 3, stdout)
+	require.Len(t, res.WakeVsRead, 3, stdout)
 	for _, at := range []int{0, 5<<20 + 7, 9<<20 - 1} {
 		code, stdout, stderr = runPeerEnv(t, bin, append(env, fmt.Sprintf("FAKECUDA_FLIP_AT=%d", at)), args...)
 		require.Equal(t, 0, code, "%s", stderr)
