@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"io"
+	"strings"
 	"testing"
 
 	"github.com/stretchr/testify/require"
@@ -74,6 +75,15 @@ func TestAddBadInput(t *testing.T) {
 		var nilSet *offload.Set
 		require.NoError(t, nilSet.Close())
 		require.ErrorIs(t, nilSet.Sleep(bg), offload.ErrInvalidValue)
+		require.ErrorIs(t, nilSet.Wake(bg), offload.ErrInvalidValue)
+		require.ErrorIs(t, nilSet.Save(bg, io.Discard), offload.ErrInvalidValue)
+		require.ErrorIs(t, nilSet.Restore(bg, strings.NewReader("")), offload.ErrInvalidValue)
+		require.ErrorIs(t, nilSet.Remove("w"), offload.ErrInvalidValue)
+		require.Empty(t, nilSet.Tags())
+		require.False(t, nilSet.Asleep("w"))
+		require.Zero(t, nilSet.BackupBytes())
+		require.NoError(t, nilSet.TrimPool())
+		require.ErrorIs(t, nilSet.Prepare(bg), offload.ErrInvalidValue)
 	})
 }
 

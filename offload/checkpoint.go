@@ -119,8 +119,12 @@ func chunkRecord(a *vmm.Allocation, off uint64, acc []vmm.Access) ckChunk {
 // not be written while Save runs); sleeping Keep buffers from their backup. A sleeping Discard or
 // File buffer has no content here: Save fails with an error wrapping ErrAsleep.
 func (s *Set) Save(ctx context.Context, w io.Writer, tags ...string) error {
+	if s == nil {
+		return fmt.Errorf("offload: save: nil set: %w", ErrInvalidValue)
+	}
 	s.mu.Lock()
 	defer s.mu.Unlock()
+	s.reap()
 	es, err := s.selectEntries("save", tags)
 	if err != nil {
 		return err
@@ -155,7 +159,10 @@ func (s *Set) Save(ctx context.Context, w io.Writer, tags ...string) error {
 	if err := s.saveChunks(ctx, bw, refs); err != nil {
 		return fmt.Errorf("offload: save: %w", err)
 	}
-	return bw.Flush()
+	if err := bw.Flush(); err != nil {
+		return fmt.Errorf("offload: save: %w", err)
+	}
+	return nil
 }
 
 func writeHeader(w io.Writer, hdr *ckHeader) error {

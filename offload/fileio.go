@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"io"
 	"sync"
 
 	"github.com/cuvmm/cuvmm/driver"
@@ -181,7 +182,8 @@ func (s *Set) fileIn(ctx context.Context, st *vmm.Stream, us []*unit, recreate f
 				return err
 			}
 		}
-		if _, err := j.e.opts.File.ReadAt(b.mem(j.n), j.fileOff); err != nil {
+		// io.ReaderAt may answer a read that ends at the end of its data with io.EOF.
+		if n, err := j.e.opts.File.ReadAt(b.mem(j.n), j.fileOff); err != nil && (n < int(j.n) || !errors.Is(err, io.EOF)) {
 			return fmt.Errorf("read %s of %q at file offset %d: %w", units.FormatSize(j.n), j.e.tag, j.fileOff, err)
 		}
 		if err := rm.wait(ctx, j.ref); err != nil {

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"io"
 	"os"
 	"sync"
 	"testing"
@@ -17,13 +18,16 @@ import (
 	"github.com/cuvmm/cuvmm/vmm"
 )
 
-// flakyFile is a file whose n-th ReadAt or WriteAt fails with errDisk, or calls hook first.
+// flakyFile is a file whose n-th ReadAt or WriteAt fails with errDisk, or calls hook first. With
+// eofAtEnd its ReadAt answers a full read that reaches the end of the file with io.EOF, as
+// io.ReaderAt allows.
 type flakyFile struct {
 	*os.File
 	mu                  sync.Mutex
 	reads, writes       int
 	failRead, failWrite int
 	hook                func()
+	eofAtEnd            bool
 }
 
 var errDisk = errors.New("disk error")
@@ -46,7 +50,11 @@ func (f *flakyFile) ReadAt(p []byte, off int64) (int, error) {
 	if err := f.count(&f.reads, f.failRead); err != nil {
 		return 0, err
 	}
-	return f.File.ReadAt(p, off)
+	n, err := f.File.ReadAt(p, off)
+	if st, serr := f.Stat(); err == nil && serr == nil && f.eofAtEnd && off+int64(n) == st.Size() {
+		return n, io.EOF
+	}
+	return n, err
 }
 
 func (f *flakyFile) WriteAt(p []byte, off int64) (int, error) {
@@ -172,6 +180,26 @@ func TestFileIOFailures(t *testing.T) {
 			require.NoError(t, m.set.Wake(bg))
 			m.requireIntact(t)
 		}
+	})
+}
+
+// TestFileReaderAtEOF: a backing whose ReadAt returns io.EOF with a full read at the end of its
+// data (allowed by io.ReaderAt) wakes like any other; a short read at the end still fails.
+func TestFileReaderAtEOF(t *testing.T) {
+	testutil.Run(t, func(t *testing.T, b *testutil.Backend) {
+		m := newFileFixture(t, b)
+		m.f.eofAtEnd = true
+		require.NoError(t, m.set.Sleep(bg))
+		require.NoError(t, m.set.Wake(bg))
+		m.requireIntact(t)
+
+		require.NoError(t, m.set.Sleep(bg))
+		require.NoError(t, m.f.Truncate(24*mib-4096))
+		err := m.set.Wake(bg)
+		require.ErrorIs(t, err, io.EOF)
+		require.ErrorContains(t, err, "read 2 MiB of \"f\" at file offset 23068672")
+		require.True(t, m.set.Asleep("f"), "a short file leaves the buffer asleep")
+		require.NoError(t, m.buf.Close(), "closing it frees its backup")
 	})
 }
 

@@ -40,7 +40,10 @@ func Load(ctx context.Context, sys *vmm.System, r io.Reader, opts Options) (*Set
 			return fail(err)
 		}
 		bufs = append(bufs, b)
-		policy, _ := ParsePolicy(ce.Policy)
+		policy, err := ParsePolicy(ce.Policy)
+		if err != nil {
+			return fail(fmt.Errorf("offload: checkpoint entry %q: %w: %w", ce.Tag, ErrBadCheckpoint, err))
+		}
 		if policy == File {
 			policy = Keep
 		}

@@ -16,11 +16,15 @@ import (
 // so a truncated, corrupted or foreign checkpoint (an error wrapping ErrBadCheckpoint that names the
 // chunk) changes nothing.
 func (s *Set) Restore(ctx context.Context, r io.Reader) error {
+	if s == nil {
+		return fmt.Errorf("offload: restore: nil set: %w", ErrInvalidValue)
+	}
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	if s.own.IsClosed() {
 		return fmt.Errorf("offload: restore: %w", ErrClosed)
 	}
+	s.reap()
 	hdr, err := readHeader(r)
 	if err != nil {
 		return err

@@ -136,10 +136,13 @@ type entry struct {
 	policy Policy
 	opts   EntryOptions
 
-	asleep bool
-	chunks []chunkState // while asleep: what it takes to recreate each chunk
-	backup []*slot      // Keep policy while asleep: the content, in chunk order
-	closed atomic.Int64 // chunks closed while asleep
+	// asleep: the entry sleeps, and Wake restores every chunk. A failed Sleep or Wake whose undo
+	// failed too leaves an entry asleep with some chunks still mapped; Wake skips creating those.
+	asleep   bool
+	chunks   []chunkState // while asleep: what it takes to recreate each chunk
+	backup   []*slot      // Keep policy while asleep: the content, in chunk order
+	released atomic.Int64 // chunks whose memory is released (ReleaseAt), closed or not
+	closed   atomic.Int64 // chunks closed while released
 }
 
 // chunkState is one chunk of a sleeping buffer.
@@ -259,6 +262,9 @@ func (s *Set) checkAdd(tag string, buf vmm.Chunked, policy Policy, opts EntryOpt
 
 // Remove takes the buffer tagged tag out of the set; it must be awake.
 func (s *Set) Remove(tag string) error {
+	if s == nil {
+		return fmt.Errorf("offload: remove %q: nil set: %w", tag, ErrInvalidValue)
+	}
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	s.reap()
@@ -282,8 +288,11 @@ func (s *Set) find(tag string) *entry {
 	return nil
 }
 
-// Tags lists the tags in the order they were added.
+// Tags lists the tags in the order they were added (none for a nil set).
 func (s *Set) Tags() []string {
+	if s == nil {
+		return nil
+	}
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	out := make([]string, 0, len(s.entries))
@@ -293,8 +302,11 @@ func (s *Set) Tags() []string {
 	return out
 }
 
-// Asleep reports whether the buffer tagged tag is asleep.
+// Asleep reports whether the buffer tagged tag is asleep (false for a nil set).
 func (s *Set) Asleep(tag string) bool {
+	if s == nil {
+		return false
+	}
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	e := s.find(tag)
@@ -302,8 +314,11 @@ func (s *Set) Asleep(tag string) bool {
 }
 
 // BackupBytes is the pinned host memory the set holds: backups of sleeping buffers plus the slots
-// pooled for the next sleep.
+// pooled for the next sleep (0 for a nil set).
 func (s *Set) BackupBytes() uint64 {
+	if s == nil {
+		return 0
+	}
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	n := s.pool.bytes()
@@ -315,8 +330,12 @@ func (s *Set) BackupBytes() uint64 {
 	return n
 }
 
-// TrimPool frees the pinned slots pooled for the next sleep (backups of sleeping buffers stay).
+// TrimPool frees the pinned slots pooled for the next sleep (backups of sleeping buffers stay). It
+// is safe on nil, which holds nothing.
 func (s *Set) TrimPool() error {
+	if s == nil {
+		return nil
+	}
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	return s.pool.trim()
@@ -362,7 +381,7 @@ func (s *Set) stream(d *vmm.Device) (*vmm.Stream, error) {
 // the caller holds s.mu.
 func (s *Set) reap() {
 	s.entries = slices.DeleteFunc(s.entries, func(e *entry) bool {
-		if !e.asleep || e.closed.Load() < int64(len(e.chunks)) {
+		if !e.asleep || e.closed.Load() < e.released.Load() {
 			return false
 		}
 		s.pool.free(e.backup)
@@ -376,7 +395,7 @@ func (s *Set) reap() {
 // else by the next call on the set.
 func (s *Set) onChunkClosed(e *entry) func() {
 	return func() {
-		if e.closed.Add(1) < int64(len(e.chunks)) {
+		if e.closed.Add(1) < e.released.Load() {
 			return
 		}
 		if s.mu.TryLock() {

@@ -13,7 +13,10 @@ import (
 // their physical memory, keeping the reservations and the access description of every chunk.
 // Buffers already asleep are left as they are (so Sleep of a sleeping set is a no-op). On any error,
 // and when ctx is cancelled before the memory is released, every buffer is left awake and intact
-// and the error says which step failed.
+// and the error says which step failed. The one exception is a release that fails and whose undo
+// fails too (the driver refusing memory it just gave back): then the buffers with memory still
+// released stay asleep with their content kept, Asleep reports them, the error names them, and
+// Wake restores them (do not use them until then).
 func (s *Set) Sleep(ctx context.Context, tags ...string) error {
 	if s == nil {
 		return fmt.Errorf("offload: sleep: nil set: %w", ErrInvalidValue)
@@ -67,6 +70,7 @@ func (s *Set) prepare(es []*entry) ([]chunkRef, error) {
 		chunks := e.buf.Chunks()
 		e.chunks = make([]chunkState, 0, len(chunks))
 		e.closed.Store(0)
+		e.released.Store(0)
 		for i, c := range chunks {
 			a := c.Allocation
 			if err := checkChunk(e, i, a); err != nil {
@@ -188,20 +192,40 @@ func (s *Set) streamsFor(units map[*vmm.Device][]*unit) (map[*vmm.Device]*vmm.St
 }
 
 // release unmaps and releases every chunk. When one fails, the chunks already released are
-// recreated and their content restored, so that every buffer is awake again.
+// recreated and their content restored, so that every buffer is awake again. When that fails too,
+// the entries with a chunk still released stay asleep with their backups (Wake finishes the undo)
+// and the error names them.
 func (s *Set) release(refs []chunkRef) error {
 	for k, r := range refs {
-		cs := r.state()
-		if err := cs.alloc.ReleaseAt(cs.ptr, cs.access, r.e.opts.Force, s.onChunkClosed(r.e)); err != nil {
+		if err := s.releaseChunk(r, r.e.opts.Force); err != nil {
 			err = fmt.Errorf("release %s chunk %d: %w", r.e, r.i, err)
-			if werr := s.wakeRefs(context.Background(), refs[:k]); werr != nil {
-				return errors.Join(err, fmt.Errorf("and undoing the release failed: %w", werr))
+			werr := s.wakeRefs(context.Background(), refs[:k])
+			var asleep []*entry
+			for _, e := range entriesOf(refs) {
+				if werr != nil && e.released.Load() > 0 {
+					e.asleep = true
+					asleep = append(asleep, e)
+					continue
+				}
+				s.dropBackups([]*entry{e})
+				forget([]*entry{e})
 			}
-			s.dropBackups(entriesOf(refs))
-			forget(entriesOf(refs))
+			if werr != nil {
+				return errors.Join(err, fmt.Errorf("and undoing the release failed, so %v stay asleep with their content kept, for Wake to restore: %w", asleep, werr))
+			}
 			return err
 		}
 	}
+	return nil
+}
+
+// releaseChunk releases one chunk's memory (ReleaseAt) and counts it.
+func (s *Set) releaseChunk(r chunkRef, force bool) error {
+	cs := r.state()
+	if err := cs.alloc.ReleaseAt(cs.ptr, cs.access, force, s.onChunkClosed(r.e)); err != nil {
+		return err
+	}
+	r.e.released.Add(1)
 	return nil
 }
 

@@ -74,8 +74,12 @@ func (s *Set) wakeRefs(ctx context.Context, refs []chunkRef) error {
 	var made []chunkRef
 	recreate := func(r chunkRef) error {
 		cs := r.state()
-		if err := cs.alloc.RecreateAt(cs.ptr, cs.access); err != nil {
-			return fmt.Errorf("recreate %s chunk %d: %w", r.e, r.i, err)
+		// A chunk that a failed undo left mapped (see entry.asleep) only needs its content.
+		if cs.alloc.Asleep() {
+			if err := cs.alloc.RecreateAt(cs.ptr, cs.access); err != nil {
+				return fmt.Errorf("recreate %s chunk %d: %w", r.e, r.i, err)
+			}
+			r.e.released.Add(-1)
 		}
 		mu.Lock()
 		made = append(made, r)
@@ -141,8 +145,7 @@ func (u *unit) refs() []chunkRef {
 func (s *Set) resleep(refs []chunkRef) error {
 	var errs []error
 	for _, r := range refs {
-		cs := r.state()
-		if err := cs.alloc.ReleaseAt(cs.ptr, cs.access, true, s.onChunkClosed(r.e)); err != nil {
+		if err := s.releaseChunk(r, true); err != nil {
 			errs = append(errs, fmt.Errorf("undo: release %s chunk %d again: %w", r.e, r.i, err))
 		}
 	}

@@ -1,0 +1,46 @@
+package offload
+
+import (
+	"bytes"
+	"context"
+	"testing"
+
+	"github.com/stretchr/testify/require"
+
+	"github.com/cuvmm/cuvmm/growbuf"
+	"github.com/cuvmm/cuvmm/internal/testutil"
+)
+
+// A checkpoint whose header (checksum and all) names a policy this release does not know is
+// refused by Load as a bad checkpoint that names the buffer, with nothing left allocated.
+func TestLoadRefusesUnknownPolicy(t *testing.T) {
+	testutil.Run(t, func(t *testing.T, b *testutil.Backend) {
+		const mib = 1 << 20
+		d := b.Device(t, 0)
+		var saved bytes.Buffer
+		func() {
+			buf, err := growbuf.New(d, growbuf.Options{MaxSize: 8 * mib, Chunk: growbuf.FixedChunks(2 * mib)})
+			require.NoError(t, err)
+			defer func() { require.NoError(t, buf.Close()) }()
+			require.NoError(t, buf.Grow(4*mib))
+			set := NewSet(b.Sys, Options{SlotSize: 2 * mib})
+			defer func() { require.NoError(t, set.Close()) }()
+			require.NoError(t, set.Add("weights", buf, Keep, EntryOptions{}))
+			require.NoError(t, set.Save(context.Background(), &saved))
+		}()
+		r := bytes.NewReader(saved.Bytes())
+		hdr, err := readHeader(r)
+		require.NoError(t, err)
+		rest := saved.Bytes()[saved.Len()-r.Len():]
+		hdr.Entries[0].Policy = "archive"
+		var forged bytes.Buffer
+		require.NoError(t, writeHeader(&forged, hdr))
+		forged.Write(rest)
+		set, bufs, err := Load(context.Background(), b.Sys, &forged, Options{SlotSize: 2 * mib})
+		require.ErrorIs(t, err, ErrBadCheckpoint)
+		require.ErrorContains(t, err, `checkpoint entry "weights"`)
+		require.ErrorContains(t, err, "archive")
+		require.Nil(t, set)
+		require.Nil(t, bufs)
+	})
+}
