@@ -5,7 +5,6 @@ import (
 	"fmt"
 	"os"
 	"runtime"
-	"sync/atomic"
 
 	"github.com/cuvmm/cuvmm/driver"
 	"github.com/cuvmm/cuvmm/internal/lifetime"
@@ -36,7 +35,7 @@ type Allocation struct {
 	prop     driver.AllocationProp
 	imported bool
 
-	mappings atomic.Int64 // live Mappings of this allocation
+	mappings mappedAt // where its live Mappings are
 	own      lifetime.Owner
 	sleep    sleepState // released while asleep, exported (sleep.go); guarded by own's lock
 	hold     holdCount  // holders outside vmm, such as NCCL registrations (hold.go)
@@ -120,7 +119,26 @@ func (a *Allocation) Imported() bool { return a.imported }
 
 // Handle is the raw CUmemGenericAllocationHandle. Like os.File.Fd, it is valid only until Close;
 // callers using it must keep a alive (runtime.KeepAlive) until they are done.
-func (a *Allocation) Handle() driver.MemHandle { return a.handle }
+func (a *Allocation) Handle() driver.MemHandle {
+	a.own.Lock()
+	defer a.own.Unlock()
+	return a.handle
+}
+
+// withHandle runs fn with the allocation's handle under its lock, so that the allocation is neither
+// released to sleep nor closed meanwhile. A closed allocation is refused with ErrClosed, one asleep
+// with ErrAsleep (its memory is gone until RecreateAt).
+func (a *Allocation) withHandle(op string, fn func(driver.MemHandle) error) error {
+	a.own.Lock()
+	defer a.own.Unlock()
+	switch {
+	case a.own.Closed():
+		return fmt.Errorf("vmm: %s: %s: %w", op, a, ErrClosed)
+	case a.sleep.asleep:
+		return fmt.Errorf("vmm: %s: %s is released to sleep: %w", op, a, ErrAsleep)
+	}
+	return fn(a.handle)
+}
 
 func (a *Allocation) String() string {
 	return fmt.Sprintf("allocation of %s at %s", units.FormatSize(a.size), a.prop.Location)
@@ -150,15 +168,20 @@ func (a *Allocation) Export(typ driver.HandleType) (*os.File, error) {
 		return nil, fmt.Errorf("vmm: export %s as %s: the allocation was created with handle types %s: %w", a, typ, a.prop.RequestedHandleTypes, ErrInvalidValue)
 	}
 	var fd int
-	err := a.dev.do(func(api driver.API) error {
-		var err error
-		fd, err = api.MemExportToShareableHandle(a.handle, typ, 0)
-		return err
+	err := a.withHandle("export as "+typ.String(), func(h driver.MemHandle) error {
+		if err := a.dev.do(func(api driver.API) error {
+			var err error
+			fd, err = api.MemExportToShareableHandle(h, typ, 0)
+			return err
+		}); err != nil {
+			return fmt.Errorf("vmm: export %s as %s: %w", a, typ, err)
+		}
+		a.sleep.exported = true
+		return nil
 	})
 	if err != nil {
-		return nil, fmt.Errorf("vmm: export %s as %s: %w", a, typ, err)
+		return nil, err
 	}
-	a.noteExported()
 	return os.NewFile(uintptr(fd), fmt.Sprintf("cuvmm-%s-%s", typ, units.FormatSize(a.size))), nil
 }
 
@@ -172,16 +195,18 @@ func (a *Allocation) ExportFabric() (driver.FabricHandle, error) {
 	if a.prop.RequestedHandleTypes&driver.HandleTypeFabric == 0 {
 		return fh, fmt.Errorf("vmm: export %s as fabric: the allocation was created with handle types %s: %w", a, a.prop.RequestedHandleTypes, ErrInvalidValue)
 	}
-	err := a.dev.do(func(api driver.API) error {
-		var err error
-		fh, err = api.MemExportToFabricHandle(a.handle, 0)
-		return err
+	err := a.withHandle("export as fabric", func(h driver.MemHandle) error {
+		if err := a.dev.do(func(api driver.API) error {
+			var err error
+			fh, err = api.MemExportToFabricHandle(h, 0)
+			return err
+		}); err != nil {
+			return fmt.Errorf("vmm: export %s as fabric: %w", a, err)
+		}
+		a.sleep.exported = true
+		return nil
 	})
-	if err != nil {
-		return fh, fmt.Errorf("vmm: export %s as fabric: %w", a, err)
-	}
-	a.noteExported()
-	return fh, nil
+	return fh, err
 }
 
 // Import makes an Allocation from a shareable handle file (cuMemImportFromShareableHandle) exported by
@@ -249,7 +274,7 @@ func (a *Allocation) Close() error {
 		return nil
 	}
 	return a.own.Close("vmm: close "+a.String(), func() error {
-		if n := a.mappings.Load(); n > 0 {
+		if n := a.mappings.count(); n > 0 {
 			return fmt.Errorf("vmm: close %s: %d mappings still use it: %w", a, n, ErrInUse)
 		}
 		if err := a.checkHeld("close"); err != nil {

@@ -52,8 +52,13 @@ func (p *lanePool) get(api driver.API, ks *kernelSet) (*pattern.Lane, error) {
 		counter = ks.words + driver.DevicePtr(8*p.slots)
 	}
 	p.mu.Unlock()
-	return pattern.NewLane(api, counter) // on failure the word stays unused
-
+	l, err := pattern.NewLane(api, counter)
+	if err != nil && counter != 0 {
+		p.mu.Lock()
+		p.words = append(p.words, counter) // for the next lane
+		p.mu.Unlock()
+	}
+	return l, err
 }
 
 // maxIdleLanes is how many finished lanes a device keeps: enough for the usual one or two checks at

@@ -222,11 +222,23 @@ func (r *Reservation) MapAccess(off uint64, a *Allocation, access ...Access) (*M
 	if m := r.overlapping(off, a.size); m != nil {
 		return nil, fmt.Errorf("vmm: map %s at offset %#x of %s: overlaps the mapping at offset %#x: %w", a, off, r, m.off, ErrInvalidValue)
 	}
+	var m *Mapping
+	err := a.withHandle("map", func(h driver.MemHandle) error {
+		var err error
+		m, err = r.mapLocked(off, a, h, access)
+		return err
+	})
+	return m, err
+}
+
+// mapLocked maps a (whose handle is h) at offset off and grants access; the caller holds r's lock
+// and a's, so that a is neither closed nor released between the map and its record.
+func (r *Reservation) mapLocked(off uint64, a *Allocation, h driver.MemHandle, access []Access) (*Mapping, error) {
 	ptr := r.ptr + driver.DevicePtr(off)
 	descs := accessDescs(access)
 	unmapFailed := false
 	err := a.dev.do(func(api driver.API) error {
-		if err := api.MemMap(ptr, a.size, 0, a.handle, 0); err != nil {
+		if err := api.MemMap(ptr, a.size, 0, h, 0); err != nil {
 			return fmt.Errorf("cuMemMap: %w", err)
 		}
 		if len(descs) == 0 {
@@ -257,7 +269,7 @@ func (r *Reservation) addMapping(off uint64, a *Allocation, owns bool) *Mapping 
 	m := &Mapping{res: r, alloc: a, off: off, size: a.size, ownsAlloc: owns}
 	m.own.Init(&r.own, "mapping")
 	lifetime.Track(m, &m.own)
-	a.mappings.Add(1)
+	a.mappings.add(r.ptr + driver.DevicePtr(off))
 	r.mappings[off] = m
 	i, _ := slices.BinarySearch(r.offsets, off)
 	r.offsets = slices.Insert(r.offsets, i, off)
@@ -454,7 +466,7 @@ func (r *Reservation) forget(m *Mapping) error {
 		r.offsets = slices.Delete(r.offsets, i, i+1)
 	}
 	m.unmapped.Store(true)
-	m.alloc.mappings.Add(-1)
+	m.alloc.mappings.remove(r.ptr + driver.DevicePtr(m.off))
 	if err := m.finish(); err != nil {
 		r.pending = append(r.pending, m)
 		return err

@@ -12,8 +12,8 @@ import (
 // (growbuf.Buffer, stripe.Range, a reservation's mappings) keeps working once the memory is
 // recreated at the same address. Package offload builds sleep and wake of whole buffers on it.
 
-// ErrAsleep is returned for an operation that needs the physical memory of an allocation that is
-// asleep (ReleaseAt), or for waking one that is awake.
+// ErrAsleep is returned for an operation that needs the physical memory of an allocation released
+// to sleep: ReleaseAt again, Export, ExportFabric, or mapping it.
 var ErrAsleep = errors.New("vmm: allocation asleep")
 
 // ErrExported is returned by ReleaseAt for an allocation that was exported as a shareable handle:
@@ -25,12 +25,6 @@ type sleepState struct {
 	asleep   bool
 	exported bool
 	onClose  func() // run (under the owner's lock) when the allocation is closed while asleep
-}
-
-func (a *Allocation) noteExported() {
-	a.own.Lock()
-	a.sleep.exported = true
-	a.own.Unlock()
 }
 
 // closeAsleep is Close's free step for an allocation whose memory is already released: nothing to
@@ -66,9 +60,10 @@ func (a *Allocation) Exported() bool {
 // ReleaseAt puts the allocation to sleep: it unmaps it from ptr, where it must be mapped once and
 // whole, and releases its physical memory (cuMemUnmap, cuMemRelease). The Allocation and its
 // mappings stay valid values; their memory is gone until RecreateAt. Either both calls happen or
-// neither: when the release fails, the memory is mapped again at ptr with access. Imported
-// allocations are refused (their exporter owns the memory), and so are exported ones (ErrExported)
-// unless force is set. onClose, when not nil, runs if the allocation is closed while asleep (with the
+// neither: when the release fails, the memory is mapped again at ptr with access. ptr must be the
+// address of the allocation's one Mapping (ErrInvalidValue otherwise). Imported allocations are
+// refused (their exporter owns the memory), exported ones (ErrExported) unless force is set, and
+// held ones (Hold) with ErrInUse. onClose, when not nil, runs if the allocation is closed while asleep (with the
 // allocation locked: it must not call into this package). The caller must not use the memory, or Handle, until RecreateAt.
 func (a *Allocation) ReleaseAt(ptr driver.DevicePtr, access []Access, force bool, onClose func()) error {
 	if err := a.check("release to sleep"); err != nil {
@@ -83,8 +78,11 @@ func (a *Allocation) ReleaseAt(ptr driver.DevicePtr, access []Access, force bool
 		return fmt.Errorf("vmm: release %s at %#x: it is imported, its exporter owns the memory: %w", a, uint64(ptr), ErrInvalidValue)
 	case a.sleep.exported && !force:
 		return fmt.Errorf("vmm: release %s at %#x: %w", a, uint64(ptr), ErrExported)
-	case a.mappings.Load() != 1:
-		return fmt.Errorf("vmm: release %s at %#x: it has %d mappings, want 1: %w", a, uint64(ptr), a.mappings.Load(), ErrInvalidValue)
+	case !a.mappings.onlyAt(ptr):
+		return fmt.Errorf("vmm: release %s at %#x: it must have one mapping, at that address (it has %d mappings): %w", a, uint64(ptr), a.mappings.count(), ErrInvalidValue)
+	}
+	if err := a.checkHeld("release to sleep"); err != nil {
+		return err
 	}
 	descs := accessDescs(access)
 	err := a.dev.do(func(api driver.API) error {
@@ -124,7 +122,8 @@ func remap(api driver.API, ptr driver.DevicePtr, size uint64, h driver.MemHandle
 // properties and size (cuMemCreate), maps it at ptr and grants access (cuMemMap, cuMemSetAccess).
 // Either all happen or none: on failure the allocation stays asleep and the error wraps the
 // driver's (driver.ErrOutOfMemory when someone else took the memory), so the call can be retried.
-// The new memory's content is undefined.
+// The new memory's content is undefined. ptr must be where the allocation's Mapping still is: once
+// that Mapping is closed, or for an awake allocation, RecreateAt fails with ErrInvalidValue.
 func (a *Allocation) RecreateAt(ptr driver.DevicePtr, access []Access) error {
 	if err := a.check("recreate"); err != nil {
 		return err
@@ -133,6 +132,11 @@ func (a *Allocation) RecreateAt(ptr driver.DevicePtr, access []Access) error {
 	defer a.own.Unlock()
 	if !a.sleep.asleep {
 		return fmt.Errorf("vmm: recreate %s at %#x: it is awake: %w", a, uint64(ptr), ErrInvalidValue)
+	}
+	if !a.mappings.onlyAt(ptr) {
+		// Its mapping was closed while asleep (or ptr is not where it was): memory mapped now would
+		// belong to no Mapping, and its reservation could never be freed.
+		return fmt.Errorf("vmm: recreate %s at %#x: no mapping of it is left at that address: %w", a, uint64(ptr), ErrInvalidValue)
 	}
 	descs := accessDescs(access)
 	var h driver.MemHandle
