@@ -39,7 +39,10 @@ type Comm struct {
 	abortReq  chan struct{} // closed by Abort: a call in progress aborts at once
 	abortOnce sync.Once
 
-	own     lifetime.Owner // its lock is held by every call that uses h; closed once Close is done
+	// mu is the communicator's lock, held by every call that uses h (NCCL requires one call at a
+	// time per communicator); it guards the fields below and own's closed flag. Close only tries it.
+	mu      sync.Mutex
+	own     lifetime.Owner // closed once Close is done; its own lock is not used
 	aborted error          // why the communicator was aborted, nil while usable
 	regs    map[*Registration]struct{}
 }
@@ -80,9 +83,9 @@ func NewComm(ctx context.Context, lib API, id UniqueID, rank, nranks int, dev *v
 		}
 		return nil, fmt.Errorf("nccl: new communicator, %s: %w", what, initErr)
 	}
-	c.own.Lock()
+	c.mu.Lock()
 	err := c.waitLocked(ctx, "initialize the communicator")
-	c.own.Unlock()
+	c.mu.Unlock()
 	if err != nil {
 		c.release()
 		return nil, err
@@ -111,7 +114,10 @@ func (c *Comm) String() string {
 	return fmt.Sprintf("nccl communicator rank %d of %d on %s", c.rank, c.nranks, c.dev)
 }
 
-// use checks, with c.own held, that the communicator may be used.
+// usable reports, with c.mu held, whether the communicator is neither closed nor aborted.
+func (c *Comm) usable() bool { return !c.own.Closed() && c.aborted == nil }
+
+// use checks, with c.mu held, that the communicator may be used.
 func (c *Comm) use(op string) error {
 	if c.own.Closed() {
 		return fmt.Errorf("nccl: %s: %w", op, ErrClosed)
@@ -123,7 +129,7 @@ func (c *Comm) use(op string) error {
 }
 
 // waitLocked polls ncclCommGetAsyncError until the communicator has left ncclInProgress. When ctx
-// ends first, or the communicator reports an error, it aborts the communicator. c.own is held.
+// ends first, or the communicator reports an error, it aborts the communicator. c.mu is held.
 func (c *Comm) waitLocked(ctx context.Context, op string) error {
 	pause := time.Duration(0)
 	for {
@@ -183,7 +189,7 @@ func (c *Comm) abortRequested() bool {
 	}
 }
 
-// abortLocked aborts the communicator (ncclCommAbort) and remembers why. c.own is held.
+// abortLocked aborts the communicator (ncclCommAbort) and remembers why. c.mu is held.
 func (c *Comm) abortLocked(why error) {
 	if c.aborted != nil || c.own.Closed() {
 		return
@@ -194,7 +200,7 @@ func (c *Comm) abortLocked(why error) {
 }
 
 // dropRegistrations forgets every registration: an aborted or destroyed communicator releases them
-// itself. c.own is held.
+// itself. c.mu is held.
 func (c *Comm) dropRegistrations() {
 	for r := range c.regs {
 		r.forget()
@@ -204,8 +210,8 @@ func (c *Comm) dropRegistrations() {
 
 // release frees a communicator that failed to initialize (already aborted by waitLocked).
 func (c *Comm) release() {
-	c.own.Lock()
-	defer c.own.Unlock()
+	c.mu.Lock()
+	defer c.mu.Unlock()
 	if c.aborted == nil {
 		c.abortLocked(errors.New("initialization failed"))
 	}
@@ -215,16 +221,16 @@ func (c *Comm) release() {
 // Abort aborts the communicator (ncclCommAbort): operations still queued on the device stop, other
 // ranks' operations with this rank fail or hang until their own deadlines, and every registration
 // is released. It may be called from any goroutine while another call waits on the communicator
-// (a watchdog's way out of a hang): that call returns an error wrapping ErrAborted at once.
-// Afterwards every method fails with ErrAborted; Close is still allowed (and does nothing more).
-// Abort is idempotent and safe on nil.
+// (a watchdog's way out of a hang): that call returns an error wrapping ErrAborted at once, and
+// Abort returns once it has. Afterwards every method fails with ErrAborted; Close is still allowed
+// (and does nothing more). Abort is idempotent and safe on nil.
 func (c *Comm) Abort() error {
 	if c == nil {
 		return nil
 	}
 	c.abortOnce.Do(func() { close(c.abortReq) })
-	c.own.Lock()
-	defer c.own.Unlock()
+	c.mu.Lock()
+	defer c.mu.Unlock()
 	if c.own.Closed() || c.aborted != nil {
 		return nil
 	}
@@ -240,6 +246,11 @@ func (c *Comm) Abort() error {
 // for at most Options.CloseTimeout, after which it aborts) and destroys it (ncclCommDestroy). After
 // an abort it only marks the communicator closed. Close is idempotent and safe on nil.
 //
+// Close does not wait for a call that another goroutine is making on the communicator (an
+// operation, Wait, Register, a registration's Close, or another Close): it returns at once an error
+// wrapping ErrInUse and leaves the communicator as it was, so Close can be called again once that
+// call has returned. Abort interrupts a call that hangs.
+//
 // When ranks live in several processes, every rank should Close at about the same time, as a
 // collective: NCCL's destroy waits until the ranks of other processes that talk to this one have
 // closed theirs (or exited). A process that waits for its peer to exit before closing its own
@@ -249,8 +260,10 @@ func (c *Comm) Close() error {
 	if c == nil {
 		return nil
 	}
-	c.own.Lock()
-	defer c.own.Unlock()
+	if !c.mu.TryLock() {
+		return fmt.Errorf("nccl: close %v: another call is using the communicator (Abort interrupts it): %w", c, ErrInUse)
+	}
+	defer c.mu.Unlock()
 	if c.own.Closed() {
 		return nil
 	}
@@ -264,11 +277,24 @@ func (c *Comm) Close() error {
 	// what is still registered comes after they stopped (seen with NCCL 2.28: the buffer's memory
 	// stayed mapped for the life of the process).
 	regErr := c.deregisterAll()
-	timeout := c.opts.CloseTimeout
-	if timeout <= 0 {
-		timeout = DefaultCloseTimeout
+	if c.aborted != nil {
+		return regErr // a deregistration's wait failed and aborted the communicator
 	}
-	ctx, cancel := context.WithTimeout(context.Background(), timeout)
+	return errors.Join(regErr, c.finalize())
+}
+
+// closeTimeout is Options.CloseTimeout, or DefaultCloseTimeout when it is not set.
+func (c *Comm) closeTimeout() time.Duration {
+	if c.opts.CloseTimeout > 0 {
+		return c.opts.CloseTimeout
+	}
+	return DefaultCloseTimeout
+}
+
+// finalize finalizes the communicator (aborting it when that fails) and destroys it, within
+// Options.CloseTimeout. c.mu is held and the communicator usable.
+func (c *Comm) finalize() error {
+	ctx, cancel := context.WithTimeout(context.Background(), c.closeTimeout())
 	defer cancel()
 	err := c.dev.Raw(func(driver.API) error { return c.lib.CommFinalize(c.h) })
 	if err == nil || errors.Is(err, ErrInProgress) {
@@ -279,19 +305,21 @@ func (c *Comm) Close() error {
 			c.aborted = err
 			_ = c.dev.Raw(func(driver.API) error { return c.lib.CommAbort(c.h) })
 		}
-		return errors.Join(regErr, fmt.Errorf("nccl: close %v: ncclCommFinalize: %w", c, err))
+		return fmt.Errorf("nccl: close %v: ncclCommFinalize: %w", c, err)
 	}
-	return errors.Join(regErr, c.destroy(ctx))
+	return c.destroy(ctx)
 }
 
 // deregisterAll deregisters every registration still open (each releases its holds even when
-// NCCL's deregistration fails). c.own is held and the communicator usable.
+// NCCL's deregistration fails). A deregistration whose wait fails aborts the communicator, which
+// forgets the registrations not reached yet (releasing their holds). c.mu is held and the
+// communicator usable.
 func (c *Comm) deregisterAll() error {
 	var errs []error
 	for r := range c.regs {
+		delete(c.regs, r)
 		errs = append(errs, r.deregisterLocked())
 	}
-	clear(c.regs)
 	return errors.Join(errs...)
 }
 
@@ -323,8 +351,8 @@ func (c *Comm) destroy(ctx context.Context) error {
 // waits for the whole device (cuCtxSynchronize). Use it instead of s.Synchronize after
 // NCCL operations, whose kernels wait for their peers and would otherwise wait forever.
 func (c *Comm) Wait(ctx context.Context, s *vmm.Stream) error {
-	c.own.Lock()
-	defer c.own.Unlock()
+	c.mu.Lock()
+	defer c.mu.Unlock()
 	if err := c.use("wait"); err != nil {
 		return err
 	}
@@ -341,16 +369,16 @@ func (c *Comm) Wait(ctx context.Context, s *vmm.Stream) error {
 	for {
 		select {
 		case err := <-done:
-			if err != nil {
-				return fmt.Errorf("nccl: wait on %v: %w", c, err)
-			}
-			return nil
+			return c.synchronized(err)
 		case <-tick.C:
 			if err := c.lib.CommGetAsyncError(c.h); err != nil && !errors.Is(err, ErrInProgress) {
 				c.abortLocked(err)
 				return c.afterAbort(done, fmt.Errorf("nccl: wait on %v: %w", c, errors.Join(ErrAborted, err)))
 			}
 		case <-ctx.Done():
+			if ok, err := finishing(done); ok { // the work was done: the communicator stays healthy
+				return c.synchronized(err)
+			}
 			c.abortLocked(ctx.Err())
 			return c.afterAbort(done, fmt.Errorf("nccl: wait on %v: the stream's work was not done when the context ended, communicator aborted: %w",
 				c, errors.Join(ErrAborted, ctx.Err())))
@@ -358,6 +386,30 @@ func (c *Comm) Wait(ctx context.Context, s *vmm.Stream) error {
 			c.abortLocked(errAbortCalled)
 			return c.afterAbort(done, fmt.Errorf("nccl: wait on %v: Abort was called: %w", c, ErrAborted))
 		}
+	}
+}
+
+func (c *Comm) synchronized(err error) error {
+	if err != nil {
+		return fmt.Errorf("nccl: wait on %v: %w", c, err)
+	}
+	return nil
+}
+
+// syncGrace is how long Wait, once its context has ended, still gives the stream's synchronization
+// to return before it aborts: a stream whose work is done returns in microseconds, and a context
+// that ended (or had ended before Wait was called) must not abort a healthy communicator.
+const syncGrace = 20 * time.Millisecond
+
+// finishing reports the synchronization's result when it comes within syncGrace.
+func finishing(done chan error) (ok bool, err error) {
+	t := time.NewTimer(syncGrace)
+	defer t.Stop()
+	select {
+	case err := <-done:
+		return true, err
+	case <-t.C:
+		return false, nil
 	}
 }
 

@@ -1,12 +1,14 @@
 package nccl_test
 
 import (
+	"context"
 	"sync"
 	"testing"
 	"time"
 
 	"github.com/stretchr/testify/require"
 
+	"github.com/cuvmm/cuvmm/driver"
 	"github.com/cuvmm/cuvmm/internal/testutil"
 	"github.com/cuvmm/cuvmm/nccl"
 	"github.com/cuvmm/cuvmm/nccl/ncclsim"
@@ -99,4 +101,70 @@ func TestCloseWhilePeersStayOpen(t *testing.T) {
 		require.Eventually(t, func() bool { return lib.Live().Zero() }, 5*time.Second, 10*time.Millisecond,
 			"the destroy left in the background ends once released")
 	}, testutil.Devices(2), testutil.SimOnly())
+}
+
+// TestCloseWhileAnotherCallRuns: Close does not wait for a call of another goroutine (a receive
+// whose sender never comes) but returns ErrInUse at once; Abort interrupts the call, after which
+// Close succeeds.
+func TestCloseWhileAnotherCallRuns(t *testing.T) {
+	testutil.Run(t, func(t *testing.T, b *testutil.Backend) {
+		comms := ranks(t, b, library(t, b), 2)
+		buf := buffer(t, b.Device(t, 0), 2*mib, 2*mib)
+		recv := make(chan error, 1)
+		go func() { recv <- comms[0].Recv(context.Background(), buf.Ptr(), 16, nccl.Uint8, 1, nil) }()
+		time.Sleep(100 * time.Millisecond)
+		closed := make(chan error, 1)
+		go func() { closed <- comms[0].Close() }()
+		select {
+		case err := <-closed:
+			require.ErrorIs(t, err, nccl.ErrInUse)
+		case <-time.After(5 * time.Second):
+			_ = comms[0].Abort() // lets the test end
+			<-closed
+			t.Fatal("Close waited for the receive instead of returning ErrInUse")
+		}
+		require.NoError(t, comms[0].Abort())
+		require.ErrorIs(t, <-recv, nccl.ErrAborted)
+		require.NoError(t, comms[0].Close())
+	}, testutil.Devices(2), testutil.SimOnly())
+}
+
+// TestWaitWithEndedContextAfterTheWork: a context that has already ended does not abort a
+// communicator whose stream has nothing left to do.
+func TestWaitWithEndedContextAfterTheWork(t *testing.T) {
+	testutil.Run(t, func(t *testing.T, b *testutil.Backend) {
+		c := ranks(t, b, library(t, b), 1)[0]
+		s := stream(t, b.Device(t, 0))
+		ended, cancel := context.WithCancel(context.Background())
+		cancel()
+		for i := range 20 {
+			require.NoError(t, c.Wait(ended, s), "wait %d", i)
+			require.NoError(t, c.Wait(ended, nil), "wait %d on the whole device", i)
+		}
+		buf := buffer(t, b.Device(t, 0), 2*mib, 2*mib)
+		ctx := deadline(t, 10*time.Second)
+		require.NoError(t, c.AllReduce(ctx, buf.Ptr(), buf.Ptr(), 16, nccl.Uint8, nccl.Sum, s), "still usable")
+		require.NoError(t, c.Wait(ctx, s))
+	}, testutil.SimOnly())
+}
+
+// refusingSend is a stand-in whose ncclSend is refused at once, as NCCL's argument checks do.
+type refusingSend struct{ *ncclsim.Lib }
+
+func (l refusingSend) Send(driver.DevicePtr, uint64, nccl.DataType, int, nccl.CommHandle, driver.Stream) error {
+	return &nccl.CallError{Call: "ncclSend", Result: nccl.InvalidUsage}
+}
+
+// TestRefusedCallAbortsTheCommunicator: a call NCCL refuses aborts the communicator, and its error
+// wraps ErrAborted with NCCL's.
+func TestRefusedCallAbortsTheCommunicator(t *testing.T) {
+	testutil.Run(t, func(t *testing.T, b *testutil.Backend) {
+		c := ranks(t, b, refusingSend{library(t, b).(*ncclsim.Lib)}, 1)[0]
+		buf := buffer(t, b.Device(t, 0), 2*mib, 2*mib)
+		ctx := deadline(t, 10*time.Second)
+		err := c.Send(ctx, buf.Ptr(), 16, nccl.Uint8, 0, nil)
+		require.ErrorIs(t, err, nccl.ErrAborted)
+		require.ErrorIs(t, err, nccl.ErrInvalidValue)
+		require.ErrorIs(t, c.Send(ctx, buf.Ptr(), 16, nccl.Uint8, 0, nil), nccl.ErrAborted, "aborted by the first")
+	}, testutil.SimOnly())
 }

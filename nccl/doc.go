@@ -47,6 +47,10 @@
 //
 // # Closing and aborting
 //
+// Close does not wait for a call that another goroutine is making on the communicator: it returns
+// at once with an error wrapping ErrInUse, and can be called again once that call has returned.
+// Abort, allowed from any goroutine, interrupts a call that hangs.
+//
 // What NCCL 2.28.3 does here, seen on two H200s joined by NVLink:
 //   - Close is a collective when ranks live in several processes: ncclCommDestroy waits until the
 //     ranks of the other processes have closed theirs (or exited). Close every rank at about the

@@ -124,17 +124,20 @@ var (
 	ErrAborted = errors.New("nccl: communicator aborted")
 	// ErrClosed: a method was called after Close.
 	ErrClosed = errors.New("nccl: use after Close")
-	// ErrInUse: Close of a communicator while another call is using it, or whose ranks in other
-	// processes have not closed theirs within Options.CloseTimeout (NCCL's destroy waits for them), or
-	// of a buffer's registration that an operation is using.
+	// ErrInUse: Close of a communicator while another goroutine's call is using it (Close returns at
+	// once and may be called again; Abort interrupts a call that hangs), or of one whose ranks in
+	// other processes have not closed theirs within Options.CloseTimeout (NCCL's destroy waits for
+	// them).
 	ErrInUse = errors.New("nccl: still in use")
 	// ErrAlreadyRegistered: Register of a buffer (or part of one) that is already registered with
 	// the communicator.
 	ErrAlreadyRegistered = errors.New("nccl: buffer already registered")
 	// ErrWrongDevice: a buffer whose memory is on another device than the communicator's.
 	ErrWrongDevice = errors.New("nccl: buffer on another device")
-	// ErrRegistered: the buffer changed (grew, shrank, moved or closed) while registered; close the
-	// registration first.
+	// ErrRegistered is not returned by this package; it is kept for callers that name it. A
+	// registration holds the buffer's allocations (vmm.Allocation.Hold), so closing or shrinking a
+	// registered buffer fails in the buffer's own Close or Shrink with an error wrapping
+	// vmm.ErrInUse: close the registration first.
 	ErrRegistered = errors.New("nccl: buffer still registered")
 )
 

@@ -106,7 +106,8 @@ func (g *Group) Broadcast(send, recv driver.DevicePtr, count uint64, t DataType,
 // with the communicator's device bound (NCCL's group state is per thread), then polls until NCCL has
 // queued them on their streams. It returns once they are queued, not done: wait with Comm.Wait. When
 // ctx ends first (a peer that never posts its side keeps the group in progress), the communicator is
-// aborted and the error wraps ErrAborted and ctx's error.
+// aborted and the error wraps ErrAborted and ctx's error. When NCCL refuses a call or reports an
+// error for the group, the communicator is aborted too, and the error wraps ErrAborted and NCCL's.
 func (g *Group) Run(ctx context.Context) error {
 	if g.err != nil {
 		return g.err
@@ -115,8 +116,8 @@ func (g *Group) Run(ctx context.Context) error {
 		return nil
 	}
 	c := g.c
-	c.own.Lock()
-	defer c.own.Unlock()
+	c.mu.Lock()
+	defer c.mu.Unlock()
 	if err := c.use(g.ops[0].String()); err != nil {
 		return err
 	}
@@ -130,7 +131,7 @@ func (g *Group) Run(ctx context.Context) error {
 	if callErr != nil && !errors.Is(callErr, ErrInProgress) {
 		// A refused call inside a group leaves the communicator in an unknown state, as NCCL says.
 		c.abortLocked(callErr)
-		return fmt.Errorf("nccl: %s on %v: %w", g.describe(), c, callErr)
+		return fmt.Errorf("nccl: %s on %v, communicator aborted: %w", g.describe(), c, errors.Join(ErrAborted, callErr))
 	}
 	return c.waitLocked(ctx, g.describe())
 }

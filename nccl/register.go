@@ -30,8 +30,9 @@ type Registration struct {
 	ptr    driver.DevicePtr
 	pieces []regPiece
 	window bool
-	// own is closed once the holds are released. The communicator's lock guards the registration's
-	// state and is held whenever own is closed; own's lock only makes its closed flag readable.
+	// own is closed once the holds are released. The communicator's lock (c.mu) guards the
+	// registration's state and is held whenever own is closed; own's lock only makes its closed flag
+	// readable.
 	own lifetime.Owner
 }
 
@@ -73,8 +74,8 @@ func (c *Comm) Register(ctx context.Context, buf vmm.Chunked, opts ...RegisterOp
 	if v := c.lib.Version(); v < need {
 		return nil, &VersionError{Feature: call, Need: need, Have: v}
 	}
-	c.own.Lock()
-	defer c.own.Unlock()
+	c.mu.Lock()
+	defer c.mu.Unlock()
 	if err := c.use(what); err != nil {
 		return nil, err
 	}
@@ -98,7 +99,7 @@ func (c *Comm) Register(ctx context.Context, buf vmm.Chunked, opts ...RegisterOp
 	return r, nil
 }
 
-// overlapping refuses a buffer whose range meets one already registered. c.own is held.
+// overlapping refuses a buffer whose range meets one already registered. c.mu is held.
 func (c *Comm) overlapping(r *Registration, chunks []vmm.Chunk) error {
 	last := chunks[len(chunks)-1]
 	lo, hi := uint64(r.ptr), uint64(r.ptr)+last.Offset+last.Allocation.Size()
@@ -121,7 +122,7 @@ func (r *Registration) bounds() (lo, hi uint64) {
 }
 
 // registerPiece makes one registration call on the bound thread and waits for a window's collective
-// registration. c.own is held.
+// registration. c.mu is held.
 func (c *Comm) registerPiece(ctx context.Context, r *Registration, p *regPiece, o RegisterOptions) error {
 	ptr := r.ptr + driver.DevicePtr(p.off)
 	var callErr error
@@ -148,8 +149,13 @@ func (c *Comm) registerPiece(ctx context.Context, r *Registration, p *regPiece, 
 	return callErr
 }
 
-// Chunks is the number of NCCL registrations (one per chunk).
-func (r *Registration) Chunks() int { return len(r.pieces) }
+// Chunks is the number of NCCL registrations (one per chunk): 0 once the registration is closed or
+// its communicator closed or aborted.
+func (r *Registration) Chunks() int {
+	r.c.mu.Lock()
+	defer r.c.mu.Unlock()
+	return len(r.pieces)
+}
 
 // Window reports whether the chunks are registered as NCCL windows.
 func (r *Registration) Window() bool { return r.window }
@@ -159,29 +165,34 @@ func (r *Registration) Buffer() vmm.Chunked { return r.buf }
 
 // Close deregisters every chunk (ncclCommDeregister or ncclCommWindowDeregister) and releases the
 // holds on the buffer's allocations. After the communicator's Close or Abort it only releases the
-// holds. Idempotent and safe on nil.
+// holds. It waits for a call that another goroutine is making on the communicator (Abort interrupts
+// one that hangs). A deregistration that NCCL answers with an error, or whose wait fails (which
+// aborts the communicator), is reported, but the holds are released all the same: Close is not
+// retried. Idempotent and safe on nil.
 func (r *Registration) Close() error {
 	if r == nil {
 		return nil
 	}
-	r.c.own.Lock()
-	defer r.c.own.Unlock()
+	r.c.mu.Lock()
+	defer r.c.mu.Unlock()
 	if r.own.IsClosed() {
 		return nil
 	}
-	err := r.deregisterLocked()
 	delete(r.c.regs, r)
-	return err
+	return r.deregisterLocked()
 }
 
-// deregisterLocked undoes every registration of r (the communicator usable) and releases the
-// holds. c.own is held.
+// deregisterLocked undoes every registration of r while the communicator is usable and releases
+// every hold once. r.pieces is emptied first: a deregistration whose wait fails aborts the
+// communicator, whose dropRegistrations must then find nothing more of r to release, and the
+// chunks not reached yet are only released (NCCL freed them with the communicator). c.mu is held.
 func (r *Registration) deregisterLocked() error {
+	pieces := r.pieces
+	r.pieces = nil
 	var errs []error
-	usable := !r.c.own.Closed() && r.c.aborted == nil
-	for i := len(r.pieces) - 1; i >= 0; i-- {
-		p := r.pieces[i]
-		if usable {
+	for i := len(pieces) - 1; i >= 0; i-- {
+		p := pieces[i]
+		if r.c.usable() {
 			if err := r.deregisterPiece(p); err != nil {
 				errs = append(errs, fmt.Errorf("nccl: deregister chunk at offset %s: %w", units.FormatSize(p.off), err))
 			}
@@ -190,7 +201,6 @@ func (r *Registration) deregisterLocked() error {
 			p.release()
 		}
 	}
-	r.pieces = nil
 	r.own.Shut()
 	return errors.Join(errs...)
 }
@@ -204,7 +214,7 @@ func (r *Registration) deregisterPiece(p regPiece) error {
 		return c.lib.CommDeregister(c.h, p.handle)
 	})
 	if errors.Is(err, ErrInProgress) {
-		ctx, cancel := context.WithTimeout(context.Background(), DefaultCloseTimeout)
+		ctx, cancel := context.WithTimeout(context.Background(), c.closeTimeout())
 		defer cancel()
 		err = c.waitLocked(ctx, "deregistration")
 	}
@@ -212,13 +222,14 @@ func (r *Registration) deregisterPiece(p regPiece) error {
 }
 
 // forget releases the holds of a registration whose communicator was aborted (NCCL freed the
-// registrations). c.own is held.
+// registrations). c.mu is held.
 func (r *Registration) forget() {
-	for _, p := range r.pieces {
+	pieces := r.pieces
+	r.pieces = nil
+	for _, p := range pieces {
 		if p.release != nil {
 			p.release()
 		}
 	}
-	r.pieces = nil
 	r.own.Shut()
 }

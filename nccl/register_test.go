@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"math"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -192,5 +193,141 @@ func TestNewCommArguments(t *testing.T) {
 		require.True(t, errors.As(err, &ve))
 		require.Equal(t, 21200, ve.Have)
 		require.True(t, lib.Live().Zero(), "%s", lib.Live())
+	}, testutil.SimOnly())
+}
+
+// failingDeregister is a stand-in whose ncclCommDeregister deregisters and answers ncclInProgress,
+// after which the communicator reports ncclRemoteError (a peer died meanwhile) or, when stuck, stays
+// in progress forever.
+type failingDeregister struct {
+	*ncclsim.Lib
+	stuck  bool
+	called atomic.Bool
+}
+
+func (l *failingDeregister) CommDeregister(h nccl.CommHandle, rh nccl.RegHandle) error {
+	if err := l.Lib.CommDeregister(h, rh); err != nil {
+		return err
+	}
+	l.called.Store(true)
+	return nccl.InProgress
+}
+
+func (l *failingDeregister) CommGetAsyncError(h nccl.CommHandle) error {
+	switch {
+	case !l.called.Load():
+		return l.Lib.CommGetAsyncError(h)
+	case l.stuck:
+		return nccl.InProgress
+	}
+	return nccl.RemoteError
+}
+
+// soloComm makes a one-rank communicator over lib on device 0.
+func soloComm(t *testing.T, b *testutil.Backend, lib nccl.API, opts ...nccl.Options) *nccl.Comm {
+	t.Helper()
+	id, err := lib.GetUniqueID()
+	require.NoError(t, err)
+	c, err := nccl.NewComm(deadline(t, 10*time.Second), lib, id, 0, 1, b.Device(t, 0), opts...)
+	require.NoError(t, err)
+	return c
+}
+
+// TestRegistrationCloseWhenDeregistrationAborts: the wait for a chunk's deregistration fails and
+// aborts the communicator, which forgets its registrations while Close still walks the chunks. Close
+// reports the abort, releases every hold (the buffer closes) and leaves nothing registered.
+func TestRegistrationCloseWhenDeregistrationAborts(t *testing.T) {
+	testutil.Run(t, func(t *testing.T, b *testutil.Backend) {
+		lib := &failingDeregister{Lib: library(t, b).(*ncclsim.Lib)}
+		buf := buffer(t, b.Device(t, 0), 6*mib, 2*mib)
+		c := soloComm(t, b, lib)
+		reg, err := c.Register(deadline(t, 10*time.Second), buf)
+		require.NoError(t, err)
+		require.Equal(t, 3, reg.Chunks())
+		require.NotPanics(t, func() { err = reg.Close() })
+		require.ErrorIs(t, err, nccl.ErrAborted)
+		require.ErrorIs(t, err, nccl.ErrRemote)
+		require.Zero(t, reg.Chunks())
+		require.NoError(t, reg.Close(), "closed once")
+		require.NoError(t, c.Close(), "aborted: Close only marks it closed")
+		require.NoError(t, buf.Close(), "every hold was released")
+	}, testutil.SimOnly())
+}
+
+// TestCommCloseWhenDeregistrationAborts: the communicator's Close deregisters two buffers; the first
+// deregistration's wait fails and aborts the communicator. Close reports it without finalizing the
+// aborted communicator, and both buffers' holds are released.
+func TestCommCloseWhenDeregistrationAborts(t *testing.T) {
+	testutil.Run(t, func(t *testing.T, b *testutil.Backend) {
+		lib := &failingDeregister{Lib: library(t, b).(*ncclsim.Lib)}
+		bufs := []*growbuf.Buffer{buffer(t, b.Device(t, 0), 6*mib, 2*mib), buffer(t, b.Device(t, 0), 4*mib, 2*mib)}
+		c := soloComm(t, b, lib)
+		regs := make([]*nccl.Registration, len(bufs))
+		for i, buf := range bufs {
+			var err error
+			regs[i], err = c.Register(deadline(t, 10*time.Second), buf)
+			require.NoError(t, err)
+		}
+		var err error
+		require.NotPanics(t, func() { err = c.Close() })
+		require.ErrorIs(t, err, nccl.ErrAborted)
+		require.NotContains(t, err.Error(), "ncclCommFinalize", "an aborted communicator is not finalized")
+		for i, buf := range bufs {
+			require.Zero(t, regs[i].Chunks())
+			require.NoError(t, regs[i].Close())
+			require.NoError(t, buf.Close(), "buffer %d: every hold was released", i)
+		}
+		require.NoError(t, c.Close())
+	}, testutil.SimOnly())
+}
+
+// TestDeregistrationWaitsCloseTimeout: a deregistration that stays in progress is waited for
+// Options.CloseTimeout, not DefaultCloseTimeout, then the communicator is aborted.
+func TestDeregistrationWaitsCloseTimeout(t *testing.T) {
+	testutil.Run(t, func(t *testing.T, b *testutil.Backend) {
+		lib := &failingDeregister{Lib: library(t, b).(*ncclsim.Lib), stuck: true}
+		buf := buffer(t, b.Device(t, 0), 2*mib, 2*mib)
+		c := soloComm(t, b, lib, nccl.Options{CloseTimeout: 100 * time.Millisecond})
+		reg, err := c.Register(deadline(t, 10*time.Second), buf)
+		require.NoError(t, err)
+		start := time.Now()
+		err = reg.Close()
+		require.ErrorIs(t, err, nccl.ErrAborted)
+		require.ErrorIs(t, err, context.DeadlineExceeded)
+		require.Less(t, time.Since(start), 5*time.Second)
+		require.NoError(t, c.Close())
+	}, testutil.SimOnly())
+}
+
+// TestRegistrationChunksDuringAbort: Chunks may be called while another goroutine aborts the
+// communicator (go test -race finds no race).
+func TestRegistrationChunksDuringAbort(t *testing.T) {
+	testutil.Run(t, func(t *testing.T, b *testutil.Backend) {
+		lib := library(t, b)
+		buf := buffer(t, b.Device(t, 0), 4*mib, 2*mib)
+		c := soloComm(t, b, lib)
+		reg, err := c.Register(deadline(t, 10*time.Second), buf)
+		require.NoError(t, err)
+		stop := make(chan struct{})
+		read := make(chan int)
+		go func() {
+			n := 0
+			for {
+				select {
+				case <-stop:
+					read <- n
+					return
+				default:
+					n = reg.Chunks()
+				}
+			}
+		}()
+		time.Sleep(time.Millisecond)
+		require.NoError(t, c.Abort())
+		time.Sleep(time.Millisecond)
+		close(stop)
+		require.Zero(t, <-read, "the aborted communicator released the registration")
+		require.NoError(t, reg.Close())
+		require.NoError(t, c.Close())
 	}, testutil.SimOnly())
 }

@@ -54,29 +54,67 @@ func ReceiveID(rw io.ReadWriter) (UniqueID, error) {
 
 // ServeID hands id to peers ranks that connect to ln (a TCP listener, how ranks on different hosts
 // meet, or a Unix socket listener): it accepts peers connections, shares the ID on each and closes
-// them. It fails when ctx ends first. ln stays open.
+// them. It fails when ctx ends first, also while a peer that connected has not acknowledged the ID,
+// with an error wrapping ErrRendezvous and ctx's error. ln stays open, without a deadline.
 func ServeID(ctx context.Context, ln net.Listener, id UniqueID, peers int) error {
-	stop := context.AfterFunc(ctx, func() { setAcceptDeadline(ln, time.Unix(1, 0)) })
-	defer stop()
-	defer setAcceptDeadline(ln, time.Time{})
+	defer deadlineWhenDone(ctx, func(t time.Time) { setAcceptDeadline(ln, t) })()
 	for i := 0; i < peers; i++ {
 		conn, err := ln.Accept()
 		if err != nil {
-			if ctx.Err() != nil {
-				err = ctx.Err()
-			}
-			return fmt.Errorf("nccl: serve the unique ID on %s: %d of %d ranks connected: %w", ln.Addr(), i, peers, errors.Join(ErrRendezvous, err))
+			return fmt.Errorf("nccl: serve the unique ID on %s: %d of %d ranks connected: %w", ln.Addr(), i, peers,
+				errors.Join(ErrRendezvous, ctxErr(ctx, err)))
 		}
-		if d, ok := ctx.Deadline(); ok {
-			_ = conn.SetDeadline(d)
-		}
-		err = ShareID(conn, id)
-		conn.Close()
-		if err != nil {
+		if err := shareOn(ctx, conn, id); err != nil {
 			return fmt.Errorf("nccl: serve the unique ID on %s: %w", ln.Addr(), err)
 		}
 	}
 	return nil
+}
+
+// shareOn shares id on conn, which a past deadline interrupts when ctx ends, and closes conn.
+func shareOn(ctx context.Context, conn net.Conn, id UniqueID) error {
+	defer conn.Close()
+	defer deadlineWhenDone(ctx, func(t time.Time) { _ = conn.SetDeadline(t) })()
+	if err := ShareID(conn, id); err != nil {
+		return errors.Join(err, ctx.Err())
+	}
+	return nil
+}
+
+// receiveOn receives an ID on conn, which a past deadline interrupts when ctx ends, and closes conn.
+func receiveOn(ctx context.Context, conn net.Conn) (UniqueID, error) {
+	defer conn.Close()
+	defer deadlineWhenDone(ctx, func(t time.Time) { _ = conn.SetDeadline(t) })()
+	id, err := ReceiveID(conn)
+	if err != nil {
+		return id, errors.Join(err, ctx.Err())
+	}
+	return id, nil
+}
+
+// deadlineWhenDone calls set with a past time once ctx ends (which makes a blocked Accept, Read or
+// Write return). The function it returns undoes that: it stops the watch, waits for a set already
+// under way, and clears the deadline (set with the zero time), so nothing sets it after.
+func deadlineWhenDone(ctx context.Context, set func(time.Time)) (undo func()) {
+	fired := make(chan struct{})
+	stop := context.AfterFunc(ctx, func() {
+		defer close(fired)
+		set(time.Unix(1, 0))
+	})
+	return func() {
+		if !stop() {
+			<-fired
+		}
+		set(time.Time{})
+	}
+}
+
+// ctxErr is ctx's error when ctx has ended (the reason err, a deadline's timeout, came), else err.
+func ctxErr(ctx context.Context, err error) error {
+	if ctx.Err() != nil {
+		return ctx.Err()
+	}
+	return err
 }
 
 func setAcceptDeadline(ln net.Listener, t time.Time) {
@@ -86,19 +124,20 @@ func setAcceptDeadline(ln net.Listener, t time.Time) {
 }
 
 // DialID connects to a rank serving the unique ID (ServeID) at address on network ("tcp" or
-// "unix"), retrying while the server is not up yet, and returns the ID. It fails when ctx ends first.
+// "unix"), retrying while the server is not up yet, and returns the ID. It fails when ctx ends first,
+// also while the server that accepted has not sent the ID, with an error wrapping ErrRendezvous and
+// ctx's error.
 func DialID(ctx context.Context, network, address string) (UniqueID, error) {
 	var d net.Dialer
 	pause := 10 * time.Millisecond
 	for {
 		conn, err := d.DialContext(ctx, network, address)
 		if err == nil {
-			if dl, ok := ctx.Deadline(); ok {
-				_ = conn.SetDeadline(dl)
+			id, err := receiveOn(ctx, conn)
+			if err != nil {
+				return id, fmt.Errorf("nccl: fetch the unique ID from %s %s: %w", network, address, err)
 			}
-			id, err := ReceiveID(conn)
-			conn.Close()
-			return id, err
+			return id, nil
 		}
 		select {
 		case <-ctx.Done():

@@ -79,3 +79,95 @@ func TestRendezvousDeadlines(t *testing.T) {
 	require.ErrorIs(t, err, nccl.ErrRendezvous)
 	require.ErrorIs(t, err, context.DeadlineExceeded)
 }
+
+// TestServeIDEndsOnCancelWhileAPeerIsSilent: a peer that connects and never acknowledges the ID
+// does not keep ServeID past the cancellation of a context without a deadline, and the listener is
+// left without a deadline (it accepts again).
+func TestServeIDEndsOnCancelWhileAPeerIsSilent(t *testing.T) {
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	require.NoError(t, err)
+	defer ln.Close()
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	done := make(chan error, 1)
+	go func() { done <- nccl.ServeID(ctx, ln, nccl.UniqueID{}, 1) }()
+	conn, err := net.Dial("tcp", ln.Addr().String()) // never reads, never acknowledges
+	require.NoError(t, err)
+	defer conn.Close()
+	time.Sleep(50 * time.Millisecond)
+	cancel()
+	select {
+	case err := <-done:
+		require.ErrorIs(t, err, nccl.ErrRendezvous)
+		require.ErrorIs(t, err, context.Canceled)
+	case <-time.After(5 * time.Second):
+		t.Fatal("ServeID still blocked 5s after its context was cancelled")
+	}
+	requireAccepts(t, ln)
+}
+
+// TestServeIDLeavesNoDeadlineOnTheListener: a context that ends just as ServeID returns must not
+// leave the listener with a past deadline.
+func TestServeIDLeavesNoDeadlineOnTheListener(t *testing.T) {
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	require.NoError(t, err)
+	defer ln.Close()
+	for range 200 {
+		ctx, cancel := context.WithCancel(context.Background())
+		go cancel()
+		_ = nccl.ServeID(ctx, ln, nccl.UniqueID{}, 0)
+		cancel()
+	}
+	requireAccepts(t, ln)
+}
+
+// requireAccepts checks that ln accepts a connection (it has no past deadline).
+func requireAccepts(t *testing.T, ln net.Listener) {
+	t.Helper()
+	accepted := make(chan error, 1)
+	go func() {
+		c, err := ln.Accept()
+		if err == nil {
+			c.Close()
+		}
+		accepted <- err
+	}()
+	c, err := net.Dial("tcp", ln.Addr().String())
+	require.NoError(t, err)
+	defer c.Close()
+	select {
+	case err := <-accepted:
+		require.NoError(t, err, "the listener was left with a deadline")
+	case <-time.After(5 * time.Second):
+		t.Fatal("the listener did not accept")
+	}
+}
+
+// TestDialIDEndsOnCancelWhileTheServerIsSilent: a server that accepts and never sends the ID does
+// not keep DialID past the cancellation of a context without a deadline.
+func TestDialIDEndsOnCancelWhileTheServerIsSilent(t *testing.T) {
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	require.NoError(t, err)
+	defer ln.Close()
+	silent := make(chan net.Conn, 1)
+	go func() {
+		if c, err := ln.Accept(); err == nil {
+			silent <- c
+		}
+	}()
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	done := make(chan error, 1)
+	go func() { _, err := nccl.DialID(ctx, "tcp", ln.Addr().String()); done <- err }()
+	c := <-silent
+	defer c.Close()
+	time.Sleep(50 * time.Millisecond)
+	cancel()
+	select {
+	case err := <-done:
+		require.ErrorIs(t, err, nccl.ErrRendezvous)
+		require.ErrorIs(t, err, context.Canceled)
+	case <-time.After(5 * time.Second):
+		t.Fatal("DialID still blocked 5s after its context was cancelled")
+	}
+}
