@@ -30,7 +30,7 @@ func (p *Pool) AllocTag(size uint64, s *vmm.Stream, tag string) (*Block, error) 
 	if err := p.usable("allocate"); err != nil {
 		return nil, err
 	}
-	st := p.stream(s)
+	st := p.lookup(s)
 	off, ok := p.fastFit(st, small, span)
 	if !ok {
 		if off, err = p.slowAlloc(st, small, span); err != nil {
@@ -103,7 +103,7 @@ func (p *Pool) fastFit(st *streamState, small bool, span uint64) (uint64, bool) 
 		consider(st.large)
 	}
 	for _, b := range p.sealed {
-		if b.st == st {
+		if b.st.s == st.s {
 			if small {
 				consider(b.small)
 			} else {
@@ -162,7 +162,7 @@ func (p *Pool) slowAlloc(st *streamState, small bool, span uint64) (uint64, erro
 // the host, and no page is mapped.
 func (p *Pool) borrow(st *streamState, small bool, span uint64) (uint64, bool, error) {
 	for _, b := range p.sealed {
-		if b.st == st {
+		if b.st.s == st.s {
 			continue
 		}
 		set := b.large

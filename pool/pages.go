@@ -33,10 +33,6 @@ func (p *Pool) mapRange(off, n uint64) (uint64, error) {
 	t0 := time.Now()
 	defer p.driverTime(t0)
 	moved, err := p.takeIdle(min(n, idle))
-	if len(moved) > 0 {
-		p.stats.Stitches++
-		p.stats.StitchedBytes += uint64(len(moved)) * p.pageSize
-	}
 	var done uint64
 	used := 0 // moved pages consumed: mapped, or released by a failed map
 	for err == nil && done < n {
@@ -56,14 +52,17 @@ func (p *Pool) mapRange(off, n uint64) (uint64, error) {
 			done++
 		}
 	}
-	for _, a := range moved[used:] {
-		err = errors.Join(err, a.Close()) // taken but not mapped: released
+	if _, rerr := p.release(moved[used:]); rerr != nil { // taken but not mapped: released
+		err = errors.Join(err, rerr)
 	}
 	if done > 0 {
 		if aerr := p.res.SetAccess(off, done*p.pageSize, p.access...); aerr != nil {
-			_, uerr := p.dropPages(off, done)
-			return 0, errors.Join(err, aerr, uerr)
+			return 0, errors.Join(err, aerr, p.dropPages(off, done))
 		}
+	}
+	if err == nil && len(moved) > 0 {
+		p.stats.Stitches++
+		p.stats.StitchedBytes += uint64(len(moved)) * p.pageSize
 	}
 	p.stats.PeakMapped = max(p.stats.PeakMapped, uint64(len(p.pages))*p.pageSize)
 	return done, err
@@ -73,7 +72,8 @@ func (p *Pool) mapRange(off, n uint64) (uint64, error) {
 func (p *Pool) mapPage(off uint64, a *vmm.Allocation) error {
 	m, err := p.res.Map(off, a)
 	if err != nil {
-		return errors.Join(err, a.Close())
+		_, rerr := p.release([]*vmm.Allocation{a})
+		return errors.Join(err, rerr)
 	}
 	p.pages[off] = &page{alloc: a, m: m}
 	return nil
@@ -93,36 +93,65 @@ func (p *Pool) unmapPages(off, t uint64) ([]*vmm.Allocation, error) {
 	return out, nil
 }
 
-// dropPages unmaps the t pages at off with one cuMemUnmap and releases them, with
-// Options.ReleaseWorkers goroutines when there are many.
-func (p *Pool) dropPages(off, t uint64) (uint64, error) {
+// dropPages unmaps the t pages at off with one cuMemUnmap and releases them. When the unmap fails
+// nothing changed. Once it succeeded the pages are gone from p.pages whatever the error says: the
+// caller updates its ranges when p.pages[off] is nil.
+func (p *Pool) dropPages(off, t uint64) error {
 	as, err := p.unmapPages(off, t)
 	if err != nil {
-		return 0, err
+		return err
 	}
-	return t * p.pageSize, closeAll(as, p.opts.ReleaseWorkers)
+	_, err = p.release(as)
+	return err
 }
 
-// closeAll closes the allocations, spread over up to workers goroutines when there are at least 64.
-func closeAll(as []*vmm.Allocation, workers int) error {
-	if len(as) < 64 || workers <= 1 {
-		var errs []error
-		for _, a := range as {
-			errs = append(errs, a.Close())
+// release releases unmapped pages (cuMemRelease), with Options.ReleaseWorkers goroutines when there
+// are many, and returns the bytes released. A page whose release fails is kept on p.unreleased, which
+// Trim and Close retry, so that nothing leaks.
+func (p *Pool) release(as []*vmm.Allocation) (uint64, error) {
+	errs := make([]error, len(as))
+	closeAll(as, errs, p.opts.ReleaseWorkers)
+	var n uint64
+	for i, err := range errs {
+		if err != nil {
+			p.unreleased = append(p.unreleased, as[i])
+		} else {
+			n += p.pageSize
 		}
-		return errors.Join(errs...)
 	}
-	errs := make([]error, workers)
+	return n, errors.Join(errs...)
+}
+
+// retryReleases releases again the pages whose release failed before and returns the bytes released.
+func (p *Pool) retryReleases() (uint64, error) {
+	as := p.unreleased
+	p.unreleased = nil
+	n, err := p.release(as)
+	if err != nil {
+		err = fmt.Errorf("retry releasing %d pages, %d still fail: %w", len(as), len(p.unreleased), err)
+	}
+	return n, err
+}
+
+// closeAll closes the allocations into errs (one per allocation), spread over up to workers
+// goroutines when there are at least 64.
+func closeAll(as []*vmm.Allocation, errs []error, workers int) {
+	if len(as) < 64 || workers <= 1 {
+		for i, a := range as {
+			errs[i] = a.Close()
+		}
+		return
+	}
 	var wg sync.WaitGroup
 	for w := 0; w < workers; w++ {
+		lo, hi := w*len(as)/workers, (w+1)*len(as)/workers
 		wg.Add(1)
-		go func(w int) {
+		go func() {
 			defer wg.Done()
-			errs[w] = closeAll(as[w*len(as)/workers:(w+1)*len(as)/workers], 1)
-		}(w)
+			closeAll(as[lo:hi], errs[lo:hi], 1)
+		}()
 	}
 	wg.Wait()
-	return errors.Join(errs...)
 }
 
 // takeIdle unmaps up to k idle pages (large cache first, smallest runs first so that large contiguous
@@ -175,45 +204,73 @@ func (p *Pool) forgetSmallPage(pg uint64) {
 }
 
 // releaseIdle unmaps and releases idle pages until at most keep bytes of them remain, large cache
-// first (the tail of the largest run), then small pages.
+// first (the tail of the largest run), then small pages. It returns the bytes released; pages it
+// unmapped but could not release are no longer cached (they wait on p.unreleased).
 func (p *Pool) releaseIdle(keep uint64) (uint64, error) {
 	t0 := time.Now()
 	defer p.driverTime(t0)
 	var released uint64
-	defer func() {
-		if released > 0 {
-			p.stats.Trims++
-			p.stats.TrimmedBytes += released
-		}
-	}()
+	defer func() { p.trimmed(released) }()
 	for p.idleBytes() > keep {
 		excess := (p.idleBytes() - keep + p.pageSize - 1) / p.pageSize
-		if r := p.cached.largest(); r != nil {
-			t := min(r.n/p.pageSize, excess)
-			start := r.end() - t*p.pageSize
-			n, err := p.dropPages(start, t)
-			released += n
-			if err != nil {
-				return released, err
-			}
-			p.cached.take(r, start, t*p.pageSize)
-			p.unmapped.add(start, t*p.pageSize)
-			continue
-		}
-		pg := p.idleSmallPages()[0]
-		n, err := p.dropPages(pg, 1)
+		n, err := p.dropIdle(excess)
 		released += n
 		if err != nil {
 			return released, err
 		}
-		p.forgetSmallPage(pg)
 	}
 	return released, nil
+}
+
+// dropIdle unmaps and releases up to excess idle pages: the tail of the largest cached run, or else
+// the first idle small page. Once unmapped they leave the cache even when their release fails.
+func (p *Pool) dropIdle(excess uint64) (uint64, error) {
+	if r := p.cached.largest(); r != nil {
+		t := min(r.n/p.pageSize, excess)
+		start := r.end() - t*p.pageSize
+		as, err := p.unmapPages(start, t)
+		if err != nil {
+			return 0, err
+		}
+		p.cached.take(r, start, t*p.pageSize)
+		p.unmapped.add(start, t*p.pageSize)
+		return p.release(as)
+	}
+	pg := p.idleSmallPages()[0]
+	as, err := p.unmapPages(pg, 1)
+	if err != nil {
+		return 0, err
+	}
+	p.forgetSmallPage(pg)
+	return p.release(as)
+}
+
+// trimmed counts n bytes released by a trim (Trim, the high-water mark, Close).
+func (p *Pool) trimmed(n uint64) {
+	if n > 0 {
+		p.stats.Trims++
+		p.stats.TrimmedBytes += n
+	}
+}
+
+// releaseAll retries the releases that failed before, then releases every idle page (unless the
+// pool is asleep: it has none), and returns the bytes released (Trim, Close).
+func (p *Pool) releaseAll() (uint64, error) {
+	n, err := p.retryReleases()
+	p.trimmed(n)
+	if p.asleep {
+		return n, err
+	}
+	m, ierr := p.releaseIdle(0)
+	return n + m, errors.Join(err, ierr)
 }
 
 // Trim waits for pending frees (their events, not the device), then unmaps and releases every idle
 // page, so that the driver can give the memory to others. It returns the bytes released. Blocks keep
 // their memory and addresses.
+//
+// A page whose release (cuMemRelease) fails is unmapped all the same and no longer cached: the error
+// says so, and every later Trim, and Close, retries the release; the bytes count once released.
 func (p *Pool) Trim() (uint64, error) {
 	if p == nil {
 		return 0, fmt.Errorf("pool: trim: nil pool: %w", vmm.ErrInvalidValue)
@@ -226,7 +283,7 @@ func (p *Pool) Trim() (uint64, error) {
 	if err := p.drain(true); err != nil {
 		return 0, fmt.Errorf("pool: trim: %w", err)
 	}
-	n, err := p.releaseIdle(0)
+	n, err := p.releaseAll()
 	if err != nil {
 		return n, fmt.Errorf("pool: trim (%s released): %w", units.FormatSize(n), err)
 	}

@@ -115,7 +115,9 @@ type Pool struct {
 	sealed     []*batch // oldest first
 	spare      []*vmm.Event
 	live       int
-	slept      []uint64 // page offsets released by Sleep
+	slept      []uint64          // page offsets released by Sleep
+	unreleased []*vmm.Allocation // unmapped pages whose release failed: Trim and Close retry them
+	none       *rangeSet         // always empty: the open frees of a stream that has none
 	tags       map[string]uint64
 	stats      Stats
 	inUseBytes uint64 // sum of Size of live blocks
@@ -147,7 +149,7 @@ func New(dev *vmm.Device, opts Options) (*Pool, error) {
 		dev: dev, opts: opts, res: res, access: access, pageSize: g, smallEnd: smallEnd,
 		pages: map[uint64]*page{}, smallFree: newRangeSet(g), smallUse: map[uint64]uint64{}, smallIdle: map[uint64]bool{},
 		smallVA: newRangeSet(0), cached: newRangeSet(0), unmapped: newRangeSet(0),
-		streams: map[*vmm.Stream]*streamState{}, tags: map[string]uint64{},
+		streams: map[*vmm.Stream]*streamState{}, none: newRangeSet(0), tags: map[string]uint64{},
 	}
 	p.smallVA.add(0, smallEnd)
 	p.unmapped.add(smallEnd, res.Size()-smallEnd)
@@ -205,7 +207,8 @@ func (p *Pool) Reservation() *vmm.Reservation { return p.res }
 
 // Close waits for pending frees, unmaps and releases every page and frees the address range. It fails
 // with an error wrapping vmm.ErrInUse, naming how many blocks are still allocated, and then frees
-// nothing. Close is idempotent and safe on nil.
+// nothing. When releasing a page fails (now, or again for one whose release failed earlier) the pool
+// stays open, the error says so, and Close can be called again. Close is idempotent and safe on nil.
 func (p *Pool) Close() error {
 	if p == nil {
 		return nil
@@ -222,10 +225,8 @@ func (p *Pool) Close() error {
 	if err := p.drain(true); err != nil {
 		errs = append(errs, err)
 	}
-	if !p.asleep {
-		if _, err := p.releaseIdle(0); err != nil {
-			errs = append(errs, err)
-		}
+	if _, err := p.releaseAll(); err != nil {
+		errs = append(errs, err)
 	}
 	for _, e := range p.spare {
 		errs = append(errs, e.Close())

@@ -54,6 +54,11 @@ func (v chunkView) Chunks() []vmm.Chunk {
 // the pages under live blocks, remembering where they were. Their content is not kept: copy what must
 // survive out first (through Chunked). Until Wake, Alloc and Free fail with ErrAsleep and work must not
 // touch the blocks. (Package offload can instead sleep the pool through Chunked, keeping content.)
+//
+// A failed Sleep leaves the pool awake with every block intact, unless its error wraps ErrAsleep:
+// then the pool is asleep all the same, as after a successful Sleep, and only giving some pages back
+// failed. A page it could not unmap stays mapped (Wake keeps it, content and all); a page it could not
+// release is unmapped, and Trim and Close retry its release.
 func (p *Pool) Sleep() error {
 	p.own.Lock()
 	defer p.own.Unlock()
@@ -66,25 +71,40 @@ func (p *Pool) Sleep() error {
 	if _, err := p.releaseIdle(0); err != nil {
 		return fmt.Errorf("pool: sleep: %w", err)
 	}
+	if n, err := p.sleepPages(); err != nil {
+		return fmt.Errorf("pool: sleep: %w, but %d of its pages were not given back: %w", ErrAsleep, n, err)
+	}
+	return nil
+}
+
+// sleepPages unmaps and releases every mapped page (all under live blocks) and puts the pool to sleep,
+// whatever fails: it returns how many pages it could not give back, and why. A page it cannot unmap
+// stays mapped and out of p.slept; one it cannot release waits on p.unreleased.
+func (p *Pool) sleepPages() (int, error) {
 	offs := make([]uint64, 0, len(p.pages))
 	for off := range p.pages {
 		offs = append(offs, off)
 	}
 	slices.Sort(offs)
-	for i, off := range offs {
-		if _, err := p.dropPages(off, 1); err != nil {
-			p.slept = offs[:i]
-			rerr := p.restore()
-			return fmt.Errorf("pool: sleep: %w", errors.Join(err, rerr))
+	slept := make([]uint64, 0, len(offs))
+	var errs []error
+	for _, off := range offs {
+		as, err := p.unmapPages(off, 1)
+		if err == nil {
+			slept = append(slept, off)
+			_, err = p.release(as)
+		}
+		if err != nil {
+			errs = append(errs, err)
 		}
 	}
-	p.slept, p.asleep = offs, true
-	return nil
+	p.slept, p.asleep = slept, true
+	return len(errs), errors.Join(errs...)
 }
 
 // Wake maps new physical memory at every offset Sleep released, with the same access, so every block
 // is usable at its old address again (with undefined content). When the device has no room it fails
-// with an error wrapping driver.ErrOutOfMemory, stays asleep with nothing mapped, and can be retried.
+// with an error wrapping driver.ErrOutOfMemory, stays asleep as it was, and can be retried.
 func (p *Pool) Wake() error {
 	p.own.Lock()
 	defer p.own.Unlock()
@@ -109,15 +129,28 @@ func (p *Pool) restore() error {
 			j++
 		}
 		if err := p.newRun(p.slept[i], uint64(j-i)); err != nil {
-			for _, off := range p.slept[:i] {
-				_, derr := p.dropPages(off, 1)
-				err = errors.Join(err, derr)
-			}
-			return err
+			return errors.Join(err, p.unrestore())
 		}
 		i = j
 	}
 	return nil
+}
+
+// unrestore unmaps and releases the pages restore mapped at the offsets in p.slept. A page it cannot
+// unmap stays mapped, awake, and leaves p.slept, so that the next Wake does not map it twice.
+func (p *Pool) unrestore() error {
+	var errs []error
+	slept := p.slept[:0]
+	for _, off := range p.slept {
+		if p.pages[off] != nil {
+			errs = append(errs, p.dropPages(off, 1))
+		}
+		if p.pages[off] == nil {
+			slept = append(slept, off)
+		}
+	}
+	p.slept = slept
+	return errors.Join(errs...)
 }
 
 // newRun creates and maps n new pages at off and grants access, all or nothing.
@@ -138,8 +171,7 @@ func (p *Pool) newRun(off, n uint64) error {
 		err = p.res.SetAccess(off, n*p.pageSize, p.access...)
 	}
 	if err != nil && done > 0 {
-		_, derr := p.dropPages(off, done)
-		err = errors.Join(err, derr)
+		err = errors.Join(err, p.dropPages(off, done))
 	}
 	return err
 }

@@ -25,11 +25,13 @@ type Stats struct {
 	Blocks        int    // live blocks
 	Allocs        uint64 // successful Alloc calls
 	Frees         uint64 // successful Free calls
-	Failures      uint64 // Alloc calls that failed for lack of memory
+	// Failures counts Alloc calls that failed after their arguments were accepted: for lack of memory
+	// (errors wrapping driver.ErrOutOfMemory) or because a driver call failed.
+	Failures uint64
 	// Borrows counts requests served from another stream's free that had not completed, by making
 	// the requesting stream wait for its event (cuStreamWaitEvent) instead of mapping more memory.
 	Borrows       uint64
-	Stitches      uint64 // requests served by remapping idle pages into a fresh range
+	Stitches      uint64 // requests served by remapping idle pages into a fresh range (not failed ones)
 	StitchedBytes uint64 // bytes of pages remapped by stitching
 	NewPages      uint64 // pages created (cuMemCreate)
 	Trims         uint64 // releases of idle pages (Trim, the high-water mark, Close)

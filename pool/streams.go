@@ -8,7 +8,9 @@ import (
 	"github.com/cuvmm/cuvmm/vmm"
 )
 
-// streamState holds the frees queued on one stream that no event covers yet.
+// streamState holds the frees queued on one stream that no event covers yet. p.streams has an entry
+// only while there are some (drain drops the empty ones), so that streams used once, or closed, are
+// not kept; sealed batches name their stream by st.s, not by the entry.
 type streamState struct {
 	s            *vmm.Stream // nil: the legacy default stream
 	small, large *rangeSet
@@ -22,6 +24,15 @@ type batch struct {
 	small, large *rangeSet
 }
 
+// lookup is s's state for a request, without adding an entry when s has no open frees.
+func (p *Pool) lookup(s *vmm.Stream) *streamState {
+	if st := p.streams[s]; st != nil {
+		return st
+	}
+	return &streamState{s: s, small: p.none, large: p.none}
+}
+
+// stream is s's state for a free, made when s has none.
 func (p *Pool) stream(s *vmm.Stream) *streamState {
 	st := p.streams[s]
 	if st == nil {
@@ -62,7 +73,6 @@ func (p *Pool) seal(st *streamState) error {
 		// the device once rather than lose the memory.
 		if err = p.dev.Synchronize(); err == nil {
 			p.ready(b)
-			delete(p.streams, st.s) // a closed stream queues nothing more
 			return nil
 		}
 	}
@@ -75,13 +85,16 @@ func (p *Pool) seal(st *streamState) error {
 	return nil
 }
 
-// poll seals every stream's open frees and makes ready the batches whose event has completed; with
-// wait it waits for each (cuEventSynchronize: the events, never the device).
+// drain seals every stream's open frees, forgetting the streams left with none, and makes ready the
+// batches whose event has completed; with wait it waits for each (cuEventSynchronize: the events,
+// never the device).
 func (p *Pool) drain(wait bool) error {
 	var errs []error
-	for _, st := range p.streams {
+	for s, st := range p.streams {
 		if err := p.seal(st); err != nil {
 			errs = append(errs, err)
+		} else {
+			delete(p.streams, s) // sealed: no open frees left
 		}
 	}
 	if err := p.poll(wait); err != nil {

@@ -20,13 +20,17 @@ import (
 //	<size> <stream> <lifetime> [tag]
 //
 // size is a byte count, optionally with a unit (512, 64KiB, 2MiB, 1.5GiB; single letters K, M, G are
-// binary); stream is a non-negative stream index (replays map it onto their streams modulo their
-// count); lifetime is how many later allocations happen before this block is freed (0: freed right
-// before the next allocation), or "-" for a block that lives until the end; tag is an optional word
-// for accounting (weights, kv, act, scratch). A block is freed on the stream it was allocated on.
+// binary); stream is a stream index from 0 to MaxTraceStream (replays map it onto their streams
+// modulo their count); lifetime is how many later allocations happen before this block is freed (0:
+// freed right before the next allocation; one past the trace's end, as in a truncated trace, frees it
+// after the last allocation), or "-" for a block that lives until the end; tag is an optional word for
+// accounting (weights, kv, act, scratch). A block is freed on the stream it was allocated on.
 type Trace struct {
 	Events []TraceEvent
 }
+
+// MaxTraceStream is the largest stream index ParseTrace accepts.
+const MaxTraceStream = 1<<16 - 1
 
 // TraceEvent is one allocation of a trace.
 type TraceEvent struct {
@@ -75,8 +79,8 @@ func parseEvent(line string) (TraceEvent, error) {
 		return TraceEvent{}, fmt.Errorf("size %q: want a positive byte count: %w", f[0], vmm.ErrInvalidValue)
 	}
 	stream, err := strconv.Atoi(f[1])
-	if err != nil || stream < 0 {
-		return TraceEvent{}, fmt.Errorf("stream %q: want a non-negative integer: %w", f[1], vmm.ErrInvalidValue)
+	if err != nil || stream < 0 || stream > MaxTraceStream {
+		return TraceEvent{}, fmt.Errorf("stream %q: want an integer from 0 to %d: %w", f[1], MaxTraceStream, vmm.ErrInvalidValue)
 	}
 	life := -1
 	if f[2] != "-" {
@@ -117,7 +121,10 @@ func (t *Trace) FreesBefore() [][]int {
 		if e.Lifetime < 0 {
 			continue
 		}
-		at := min(i+e.Lifetime+1, len(t.Events))
+		at := len(t.Events)
+		if e.Lifetime < at-i-1 { // without overflow for any lifetime
+			at = i + e.Lifetime + 1
+		}
 		out[at] = append(out[at], i)
 	}
 	return out
@@ -153,11 +160,12 @@ func (t *Trace) Scale(f float64) *Trace {
 	return out
 }
 
-// Streams is the number of distinct stream indexes the trace uses (the largest plus one).
+// Streams is the number of distinct stream indexes the trace uses (the largest plus one), at most
+// math.MaxInt.
 func (t *Trace) Streams() int {
 	n := 0
 	for _, e := range t.Events {
-		n = max(n, e.Stream+1)
+		n = max(n, min(e.Stream, math.MaxInt-1)+1)
 	}
 	return n
 }

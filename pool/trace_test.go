@@ -3,6 +3,7 @@ package pool_test
 import (
 	"bytes"
 	"flag"
+	"math"
 	"os"
 	"strings"
 	"testing"
@@ -49,11 +50,26 @@ func TestParseTraceBadLines(t *testing.T) {
 		{"1M 0 -2\n", "lifetime \"-2\""},
 		{"1M 0 soon\n", "lifetime \"soon\""},
 		{"# nothing\n", "no allocations"},
+		{"1M 65536 -\n", "line 1 \"1M 65536 -\": stream \"65536\": want an integer from 0 to 65535"},
+		{"1M 9223372036854775807 -\n", "stream \"9223372036854775807\""},
 	} {
 		_, err := pool.ParseTrace(strings.NewReader(c.text))
 		require.ErrorIs(t, err, vmm.ErrInvalidValue, c.text)
 		require.Contains(t, err.Error(), c.want)
 	}
+}
+
+// Lifetimes past the trace's end, up to the largest int, free the block after the last allocation;
+// a trace made in Go may also hold stream indexes ParseTrace refuses. Nothing overflows.
+func TestTraceComputationsDoNotOverflow(t *testing.T) {
+	tr, err := pool.ParseTrace(strings.NewReader("1MiB 0 9223372036854775807\n2MiB 0 9223372036854775806\n4MiB 1 0\n"))
+	require.NoError(t, err)
+	require.Equal(t, [][]int{nil, nil, nil, {0, 1, 2}}, tr.FreesBefore())
+	peak, largest := tr.PeakInUse()
+	require.Equal(t, uint64(7<<20), peak)
+	require.Equal(t, uint64(4<<20), largest)
+	tr.Events[0].Stream = math.MaxInt
+	require.Equal(t, math.MaxInt, tr.Streams())
 }
 
 // TestServingTraceCommitted keeps testdata/serving.trace, the documented sample, equal to what the

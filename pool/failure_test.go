@@ -1,0 +1,181 @@
+package pool_test
+
+import (
+	"testing"
+
+	"github.com/stretchr/testify/require"
+
+	"github.com/cuvmm/cuvmm/driver"
+	"github.com/cuvmm/cuvmm/internal/testutil"
+	"github.com/cuvmm/cuvmm/pool"
+	"github.com/cuvmm/cuvmm/vmm"
+)
+
+// freeMemory is the device's free memory now.
+func freeMemory(t *testing.T, d *vmm.Device) uint64 {
+	t.Helper()
+	free, _, err := d.MemInfo()
+	require.NoError(t, err)
+	return free
+}
+
+// usable fails unless every byte of blk is mapped and accessible.
+func usable(t *testing.T, d *vmm.Device, blk *pool.Block) {
+	t.Helper()
+	check(t, d, blk, fill(t, d, blk, 5))
+}
+
+// closeGivesAllBack closes p and checks that the device has the memory it had before the pool.
+func closeGivesAllBack(t *testing.T, p *pool.Pool, d *vmm.Device, before uint64) {
+	t.Helper()
+	require.NoError(t, p.Close())
+	require.Equal(t, before, freeMemory(t, d), "every page released")
+}
+
+// A page whose release fails during Trim leaves the cache (its memory is unmapped), counts as
+// released only once a later Trim releases it, and the next Alloc gets mapped memory.
+func TestTrimReleaseFailureUncachesThePageAndRetries(t *testing.T) {
+	testutil.Run(t, func(t *testing.T, b *testutil.Backend) {
+		d := b.Device(t, 0)
+		before := freeMemory(t, d)
+		p, err := pool.New(d, pool.Options{Limit: 64 * mib})
+		require.NoError(t, err)
+		blk, err := p.Alloc(6*mib, nil)
+		require.NoError(t, err)
+		require.NoError(t, p.Free(blk, nil))
+		b.Sim.FailNth("cuMemRelease", 1, driver.ErrorUnknown)
+		n, err := p.Trim()
+		require.ErrorIs(t, err, driver.ErrorUnknown)
+		require.Equal(t, 4*mib, n, "two of the three pages released")
+		st := p.Stats()
+		require.Zero(t, st.Mapped)
+		require.Zero(t, st.Cached)
+		require.Equal(t, 4*mib, st.TrimmedBytes)
+
+		again, err := p.Alloc(6*mib, nil)
+		require.NoError(t, err)
+		usable(t, d, again)
+		require.NoError(t, p.Free(again, nil))
+		n, err = p.Trim()
+		require.NoError(t, err, "the failed release is retried")
+		require.Equal(t, 8*mib, n, "the retried page and the three idle ones")
+		require.Equal(t, 12*mib, p.Stats().TrimmedBytes)
+		closeGivesAllBack(t, p, d, before)
+	}, testutil.SimOnly(), simMemory)
+}
+
+// Close retries a release that failed before and, while it fails, reports it and stays open.
+func TestCloseRetriesAFailedReleaseUntilItSucceeds(t *testing.T) {
+	testutil.Run(t, func(t *testing.T, b *testutil.Backend) {
+		d := b.Device(t, 0)
+		before := freeMemory(t, d)
+		p, err := pool.New(d, pool.Options{Limit: 64 * mib})
+		require.NoError(t, err)
+		blk, err := p.Alloc(2*mib, nil)
+		require.NoError(t, err)
+		require.NoError(t, p.Free(blk, nil))
+		b.Sim.FailNth("cuMemRelease", 1, driver.ErrorUnknown)
+		b.Sim.FailNth("cuMemRelease", 2, driver.ErrorUnknown)
+		require.ErrorIs(t, p.Close(), driver.ErrorUnknown, "the release fails")
+		require.ErrorIs(t, p.Close(), driver.ErrorUnknown, "the retry fails too")
+		closeGivesAllBack(t, p, d, before)
+	}, testutil.SimOnly(), simMemory)
+}
+
+// A release that fails under the high-water mark of a Free leaves the cache consistent.
+func TestHighWaterReleaseFailureKeepsTheCacheMapped(t *testing.T) {
+	testutil.Run(t, func(t *testing.T, b *testutil.Backend) {
+		d := b.Device(t, 0)
+		before := freeMemory(t, d)
+		p, err := pool.New(d, pool.Options{Limit: 64 * mib, HighWater: 2 * mib})
+		require.NoError(t, err)
+		blk, err := p.Alloc(8*mib, nil)
+		require.NoError(t, err)
+		b.Sim.FailNth("cuMemRelease", 1, driver.ErrorUnknown)
+		require.ErrorIs(t, p.Free(blk, nil), driver.ErrorUnknown)
+		require.Equal(t, 2*mib, p.Stats().Mapped, "the pages above the mark are unmapped")
+		for _, size := range []uint64{2 * mib, 8 * mib} {
+			again, err := p.Alloc(size, nil)
+			require.NoError(t, err)
+			usable(t, d, again)
+			require.NoError(t, p.Free(again, nil))
+		}
+		closeGivesAllBack(t, p, d, before)
+	}, testutil.SimOnly(), simMemory)
+}
+
+// When releasing a page under a live block fails, Sleep puts the pool to sleep all the same and says
+// so (ErrAsleep); Wake gives the block memory again and Close releases the page at last.
+func TestSleepReleaseFailureStillSleeps(t *testing.T) {
+	testutil.Run(t, func(t *testing.T, b *testutil.Backend) {
+		d := b.Device(t, 0)
+		before := freeMemory(t, d)
+		p, err := pool.New(d, pool.Options{Limit: 64 * mib})
+		require.NoError(t, err)
+		blk, err := p.Alloc(4*mib, nil)
+		require.NoError(t, err)
+		b.Sim.FailNth("cuMemRelease", 2, driver.ErrorUnknown) // the second page under blk
+		err = p.Sleep()
+		require.ErrorIs(t, err, pool.ErrAsleep)
+		require.ErrorIs(t, err, driver.ErrorUnknown)
+		require.Zero(t, p.Stats().Mapped)
+		_, err = p.Alloc(1, nil)
+		require.ErrorIs(t, err, pool.ErrAsleep)
+		require.NoError(t, p.Wake())
+		usable(t, d, blk)
+		require.NoError(t, p.Free(blk, nil))
+		closeGivesAllBack(t, p, d, before)
+	}, testutil.SimOnly(), simMemory)
+}
+
+// A page that Sleep cannot unmap stays mapped, with its content, while the pool sleeps; Wake maps the
+// others again.
+func TestSleepUnmapFailureKeepsThePageMapped(t *testing.T) {
+	testutil.Run(t, func(t *testing.T, b *testutil.Backend) {
+		d := b.Device(t, 0)
+		before := freeMemory(t, d)
+		p, err := pool.New(d, pool.Options{Limit: 64 * mib})
+		require.NoError(t, err)
+		blk, err := p.Alloc(4*mib, nil)
+		require.NoError(t, err)
+		want := fill(t, d, blk, 3)
+		b.Sim.FailNth("cuMemUnmap", 1, driver.ErrorUnknown) // the first page under blk
+		err = p.Sleep()
+		require.ErrorIs(t, err, pool.ErrAsleep)
+		require.Equal(t, 2*mib, p.Stats().Mapped)
+		require.NoError(t, p.Wake())
+		got := make([]byte, 2*mib)
+		require.NoError(t, d.CopyDtoH(got, blk.Ptr))
+		require.Equal(t, want[:2*mib], got, "the page that stayed mapped kept its content")
+		usable(t, d, blk)
+		require.NoError(t, p.Free(blk, nil))
+		closeGivesAllBack(t, p, d, before)
+	}, testutil.SimOnly(), simMemory)
+}
+
+// A request whose stitch fails counts as a failure, not as a stitch, and the idle pages it took are
+// released (retrying one whose release failed) rather than leaked.
+func TestFailedStitchIsNotCountedAndLeaksNothing(t *testing.T) {
+	testutil.Run(t, func(t *testing.T, b *testutil.Backend) {
+		d := b.Device(t, 0)
+		before := freeMemory(t, d)
+		p, err := pool.New(d, pool.Options{Limit: 16 * mib, HighWater: ^uint64(0)})
+		require.NoError(t, err)
+		kept, _ := fragment(t, p, d)
+		b.Sim.FailNth("cuMemMap", 2, driver.ErrorUnknown)     // the second stitched page
+		b.Sim.FailNth("cuMemRelease", 2, driver.ErrorUnknown) // of the pages taken but not mapped
+		_, err = p.Alloc(8*mib, nil)
+		require.ErrorIs(t, err, driver.ErrorUnknown)
+		st := p.Stats()
+		require.Zero(t, st.Stitches)
+		require.Zero(t, st.StitchedBytes)
+		require.Equal(t, uint64(1), st.Failures)
+		big, err := p.Alloc(8*mib, nil)
+		require.NoError(t, err)
+		usable(t, d, big)
+		for _, blk := range append(kept, big) {
+			require.NoError(t, p.Free(blk, nil))
+		}
+		closeGivesAllBack(t, p, d, before)
+	}, testutil.SimOnly(), simMemory)
+}
