@@ -93,8 +93,8 @@ func (c *Conn) Next(v any) error {
 	return json.Unmarshal(raw, v)
 }
 
-// Report sends a report (in the child): v, or err's text when err is not nil. It returns err, or
-// the error of sending when err is nil.
+// Report sends a report (in the child): v, or err's text when err is not nil. It returns err (or
+// the error of encoding v, which the parent gets as the report's error), else the error of sending.
 func (c *Conn) Report(v any, err error) error {
 	var env envelope
 	if err != nil {
@@ -102,7 +102,8 @@ func (c *Conn) Report(v any, err error) error {
 	} else if v != nil {
 		body, merr := json.Marshal(v)
 		if merr != nil {
-			env.Error = merr.Error()
+			err = fmt.Errorf("worker: report: %w", merr) // the parent gets it, and so does the caller
+			env.Error = err.Error()
 		}
 		env.Body = body
 	}

@@ -19,6 +19,8 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"sync/atomic"
+	"time"
 
 	"golang.org/x/sys/unix"
 )
@@ -130,9 +132,10 @@ type Options struct {
 type Process struct {
 	cmd *exec.Cmd
 	// Conn is the control connection (nil with Options.NoControl).
-	Conn *Conn
-	wait sync.Once
-	werr error
+	Conn   *Conn
+	wait   sync.Once
+	werr   error
+	reaped atomic.Bool // Wait's cmd.Wait has returned (and set cmd.ProcessState)
 }
 
 // Start re-executes this binary as a child running role. An empty role starts the binary as it
@@ -154,6 +157,10 @@ func Start(role string, opts Options) (*Process, error) {
 	cmd.Stdin = opts.Stdin
 	cmd.Stdout, cmd.Stderr = output(opts.Stdout), output(opts.Stderr)
 	cmd.ExtraFiles = append([]*os.File(nil), opts.Files...)
+	// Output copied through a pipe (a writer that is not a file) ends only when every process
+	// holding the pipe has exited: without a bound, a grandchild the child started would keep Wait,
+	// and so Kill, waiting for as long as it lives.
+	cmd.WaitDelay = waitDelay
 	p := &Process{cmd: cmd}
 	var theirs *os.File
 	if !opts.NoControl {
@@ -250,18 +257,25 @@ func (p *Process) Wait() error {
 		if err := p.cmd.Wait(); err != nil {
 			p.werr = fmt.Errorf("worker (pid %d): %w", p.Pid(), err)
 		}
+		p.reaped.Store(true)
 	})
 	return p.werr
 }
 
+// waitDelay bounds how long Wait waits, once the child has exited, for its output pipes to close.
+const waitDelay = 2 * time.Second
+
 // Kill ends the child with SIGKILL and reaps it; a child that already exited is only reaped. The
 // error is Wait's.
 func (p *Process) Kill() error {
-	if p.cmd.ProcessState == nil {
-		_ = p.cmd.Process.Kill()
-	}
+	_ = p.cmd.Process.Kill() // after a reap it does nothing (os.ErrProcessDone)
 	return p.Wait()
 }
 
 // ExitState is the child's state after Wait (nil before).
-func (p *Process) ExitState() *os.ProcessState { return p.cmd.ProcessState }
+func (p *Process) ExitState() *os.ProcessState {
+	if !p.reaped.Load() {
+		return nil
+	}
+	return p.cmd.ProcessState
+}

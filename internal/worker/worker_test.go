@@ -6,6 +6,7 @@ import (
 	"os"
 	"os/exec"
 	"strings"
+	"sync"
 	"syscall"
 	"testing"
 	"time"
@@ -48,6 +49,23 @@ func init() {
 	worker.Register("sleep", func(c *worker.Conn) error {
 		time.Sleep(time.Minute)
 		return nil
+	})
+	// spawner starts a grandchild that holds its output for 20 s, then sleeps.
+	worker.Register("spawner", func(c *worker.Conn) error {
+		cmd := exec.Command("sleep", "20")
+		cmd.Stdout, cmd.Stderr = os.Stdout, os.Stderr
+		if err := cmd.Start(); err != nil {
+			return err
+		}
+		if err := c.Report("started", nil); err != nil {
+			return err
+		}
+		time.Sleep(time.Minute)
+		return nil
+	})
+	// badreport reports a value JSON cannot encode, and ends with Report's error.
+	worker.Register("badreport", func(c *worker.Conn) error {
+		return c.Report(make(chan int), nil)
 	})
 	worker.Register("stdout", func(*worker.Conn) error {
 		_, err := os.Stdout.WriteString("hello from the child\n")
@@ -129,4 +147,55 @@ func TestRoleNotInherited(t *testing.T) {
 	require.NoError(t, p.Conn.Receive(&got))
 	require.Equal(t, map[string]string{"role": "", "fd": ""}, got)
 	require.NoError(t, p.Wait())
+}
+
+// Kill returns within a few seconds even when a process the child started still holds the child's
+// output pipe (it waited for that grandchild to exit).
+func TestKillWithAGrandchildHoldingTheOutput(t *testing.T) {
+	if _, err := exec.LookPath("sleep"); err != nil {
+		t.Skipf("no sleep command: %v", err)
+	}
+	var out syncBuffer
+	p, err := worker.Start("spawner", worker.Options{Args: testArgs.Args, Stdout: &out, Stderr: &out})
+	require.NoError(t, err)
+	require.NoError(t, p.Conn.Receive(nil))
+	t0 := time.Now()
+	require.Error(t, p.Kill(), "killed")
+	require.Less(t, time.Since(t0), 10*time.Second, "Kill waited for the grandchild")
+	require.NotNil(t, p.ExitState())
+}
+
+// Kill while another goroutine reaps the child is race-free, and ExitState is nil until the reap.
+func TestKillWhileAnotherGoroutineWaits(t *testing.T) {
+	p, err := worker.Start("stdout", worker.Options{Args: testArgs.Args, NoControl: true})
+	require.NoError(t, err)
+	done := make(chan error, 1)
+	go func() { done <- p.Wait() }()
+	time.Sleep(200 * time.Millisecond)
+	require.NoError(t, p.Kill(), "the child had exited cleanly")
+	require.NoError(t, <-done)
+	require.NotNil(t, p.ExitState())
+}
+
+// syncBuffer is a bytes.Buffer safe for the output copying goroutines.
+type syncBuffer struct {
+	mu sync.Mutex
+	b  bytes.Buffer
+}
+
+func (s *syncBuffer) Write(p []byte) (int, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.Write(p)
+}
+
+// A report whose value cannot be encoded reaches the parent as an error, and Report returns it to
+// the child too, whose role then fails.
+func TestReportOfAnUnencodableValue(t *testing.T) {
+	p, err := worker.Start("badreport", testArgs)
+	require.NoError(t, err)
+	err = p.Conn.Receive(nil)
+	require.ErrorIs(t, err, worker.ErrRemote)
+	require.ErrorContains(t, err, "unsupported type")
+	require.Error(t, p.Wait(), "the role ended with Report's error")
 }
