@@ -289,3 +289,23 @@ func TestBackoffLogLine(t *testing.T) {
 	b.reset()
 	require.Zero(t, b.delay)
 }
+
+// With no per-message limit (ReadTimeout < 0), a peer that stops in the middle of a frame is still
+// dropped by the idle timeout, and the error says so (ErrIdle).
+func TestHalfMessageDroppedByIdleTimeoutAlone(t *testing.T) {
+	const timeout = 200 * time.Millisecond
+	dropped := make(chan error, 1)
+	l := serve(t, Options{IdleTimeout: timeout, ReadTimeout: -1}, echo(dropped))
+	half := dial(t, l.Path())
+	hb := make([]byte, HeaderSize)
+	Header{Kind: 3, Length: 100}.Put(hb)
+	_, err := half.Unix().Write(hb[:10])
+	require.NoError(t, err)
+	select {
+	case err := <-dropped:
+		require.ErrorIs(t, err, ErrIdle)
+		require.ErrorContains(t, err, "then nothing for")
+	case <-time.After(5 * timeout):
+		t.Fatal("the peer that stopped mid-frame was not dropped")
+	}
+}
