@@ -34,7 +34,8 @@ type envelope struct {
 // socket (Unix) may carry other packages' messages and descriptors between them.
 type Conn struct {
 	c *net.UnixConn
-	// Timeout bounds each Receive and Next (DefaultTimeout when 0).
+	// Timeout bounds each Receive and Next, and each write of Send and Report (DefaultTimeout
+	// when 0).
 	Timeout time.Duration
 }
 
@@ -57,7 +58,25 @@ func (c *Conn) Send(v any) error {
 	if err != nil {
 		return fmt.Errorf("worker: encoding a call: %w", err)
 	}
-	return ipc.WriteMessage(c.c, kindCall, payload, nil)
+	return c.write(kindCall, payload)
+}
+
+// write sends one message within the Conn's timeout, so that a peer that stops reading (once the
+// socket's buffer is full) cannot block this side for ever.
+func (c *Conn) write(kind uint16, payload []byte) error {
+	if err := c.c.SetWriteDeadline(time.Now().Add(c.timeout())); err != nil {
+		return err
+	}
+	defer c.c.SetWriteDeadline(time.Time{})
+	return ipc.WriteMessage(c.c, kind, payload, nil)
+}
+
+// timeout is Timeout, or DefaultTimeout when it is 0.
+func (c *Conn) timeout() time.Duration {
+	if c.Timeout == 0 {
+		return DefaultTimeout
+	}
+	return c.Timeout
 }
 
 // Receive reads the child's next report into v (which may be nil). A report of an error comes back
@@ -108,7 +127,7 @@ func (c *Conn) Report(v any, err error) error {
 		env.Body = body
 	}
 	payload, _ := json.Marshal(env)
-	if werr := ipc.WriteMessage(c.c, kindReport, payload, nil); err == nil {
+	if werr := c.write(kindReport, payload); err == nil {
 		return werr
 	}
 	return err
@@ -116,11 +135,7 @@ func (c *Conn) Report(v any, err error) error {
 
 // read reads one message of kind want (descriptors sent along are closed) into v.
 func (c *Conn) read(want uint16, v any) error {
-	timeout := c.Timeout
-	if timeout == 0 {
-		timeout = DefaultTimeout
-	}
-	if err := c.c.SetReadDeadline(time.Now().Add(timeout)); err != nil {
+	if err := c.c.SetReadDeadline(time.Now().Add(c.timeout())); err != nil {
 		return err
 	}
 	defer c.c.SetReadDeadline(time.Time{})

@@ -199,3 +199,19 @@ func TestReportOfAnUnencodableValue(t *testing.T) {
 	require.ErrorContains(t, err, "unsupported type")
 	require.Error(t, p.Wait(), "the role ended with Report's error")
 }
+
+// Send to a child that never reads fails within the Conn's timeout once the socket is full, instead
+// of blocking the parent for ever.
+func TestSendToAChildThatStopsReading(t *testing.T) {
+	p, err := worker.Start("sleep", testArgs)
+	require.NoError(t, err)
+	defer func() { _ = p.Kill() }()
+	p.Conn.Timeout = 200 * time.Millisecond
+	big := call{Op: strings.Repeat("x", 256<<10)}
+	t0 := time.Now()
+	for i := 0; i < 1000 && err == nil; i++ {
+		err = p.Conn.Send(big)
+	}
+	require.ErrorIs(t, err, os.ErrDeadlineExceeded)
+	require.Less(t, time.Since(t0), 5*time.Second)
+}
