@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"slices"
 	"time"
 	"unsafe"
 
@@ -19,6 +20,7 @@ import (
 type Pool struct {
 	region     *Region
 	ownsRegion bool
+	off        uint64 // the pool's range in the region starts here
 	bufSize    uint64
 	bufs       []*Buffer
 	free       chan *Buffer
@@ -60,7 +62,8 @@ type PoolStats struct {
 var bufferAlign = pageSize
 
 // NewPool carves count buffers of bufSize bytes (rounded up to the host page size; BufferSize
-// reports it) from the part of r that no other pool took, starting at the lowest free offset. The
+// reports it) from the part of r that no open pool holds: the lowest free range that fits. Closing
+// the pool frees its range for later pools. The
 // region must stay open while the pool is: closing it fails with ErrInUse until the pool is closed.
 func NewPool(r *Region, bufSize uint64, count int) (*Pool, error) {
 	if r == nil {
@@ -78,22 +81,42 @@ func NewPool(r *Region, bufSize uint64, count int) (*Pool, error) {
 	if r.own.Closed() {
 		return nil, fmt.Errorf("pinned: new pool on %s: %w", r, ErrClosed)
 	}
-	left := r.size - r.carved
-	if size > left || uint64(count) > left/size {
-		return nil, fmt.Errorf("pinned: new pool of %d × %s: %s of %s is left: %w", count, units.FormatSize(size), units.FormatSize(left), r, ErrInvalidValue)
+	off, ok := r.carve(size, count)
+	if !ok {
+		return nil, fmt.Errorf("pinned: new pool of %d × %s: no free range of %s that fits is left: %w", count, units.FormatSize(size), r, ErrInvalidValue)
 	}
-	p := &Pool{region: r, bufSize: size, free: make(chan *Buffer, count), done: make(chan struct{}),
+	p := &Pool{region: r, off: off, bufSize: size, free: make(chan *Buffer, count), done: make(chan struct{}),
 		multi: make(chan struct{}, 1)}
 	for i := 0; i < count; i++ {
-		b := &Buffer{pool: p, index: i, off: r.carved + uint64(i)*size, size: size}
+		b := &Buffer{pool: p, index: i, off: off + uint64(i)*size, size: size}
 		p.bufs = append(p.bufs, b)
 		p.free <- b
 	}
-	r.carved += uint64(count) * size
-	r.pools++
 	p.stats.Buffers, p.stats.BufferSize = count, size
 	lifetime.Track(p, &p.own)
 	return p, nil
+}
+
+// carve takes the lowest free range of count × size bytes for a pool, if one fits; the caller holds
+// r.own's lock.
+func (r *Region) carve(size uint64, count int) (uint64, bool) {
+	if uint64(count) > r.size/size {
+		return 0, false
+	}
+	n, off, i := uint64(count)*size, uint64(0), 0
+	for ; i < len(r.pools) && r.pools[i].off-off < n; i++ {
+		off = r.pools[i].end
+	}
+	if i == len(r.pools) && r.size-off < n {
+		return 0, false
+	}
+	r.pools = slices.Insert(r.pools, i, span{off, off + n})
+	return off, true
+}
+
+// uncarve frees the range of the pool at off; the caller holds r.own's lock.
+func (r *Region) uncarve(off uint64) {
+	r.pools = slices.DeleteFunc(r.pools, func(s span) bool { return s.off == off })
 }
 
 // CreatePool makes a region of count × bufSize bytes for dev with opts (see New) and carves a pool
@@ -295,7 +318,7 @@ func (p *Pool) Close() error {
 
 	r := p.region
 	r.own.Lock()
-	r.pools--
+	r.uncarve(p.off)
 	r.own.Unlock()
 	if p.ownsRegion {
 		return p.closeRegion()

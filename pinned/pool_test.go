@@ -170,3 +170,42 @@ func TestPoolConcurrent(t *testing.T) {
 		require.LessOrEqual(t, st.MaxInUse, n)
 	})
 }
+
+// Closing a pool gives its range back: a later pool takes the lowest free range that fits, and a
+// region full of open pools refuses another.
+func TestPoolCloseFreesItsRange(t *testing.T) {
+	testutil.Run(t, func(t *testing.T, b *testutil.Backend) {
+		d := b.Device(t, 0)
+		r, err := pinned.New(d, 4*mib, pinned.Options{})
+		require.NoError(t, err)
+		defer func() { require.NoError(t, r.Close()) }()
+		p1, err := pinned.NewPool(r, mib, 2) // [0, 2 MiB)
+		require.NoError(t, err)
+		p2, err := pinned.NewPool(r, mib, 2) // [2, 4 MiB)
+		require.NoError(t, err)
+		_, err = pinned.NewPool(r, mib, 1)
+		require.ErrorIs(t, err, pinned.ErrInvalidValue, "the region is full")
+		require.NoError(t, p1.Close())
+		_, err = pinned.NewPool(r, mib, 3)
+		require.ErrorIs(t, err, pinned.ErrInvalidValue, "3 MiB fits no free range")
+		p3, err := pinned.NewPool(r, mib, 1)
+		require.NoError(t, err)
+		p4, err := pinned.NewPool(r, mib, 1)
+		require.NoError(t, err)
+		for i, p := range []*pinned.Pool{p3, p4} {
+			buf, ok := p.TryGet()
+			require.True(t, ok)
+			require.Equal(t, uint64(i)*mib, buf.Offset())
+			require.NoError(t, buf.Release())
+		}
+		require.NoError(t, p2.Close())
+		require.NoError(t, p3.Close())
+		p5, err := pinned.NewPool(r, mib, 3) // [0, 1) free, [1, 2) p4, [2, 4) free: too small
+		require.ErrorIs(t, err, pinned.ErrInvalidValue)
+		require.Nil(t, p5)
+		require.NoError(t, p4.Close())
+		p5, err = pinned.NewPool(r, mib, 4)
+		require.NoError(t, err)
+		require.NoError(t, p5.Close())
+	}, testutil.SimOnly())
+}

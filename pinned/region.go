@@ -35,11 +35,17 @@ type Region struct {
 	imported bool       // opened from another process's descriptor
 	impl     regionImpl // what the kind does its own way (kinds.go)
 
+	// closed follows own's closed state, read without the lock by the copies (checkRange), so that
+	// a Share writing to a slow peer under the lock holds up no copy.
+	closed atomic.Bool
+
 	own     lifetime.Owner             // its lock guards the fields below; closed once Close freed all
 	granted map[int]driver.AccessFlags // HostNUMA: device ordinal → access
-	carved  uint64                     // bytes handed to pools, from the start
-	pools   int                        // open pools carved from the region
+	pools   []span                     // the ranges of the open pools carved from the region, by offset
 }
+
+// span is the range [off, end) of the region a pool holds.
+type span struct{ off, end uint64 }
 
 // New makes a pinned host region of at least size bytes for dev, of opts.Kind (Auto: HostNUMA where
 // SupportsHostNUMA(dev), else SharedMemory). The size is rounded up in this one place, to the
@@ -611,7 +617,7 @@ func (r *Region) setAccess(op string, devs []*vmm.Device, flags driver.AccessFla
 
 // checkRange validates [off, off+n) of the region for a copy.
 func (r *Region) checkRange(op string, off, n uint64) error {
-	if r.own.IsClosed() {
+	if r.closed.Load() {
 		return fmt.Errorf("pinned: %s on %s: %w", op, r, ErrClosed)
 	}
 	if n == 0 || off > r.size || n > r.size-off {
@@ -660,12 +666,13 @@ func (r *Region) Close() error {
 	if r.own.Closed() {
 		return nil
 	}
-	if r.pools > 0 {
-		return fmt.Errorf("pinned: close %s: %d pools carved from it are open (close them first): %w", r, r.pools, ErrInUse)
+	if len(r.pools) > 0 {
+		return fmt.Errorf("pinned: close %s: %d pools carved from it are open (close them first): %w", r, len(r.pools), ErrInUse)
 	}
 	if err := r.impl.release(r); err != nil {
 		return fmt.Errorf("pinned: close %s: %w", r, err)
 	}
 	r.own.MarkClosed()
+	r.closed.Store(true)
 	return nil
 }

@@ -29,7 +29,8 @@ const regionHeaderSize = 16
 // its chunks' file descriptors (ipc.Export, ipc.Send); a SharedMemory region as its memfd. Memory the
 // caller registered (Registered) has no file to send: ErrNotSupported. The region stays the
 // sender's; the peer's view stays valid after the sender closes it (the memory lives until the last
-// process lets go). Writes on conn must not run concurrently.
+// process lets go). Writes on conn must not run concurrently. A Close waits for a Share in progress
+// (bound its writes with a deadline on conn); copies do not.
 func (r *Region) Share(conn *net.UnixConn) error {
 	r.own.Lock()
 	defer r.own.Unlock()
@@ -82,30 +83,24 @@ func Receive(conn *net.UnixConn, dev *vmm.Device, opts OpenOptions) (*Region, er
 	if size == 0 {
 		return nil, fmt.Errorf("pinned: receive region: size 0: %w", ipc.ErrProtocol)
 	}
-	if dev == nil && len(opts.Grant) > 0 {
-		dev = opts.Grant[0]
+	dev, grants, err := opts.resolve(dev)
+	if err == nil && dev == nil && rk == HostNUMA {
+		err = fmt.Errorf("a device to import a host-NUMA region through is needed: %w", ErrInvalidValue)
+	}
+	if err != nil {
+		if rk == HostNUMA && len(files) == 0 {
+			discardChunks(conn)
+		}
+		return nil, fmt.Errorf("pinned: receive region: %w", err)
 	}
 	var sys *vmm.System
 	if dev != nil {
 		sys = dev.System()
 	}
-	var grants []*vmm.Device
-	if len(opts.Grant) > 0 {
-		if grants, err = uniqueDevices(sys, opts.Grant); err != nil {
-			return nil, fmt.Errorf("pinned: receive region: %w", err)
-		}
-	}
 	switch rk {
 	case HostNUMA:
 		if len(files) != 0 {
 			return nil, fmt.Errorf("pinned: receive host-NUMA region: %d descriptors with the header: %w", len(files), ipc.ErrProtocol)
-		}
-		if dev == nil {
-			// The chunks are still on the socket: read and close them so the stream stays in step.
-			if rcv, err := ipc.Receive(conn); err == nil {
-				rcv.Close()
-			}
-			return nil, fmt.Errorf("pinned: receive host-NUMA region: a device to import through is needed: %w", ErrInvalidValue)
 		}
 		return receiveHostNUMA(conn, dev, size, grants, opts.ReadOnly)
 	case SharedMemory:
@@ -116,6 +111,40 @@ func Receive(conn *net.UnixConn, dev *vmm.Device, opts OpenOptions) (*Region, er
 		return openSharedMemory(files[0], dev, sys, size, grants, opts.ReadOnly)
 	}
 	return nil, fmt.Errorf("pinned: receive region: kind %d cannot be shared: %w", int(rk), ipc.ErrProtocol)
+}
+
+// Check reports whether Receive accepts dev and o, reading nothing: a nil device in Grant, or one
+// of another System than dev's, is an error wrapping ErrInvalidValue. Check before asking a peer for
+// its region, so that a bad argument costs no message on the connection.
+func (o OpenOptions) Check(dev *vmm.Device) error {
+	if _, _, err := o.resolve(dev); err != nil {
+		return fmt.Errorf("pinned: receive region: %w", err)
+	}
+	return nil
+}
+
+// resolve is the device that imports (dev, else the first granted) and the granted devices.
+func (o OpenOptions) resolve(dev *vmm.Device) (*vmm.Device, []*vmm.Device, error) {
+	if dev == nil && len(o.Grant) > 0 {
+		dev = o.Grant[0]
+	}
+	if len(o.Grant) == 0 {
+		return dev, nil, nil
+	}
+	var sys *vmm.System
+	if dev != nil {
+		sys = dev.System()
+	}
+	grants, err := uniqueDevices(sys, o.Grant)
+	return dev, grants, err
+}
+
+// discardChunks reads and closes a host-NUMA region's chunks that Receive does not open, so that
+// the stream stays in step.
+func discardChunks(conn *net.UnixConn) {
+	if rcv, err := ipc.Receive(conn); err == nil {
+		rcv.Close()
+	}
 }
 
 func receiveHostNUMA(conn *net.UnixConn, dev *vmm.Device, size uint64, grants []*vmm.Device, readOnly bool) (*Region, error) {

@@ -435,7 +435,7 @@ func (b *Buffer) Close() error {
 // every allocation must have been created with driver.HandleTypePosixFD) and sent; the broker imports
 // and maps it for the chunks' device, which must be one of the devices it serves. The buffer must not
 // change (grow, shrink, close) while registered. A worker has at most Options.MaxBuffers buffers
-// (ErrLimit).
+// (ErrLimit). When ctx ends before the answer, the buffer is unregistered once the answer comes.
 func (c *Client) Register(ctx context.Context, buf vmm.Chunked) (*Buffer, error) {
 	if c.own.IsClosed() {
 		return nil, fmt.Errorf("broker: register: %w", ErrClosed)
@@ -446,10 +446,28 @@ func (c *Client) Register(ctx context.Context, buf vmm.Chunked) (*Buffer, error)
 	}
 	defer exp.Close()
 	call := &Completion{}
-	if err := c.do(ctx, call, request{op: OpRegister}, exp); err != nil {
+	if err := c.send(call, request{op: OpRegister}, exp); err != nil {
+		return nil, fmt.Errorf("broker: register %s: %w", &exp.Desc, err)
+	}
+	// A context already done gives up at once (Wait might yet find a quick answer).
+	err = ctx.Err()
+	if err == nil {
+		err = call.Wait(ctx)
+	}
+	if err != nil {
+		go c.dropLateRegister(call)
 		return nil, fmt.Errorf("broker: register %s: %w", &exp.Desc, err)
 	}
 	return &Buffer{c: c, id: BufferID(call.resp.buffer), length: call.resp.values[0], device: int(call.resp.values[1])}, nil
+}
+
+// dropLateRegister waits for a register the caller gave up on and unregisters the buffer if the
+// broker registered it, so that it does not count against Options.MaxBuffers with an id nobody knows.
+func (c *Client) dropLateRegister(call *Completion) {
+	<-call.done
+	if call.err == nil {
+		_ = c.send(&Completion{}, request{op: OpUnregister, buffer: call.resp.buffer}, nil)
+	}
 }
 
 // Unregister asks the broker to drop the buffer: it waits for the copies in flight on it, then
@@ -478,6 +496,10 @@ func (c *Client) Region(ctx context.Context, dev *vmm.Device, opts pinned.OpenOp
 	}
 	if dev == nil && len(opts.Grant) == 0 && c.info.RegionKind == pinned.HostNUMA {
 		return nil, fmt.Errorf("broker: region: a host-NUMA region is imported through a device's context: pass the device: %w", ErrInvalidValue)
+	}
+	// Checked before asking: once the broker sends the region, a refusal leaves the stream out of step.
+	if err := opts.Check(dev); err != nil {
+		return nil, fmt.Errorf("broker: region: %w", err)
 	}
 	call := &Completion{regionDev: dev, regionOpts: opts}
 	if err := c.send(call, request{op: OpRegion}, nil); err != nil {

@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"io"
 	"net"
+	"os"
 	"sort"
 	"sync"
 	"sync/atomic"
@@ -72,8 +73,9 @@ type Options struct {
 	// MaxConnsPerUID caps the connections of one uid served at once (default 64).
 	MaxConnsPerUID int
 	// IdleTimeout drops a worker that sends no request for this long while none of its copies is
-	// in flight (default 1 min); its buffers are released. The hello tells the Client, which pings
-	// ahead of it, so only peers that stopped talking are dropped.
+	// in flight (default 1 min; negative: never); its buffers are released. The hello tells the
+	// Client, which pings ahead of it, so only peers that stopped talking are dropped. The hello
+	// carries tenths of a second, rounded down: a timeout below 100 ms is refused.
 	IdleTimeout time.Duration
 	// ReadTimeout drops a worker that starts a message and does not finish it within this long
 	// (default 10 s).
@@ -98,7 +100,7 @@ type Stats struct {
 	InFlight    int64  // copies accepted and not yet answered
 	Connections uint64 // connections accepted since the start
 	Refused     uint64 // connections refused (uid, Authorize, caps, Grant, protocol before the hello)
-	Dropped     uint64 // workers dropped for going silent (IdleTimeout) or a half-sent message
+	Dropped     uint64 // workers dropped for going silent (IdleTimeout), a half-sent message or not reading (WriteTimeout)
 	Copies      uint64 // copies completed
 	Bytes       uint64 // bytes copied
 	Failed      uint64 // requests answered with an error
@@ -224,6 +226,9 @@ func (o *Options) defaults() error {
 	}
 	if o.StreamsPerDevice < 0 || o.MaxBuffers < 0 || o.MaxInFlight < 0 {
 		return fmt.Errorf("broker: listen: negative StreamsPerDevice, MaxBuffers or MaxInFlight: %w", ErrInvalidValue)
+	}
+	if o.IdleTimeout > 0 && o.IdleTimeout < idleUnit {
+		return fmt.Errorf("broker: listen: IdleTimeout %v is below %v, which the hello cannot announce: %w", o.IdleTimeout, idleUnit, ErrInvalidValue)
 	}
 	return nil
 }
@@ -407,6 +412,7 @@ type worker struct {
 	cred      unix.Ucred
 	grant     Grant
 	helloDone atomic.Bool
+	lost      atomic.Bool // a write failed: the connection is closed
 
 	pbuf [ResponseSize + MaxText]byte // response payloads; guarded by conn's write lock
 
@@ -449,14 +455,35 @@ func (w *worker) logf(format string, args ...any) {
 	w.s.logf("broker: %s: worker pid %d: %s", w.s.path, w.cred.Pid, fmt.Sprintf(format, args...))
 }
 
-// reply writes one response; failures (the worker is gone) are left to the reader to notice.
+// reply writes one response. A write that fails (the worker is gone, or stopped reading for
+// WriteTimeout) closes the connection: the reader then ends it and cleanup frees the buffers.
 func (w *worker) reply(r *response) {
 	if r.status != StatusOK {
 		w.s.failed.Add(1)
 	}
 	w.conn.Lock()
-	_ = w.writeResponse(r)
+	err := w.writeResponse(r)
 	w.conn.Unlock()
+	if err != nil {
+		w.writeFailed(err)
+	}
+}
+
+// writeFailed closes a connection whose write failed; the framing is lost. A worker that stopped
+// reading for WriteTimeout counts as dropped.
+func (w *worker) writeFailed(err error) {
+	if w.lost.CompareAndSwap(false, true) && !hangUp(err) {
+		if errors.Is(err, os.ErrDeadlineExceeded) {
+			w.s.drops.Add(1)
+		}
+		w.logf("writing a response: %v (closing the connection)", err)
+	}
+	_ = w.conn.Close()
+}
+
+// hangUp reports whether err is the normal end of a connection: the peer or cleanup closed it.
+func hangUp(err error) bool {
+	return errors.Is(err, io.EOF) || errors.Is(err, net.ErrClosed) || errors.Is(err, syscall.ECONNRESET) || errors.Is(err, syscall.EPIPE)
 }
 
 // writeResponse sends one response frame; the caller holds the connection's write lock.
@@ -468,9 +495,8 @@ func (w *worker) replyErr(op uint16, id uint64, err error) {
 	w.reply(&response{op: op, id: id, status: statusOf(err), text: err.Error()})
 }
 
-// refuse answers the whole connection with a refusal.
+// refuse answers the whole connection with a refusal (counted in Failed by reply).
 func (w *worker) refuse(status uint16, msg string) {
-	w.s.failed.Add(1)
 	w.reply(&response{status: status, text: msg})
 }
 
@@ -496,13 +522,15 @@ func (w *worker) serve() {
 	}
 }
 
-// idleUnits is the idle timeout as the hello carries it: tenths of a second, rounded up, at most
-// 0xffff (a longer timeout is announced as that, and the client pings more often than needed).
+// idleUnits is the idle timeout as the hello carries it: tenths of a second, rounded down so that
+// the client, which pings ahead of the announced value, is never late; at most 0xffff (a longer
+// timeout is announced as that, and the client pings more often than needed). Listen refuses a
+// positive timeout below one tenth.
 func idleUnits(d time.Duration) uint32 {
 	if d <= 0 {
 		return 0
 	}
-	return uint32(min((d+idleUnit-1)/idleUnit, 0xffff))
+	return uint32(min(d/idleUnit, 0xffff))
 }
 
 const idleUnit = 100 * time.Millisecond
@@ -579,7 +607,7 @@ func (w *worker) next() bool {
 // a hang-up is the normal end.
 func (w *worker) readFailed(err error) {
 	switch {
-	case errors.Is(err, io.EOF), errors.Is(err, net.ErrClosed), errors.Is(err, syscall.ECONNRESET):
+	case hangUp(err):
 	case errors.Is(err, ErrIdle), errors.Is(err, ErrTimeout):
 		w.s.drops.Add(1)
 		w.logf("dropped: %v", err)
@@ -604,11 +632,9 @@ func (w *worker) cleanup() {
 	w.bufs = nil
 	w.mu.Unlock()
 	for _, b := range bufs {
-		b.users.Wait()
-		if err := b.buf.Close(); err != nil {
+		if err := w.release(b); err != nil {
 			w.logf("releasing buffer %d: %v", b.id, err)
 		}
-		w.s.nbufs.Add(^uint64(0))
 	}
 	s := w.s
 	s.own.Lock()
@@ -801,14 +827,25 @@ func (w *worker) unregister(req request) {
 		w.replyErr(OpUnregister, req.id, fmt.Errorf("broker: unregister buffer %d: %w", req.buffer, ErrUnknownBuffer))
 		return
 	}
-	b.users.Wait()
-	err := b.buf.Close()
-	w.s.nbufs.Add(^uint64(0))
-	if err != nil {
+	if err := w.release(b); err != nil {
 		w.replyErr(OpUnregister, req.id, fmt.Errorf("broker: unregister buffer %d: %v: %w", req.buffer, err, ErrInternal))
 		return
 	}
 	w.reply(&response{op: OpUnregister, id: req.id})
+}
+
+// release waits for the copies on a buffer the worker no longer holds, then unmaps and releases it.
+// What fails to close goes to the System, which retries it (System.RetryOrphans, System.Close), so
+// that nothing is lost; the buffer no longer counts in Stats.Buffers either way.
+func (w *worker) release(b *regBuffer) error {
+	b.users.Wait()
+	err := b.buf.Close()
+	w.s.nbufs.Add(^uint64(0))
+	if err != nil {
+		kept := b.buf.Device().System().Keep(fmt.Sprintf("broker buffer %d of worker pid %d (%s)", b.id, w.cred.Pid, b.buf), b.buf.Close)
+		err = fmt.Errorf("%w (%v)", err, kept)
+	}
+	return err
 }
 
 // shareRegion sends the region (an OK response, then pinned.Region.Share). A returned error means
