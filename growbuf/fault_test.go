@@ -168,3 +168,38 @@ func TestHostNUMANotSupported(t *testing.T) {
 		require.ErrorContains(t, err, "host-NUMA")
 	}, testutil.SimOnly(), testutil.SimOptions(sim.Attribute(0, driver.AttrHostNUMAVirtualMemoryManagementSupported, 0)))
 }
+
+// A move whose clean-up of the old range failed (Grow returns nil, Close reports it) leaves the old
+// mappings of the same allocations: Shrink unmaps them first instead of failing with "still in use",
+// and when that fails it changes nothing and can be retried.
+func TestShrinkAfterFailedMoveCleanup(t *testing.T) {
+	testutil.Run(t, func(t *testing.T, b *testutil.Backend) {
+		d := b.Device(t, 0)
+		buf, err := growbuf.New(d, growbuf.Options{MaxSize: 4 * mib, Chunk: growbuf.FixedChunks(2 * mib), AllowMove: true})
+		require.NoError(t, err)
+		blocker := blockAfter(t, b, buf, 64*mib)
+		defer func() { require.NoError(t, blocker.Close()) }()
+		require.NoError(t, buf.Grow(4*mib))
+		b.Sim.FailNth("cuMemUnmap", 1, driver.ErrorUnknown)
+		require.NoError(t, buf.Grow(8*mib), "the move succeeds; its clean-up error waits for Close")
+		fill(t, d, buf, 0, 8*mib, 5)
+
+		b.Sim.FailNth("cuMemUnmap", 1, driver.ErrorUnknown)
+		before := stateOf(buf)
+		err = buf.Shrink(2 * mib)
+		require.ErrorIs(t, err, driver.ErrorUnknown)
+		require.ErrorContains(t, err, "old range left by a move")
+		require.Equal(t, before, stateOf(buf), "a failed retry changes nothing")
+
+		require.NoError(t, buf.Shrink(2*mib))
+		require.Equal(t, []uint64{2}, chunkSizes(buf))
+		verify(t, d, buf, 2*mib, 5)
+		require.NoError(t, buf.Resize(0), "Resize releases like Shrink")
+		require.NoError(t, buf.Grow(6*mib))
+
+		require.ErrorContains(t, buf.Close(), "after moving the buffer", "Close reports the move's clean-up error")
+		closeBuf(t, buf)
+		live := b.Sim.Live()
+		require.Zero(t, live.Mappings+live.Allocations, live.String())
+	}, testutil.SimOnly())
+}

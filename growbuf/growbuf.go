@@ -62,7 +62,10 @@
 //     Ptr are invalid.
 //
 // Options.Limit, when set, is a hard cap on Cap: a Grow past it fails with ErrTooLarge before anything
-// is done.
+// is done. So does a Grow past what the buffer's location could ever back, whatever the Limit: the
+// device's total memory (vmm.Device.TotalMemory) for device memory, the host's physical memory for
+// host-NUMA memory (128 TiB when that cannot be read). Such a Grow fails at once, before any driver
+// call and without counting or listing chunks.
 //
 // # Shrink and queued GPU work
 //
@@ -80,6 +83,10 @@
 //
 // A Buffer is safe for concurrent use. Grow, Resize, Shrink, Chunks and Close serialize on a mutex;
 // Ptr, Len, Cap and Reserved are lock-free reads, so readers never wait for a growth in progress.
+// Each is one atomic load. Growing publishes Cap before Len and shrinking (Shrink, Close) lowers Len
+// before Cap, so Len <= Cap <= Reserved holds at every instant; two separate loads may still
+// straddle a change: a reader that loads Len and then Cap sees Len <= Cap unless a Shrink or Close
+// runs in between, and one that loads Cap and then Len unless a Grow runs in between.
 package growbuf
 
 import (
@@ -87,6 +94,8 @@ import (
 	"fmt"
 	"slices"
 	"sync/atomic"
+
+	"golang.org/x/sys/unix"
 
 	"github.com/cuvmm/cuvmm/driver"
 	"github.com/cuvmm/cuvmm/internal/lifetime"
@@ -99,7 +108,9 @@ var (
 	// ErrReservationFull: a Grow needed more address space than the buffer's reservations, the range
 	// right after them was not free, and Options.AllowMove was false (or the move failed too).
 	ErrReservationFull = errors.New("growbuf: reservation full")
-	// ErrTooLarge: a Grow past Options.Limit, or to a size that overflows when rounded up.
+	// ErrTooLarge: a Grow past Options.Limit, past what the buffer's location could ever back (the
+	// device's total memory, or the host's for host-NUMA memory), or to a size that overflows when
+	// rounded up.
 	ErrTooLarge = errors.New("growbuf: size too large")
 )
 
@@ -150,7 +161,7 @@ type Options struct {
 	// or moves the buffer (see the package doc); Limit is the hard cap.
 	MaxSize uint64
 	// Limit caps Cap: a Grow to more fails with ErrTooLarge. It is rounded up to the granularity.
-	// 0: no limit but the address space.
+	// 0: no limit but the memory of the location (see the package doc).
 	Limit uint64
 	// Chunk is the chunk policy; the zero value is the default geometric one.
 	Chunk ChunkPolicy
@@ -196,6 +207,7 @@ type Buffer struct {
 	gran      uint64
 	policy    ChunkPolicy
 	limit     uint64
+	most      uint64 // the most bytes the location could ever back: a larger Cap fails at once
 	allocOpts vmm.AllocOptions
 	access    []vmm.Access
 	syncDevs  []*vmm.Device
@@ -269,7 +281,7 @@ func New(dev *vmm.Device, opts Options) (*Buffer, error) {
 	}
 	r.SetKind("growbuf")
 	b := &Buffer{
-		dev: dev, sys: sys, loc: loc, gran: gran, policy: policy, limit: limit,
+		dev: dev, sys: sys, loc: loc, gran: gran, policy: policy, limit: limit, most: backable(dev, loc),
 		allocOpts: vmm.AllocOptions{Location: loc, HandleTypes: opts.HandleTypes},
 		access:    access, syncDevs: syncDevs, stream: opts.Stream,
 		allowMove: opts.AllowMove, onMove: opts.OnMove,
@@ -303,6 +315,23 @@ func location(dev *vmm.Device, loc driver.Location) (driver.Location, error) {
 		return loc, nil
 	}
 	return loc, fmt.Errorf("growbuf: new on %s: location %s: want the device or a host NUMA node: %w", dev, loc, vmm.ErrInvalidValue)
+}
+
+// maxHostBytes bounds a host-NUMA buffer when the host's memory cannot be read: 128 TiB, the user
+// address space of x86-64 and arm64 with 48-bit virtual addresses.
+const maxHostBytes uint64 = 1 << 47
+
+// backable is the most memory loc could ever back: dev's total memory, or the host's physical
+// memory for a host-NUMA location.
+func backable(dev *vmm.Device, loc driver.Location) uint64 {
+	if loc.Type != driver.LocationHostNUMA {
+		return dev.TotalMemory()
+	}
+	var si unix.Sysinfo_t
+	if err := unix.Sysinfo(&si); err != nil || si.Totalram == 0 {
+		return maxHostBytes
+	}
+	return min(uint64(si.Totalram)*uint64(max(si.Unit, 1)), maxHostBytes)
 }
 
 // peerAccess is the access list of every chunk (the owning device, the CPU for host-NUMA memory,
@@ -466,8 +495,10 @@ func (b *Buffer) Resize(n uint64) error {
 // Shrink sets Len to n, which must not exceed Len, and unmaps and releases every chunk that lies
 // wholly past n. Before unmapping it waits for queued work (Options.Stream, or else the owning
 // device and every peer), so that no queued kernel or copy loses its memory. The address range
-// stays reserved, so growing again keeps Ptr. When a driver call fails, Len is n and Cap tells what
-// is still mapped; calling Shrink again retries.
+// stays reserved, so growing again keeps Ptr. When waiting for queued work fails (cuCtxSynchronize
+// or cuStreamSynchronize), or unmapping what a failed clean-up after a move left (which must go
+// before the chunks it maps can be released), nothing changes, Len included. When a later driver
+// call fails, Len is n and Cap tells what is still mapped. Either way, calling Shrink again retries.
 func (b *Buffer) Shrink(n uint64) error {
 	if b == nil {
 		return b.use("shrink", n)
@@ -529,6 +560,9 @@ func (b *Buffer) grow(n uint64) error {
 	}
 	if need > b.limit {
 		return fmt.Errorf("growbuf: grow to %d bytes (%s mapped): past the limit of %s: %w", n, units.FormatSize(need), units.FormatSize(b.limit), ErrTooLarge)
+	}
+	if need > b.most {
+		return fmt.Errorf("growbuf: grow to %d bytes (%s mapped): more than the %s of %s memory could ever back: %w", n, units.FormatSize(need), units.FormatSize(b.most), b.loc, ErrTooLarge)
 	}
 	if need <= have {
 		b.length.Store(n)
@@ -757,11 +791,22 @@ func (b *Buffer) shrink(n uint64) error {
 	if err := b.sync(); err != nil {
 		return fmt.Errorf("growbuf: shrink to %d bytes: waiting for queued work (nothing was unmapped): %w", n, err)
 	}
+	if err := b.unmapLeft(fmt.Sprintf("shrink to %d bytes", n)); err != nil {
+		return err
+	}
 	b.length.Store(n)
 	if err := b.unmapFrom(first); err != nil {
 		return fmt.Errorf("growbuf: shrink to %d bytes (cap now %s): %w", n, units.FormatSize(b.capacity.Load()), err)
 	}
 	return nil
+}
+
+// unmapLeft retries unmapping the old range's mappings that a failed clean-up after a move left
+// (freeOldRange). They map the chunks' allocations, which cannot be released while they do.
+func (b *Buffer) unmapLeft(op string) error {
+	var errs []error
+	b.leftMaps, errs = closeAll(op+": unmapping the old range left by a move (nothing was released)", b.leftMaps, nil)
+	return errors.Join(errs...)
 }
 
 // unmapFrom unmaps and releases chunks[first:], one cuMemUnmap per reservation, last first. The
@@ -792,26 +837,29 @@ func (b *Buffer) unmapFrom(first int) error {
 	return nil
 }
 
+// dropChunks forgets chunks[from:], lowering Len (when past the new Cap) before Cap, so that a
+// lock-free reader never sees Len > Cap.
 func (b *Buffer) dropChunks(from int) {
 	clear(b.chunks[from:])
 	b.chunks = b.chunks[:from]
-	if from == 0 {
-		b.capacity.Store(0)
-	} else {
+	var capacity uint64
+	if from > 0 {
 		c := b.chunks[from-1]
-		b.capacity.Store(c.off + c.size)
+		capacity = c.off + c.size
 	}
-	if b.length.Load() > b.capacity.Load() {
-		b.length.Store(b.capacity.Load())
+	if b.length.Load() > capacity {
+		b.length.Store(capacity)
 	}
+	b.capacity.Store(capacity)
 }
 
-// closeAll closes each of list, returning those that failed (to retry) and errs with their errors.
-func closeAll[T interface{ Close() error }](list []T, errs []error) ([]T, []error) {
+// closeAll closes each of list, returning those that failed (to retry) and errs with their errors,
+// each prefixed with "growbuf: " and op.
+func closeAll[T interface{ Close() error }](op string, list []T, errs []error) ([]T, []error) {
 	left := list[:0]
 	for _, x := range list {
 		if err := x.Close(); err != nil {
-			errs = append(errs, fmt.Errorf("growbuf: close: %w", err))
+			errs = append(errs, fmt.Errorf("growbuf: %s: %w", op, err))
 			left = append(left, x)
 		}
 	}
@@ -856,7 +904,7 @@ func (b *Buffer) Close() error {
 	}
 	// What an earlier failure left first: an old range's mappings still map allocations that the
 	// chunks own, which can be released only once those are unmapped.
-	b.leftMaps, errs = closeAll(b.leftMaps, errs)
+	b.leftMaps, errs = closeAll("close", b.leftMaps, errs)
 	if len(b.chunks) > 0 {
 		if err := b.unmapFrom(0); err != nil {
 			errs = append(errs, fmt.Errorf("growbuf: close: %w", err))
@@ -871,7 +919,7 @@ func (b *Buffer) Close() error {
 		}
 		b.segs = b.segs[:len(b.segs)-1]
 	}
-	b.leftRes, errs = closeAll(b.leftRes, errs)
+	b.leftRes, errs = closeAll("close", b.leftRes, errs)
 	if len(b.segs) == 0 {
 		b.ptr.Store(0)
 		b.reserved.Store(0)
