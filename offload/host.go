@@ -121,6 +121,20 @@ func (p *hostPool) bytes() uint64 {
 	return n
 }
 
+// keepSizes frees the pooled slots whose size is not in keep.
+func (p *hostPool) keepSizes(keep map[uint64]bool) {
+	var drop []*slot
+	p.mu.Lock()
+	for size, l := range p.idle {
+		if !keep[size] {
+			drop = append(drop, l...)
+			delete(p.idle, size)
+		}
+	}
+	p.mu.Unlock()
+	p.free(drop)
+}
+
 // trim frees every pooled slot and reports what could not be freed since the last trim.
 func (p *hostPool) trim() error {
 	p.mu.Lock()

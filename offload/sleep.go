@@ -58,6 +58,7 @@ func (s *Set) Sleep(ctx context.Context, tags ...string) error {
 	for _, e := range todo {
 		e.asleep = true
 	}
+	s.pruneSlotSizes()
 	return nil
 }
 
