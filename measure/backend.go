@@ -4,6 +4,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"os"
 
 	"github.com/cuvmm/cuvmm/driver"
 	"github.com/cuvmm/cuvmm/driver/sim"
@@ -128,6 +129,24 @@ type Env struct {
 	// and the output of worker processes (the measurements serialise their writes); nil means the
 	// process's standard error for workers and nothing for notes.
 	Log io.Writer
+	// TempDir, when not nil, makes a private temporary directory for the files a measurement
+	// writes without being given a path (Sleep's --mode file backup, Pool's trace for the peer);
+	// the caller removes it (vmmdemo does at the end and on SIGINT and SIGTERM). Nil means the
+	// system's temporary directory.
+	TempDir func() (string, error)
+}
+
+// createTemp creates a temporary file named by pattern (os.CreateTemp) in TempDir's directory, or
+// the system's.
+func (e *Env) createTemp(pattern string) (*os.File, error) {
+	dir := ""
+	if e.TempDir != nil {
+		var err error
+		if dir, err = e.TempDir(); err != nil {
+			return nil, err
+		}
+	}
+	return os.CreateTemp(dir, pattern)
 }
 
 func (e *Env) logf(format string, args ...any) {

@@ -127,6 +127,10 @@ func (o *BandwidthOptions) defaults() ([]uint64, error) {
 			sizes = append(sizes, s)
 		}
 	}
+	if largest := bwSizes[len(bwSizes)-1]; o.MaxSize > largest {
+		return nil, fmt.Errorf("--max-size %s: want at most %s (the largest size measured): %w", units.FormatSize(o.MaxSize),
+			units.FormatSize(largest), ErrInvalidOption)
+	}
 	if len(sizes) == 0 {
 		return nil, fmt.Errorf("--max-size %s is below the smallest size measured (64KiB): %w", units.FormatSize(o.MaxSize), ErrInvalidOption)
 	}

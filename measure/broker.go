@@ -209,6 +209,9 @@ func (o *BrokerOptions) check() error {
 	if o.Size == 0 || o.Workers < 1 || o.Depth < 1 || o.Streams < 1 || o.RTTSamples < 1 {
 		return fmt.Errorf("--size must be above 0; --workers, --depth, --streams and --rtt-samples at least 1: %w", ErrInvalidOption)
 	}
+	if o.Workers > MaxWorkers {
+		return fmt.Errorf("--workers %d: want at most %d: %w", o.Workers, MaxWorkers, ErrInvalidOption)
+	}
 	if o.MaxRequest == 0 {
 		o.MaxRequest = brokerSizes[len(brokerSizes)-1]
 	}

@@ -115,6 +115,34 @@ func TestOptionsChecked(t *testing.T) {
 			_, err := measure.Broker(measure.BrokerOptions{Env: env, Size: 8 << 20, Workers: 1, MaxRequest: 3 << 20, Depth: 1, Streams: 1, RTTSamples: 1})
 			return err
 		},
+		"pinned no devices": func() error {
+			_, err := measure.Pinned(measure.PinnedOptions{Env: env, Size: 4 << 20, Procs: 2, Devices: []int{}, WorkerContexts: "all"})
+			return err
+		},
+		"pinned too many procs": func() error {
+			_, err := measure.Pinned(measure.PinnedOptions{Env: env, Size: 4 << 20, Procs: measure.MaxWorkers + 1, WorkerContexts: "all"})
+			return err
+		},
+		"broker no devices": func() error {
+			_, err := measure.Broker(measure.BrokerOptions{Env: env, Size: 8 << 20, Workers: 2, Devices: []int{}, MaxRequest: 1 << 20, Depth: 1, Streams: 1, RTTSamples: 1})
+			return err
+		},
+		"broker too many workers": func() error {
+			_, err := measure.Broker(measure.BrokerOptions{Env: env, Size: 8 << 20, Workers: measure.MaxWorkers + 1, MaxRequest: 1 << 20, Depth: 1, Streams: 1, RTTSamples: 1})
+			return err
+		},
+		"bandwidth max size too large": func() error {
+			_, err := measure.Bandwidth(measure.BandwidthOptions{Env: env, MaxSize: 2 << 30, StagingBuffers: 2})
+			return err
+		},
+		"xfer size beyond memory": func() error {
+			_, err := measure.Xfer(measure.XferOptions{Env: env, Size: 1 << 50})
+			return err
+		},
+		"xfer negative iters": func() error {
+			_, err := measure.Xfer(measure.XferOptions{Env: env, Size: 8 << 20, Iters: -5})
+			return err
+		},
 	}
 	for name, call := range calls {
 		require.ErrorIs(t, call(), measure.ErrInvalidOption, name)

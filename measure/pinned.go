@@ -41,6 +41,9 @@ func (o *PinnedOptions) check() error {
 	if o.Size == 0 || o.Procs < 1 {
 		return fmt.Errorf("--size must be above 0 and --procs at least 1: %w", ErrInvalidOption)
 	}
+	if o.Procs > MaxWorkers {
+		return fmt.Errorf("--procs %d: want at most %d: %w", o.Procs, MaxWorkers, ErrInvalidOption)
+	}
 	if o.Modes == nil {
 		o.Modes = pinModes
 	}

@@ -174,7 +174,7 @@ func (o *PoolOptions) poolDefaults() (*vmm.Device, error) {
 	if o.Trace == nil || len(o.Trace.Events) == 0 {
 		return nil, fmt.Errorf("pool: a non-empty trace is needed: %w", ErrInvalidOption)
 	}
-	if o.FillFraction < 0 || o.FillFraction > 1 {
+	if !(o.FillFraction >= 0 && o.FillFraction <= 1) { // NaN too
 		return nil, fmt.Errorf("--fill-fraction %v: want 0 to 1: %w", o.FillFraction, ErrInvalidOption)
 	}
 	if o.Streams == 0 {
@@ -183,10 +183,16 @@ func (o *PoolOptions) poolDefaults() (*vmm.Device, error) {
 	if o.Streams < 1 || o.Streams > 64 {
 		return nil, fmt.Errorf("--streams %d: want 1 to 64: %w", o.Streams, ErrInvalidOption)
 	}
-	for _, a := range o.Allocators {
+	for i, a := range o.Allocators {
 		if !slices.Contains(PoolAllocators, a) {
 			return nil, fmt.Errorf("allocator %q: want one of %v: %w", a, PoolAllocators, ErrInvalidOption)
 		}
+		if slices.Contains(o.Allocators[:i], a) {
+			return nil, fmt.Errorf("--allocators: %q is listed twice: %w", a, ErrInvalidOption)
+		}
+	}
+	if o.CacheIters < 0 {
+		return nil, fmt.Errorf("--cache-iters %d: want at least 1 (0: the default): %w", o.CacheIters, ErrInvalidOption)
 	}
 	d, err := o.Backend.Sys.Device(o.Device)
 	if err != nil {
@@ -626,7 +632,7 @@ func (a *poolAsyncAlloc) close() error {
 // poolPeer runs the peer command on the trace written to a temporary file and reads its JSON result.
 func poolPeer(o PoolOptions, tr *pool.Trace) *PoolAllocatorResult {
 	r := &PoolAllocatorResult{}
-	f, err := os.CreateTemp("", "cuvmm-pool-*.trace")
+	f, err := o.createTemp("cuvmm-pool-*.trace")
 	if err == nil {
 		defer os.Remove(f.Name())
 		_, err = tr.WriteTo(f)

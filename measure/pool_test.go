@@ -1,6 +1,9 @@
 package measure
 
 import (
+	"math"
+	"os"
+	"path/filepath"
 	"testing"
 
 	"github.com/stretchr/testify/require"
@@ -22,6 +25,10 @@ func TestPoolBadOptions(t *testing.T) {
 		{PoolOptions{Env: Env{Backend: b}, Trace: tr, Streams: -1}, "--streams -1"},
 		{PoolOptions{Env: Env{Backend: b}, Trace: tr, Allocators: []string{"jemalloc"}}, `allocator "jemalloc"`},
 		{PoolOptions{Trace: tr}, "no backend"},
+		{PoolOptions{Env: Env{Backend: b}, Trace: tr, FillFraction: math.NaN()}, "--fill-fraction NaN"},
+		{PoolOptions{Env: Env{Backend: b}, Trace: tr, FillFraction: math.Inf(1)}, "--fill-fraction +Inf"},
+		{PoolOptions{Env: Env{Backend: b}, Trace: tr, Allocators: []string{PoolCuvmm, PoolCuvmm}}, `--allocators: "cuvmm" is listed twice`},
+		{PoolOptions{Env: Env{Backend: b}, Trace: tr, CacheIters: -1}, "--cache-iters -1"},
 	} {
 		_, err := Pool(c.o)
 		require.ErrorIs(t, err, ErrInvalidOption)
@@ -49,4 +56,23 @@ func TestPoolOneAllocation(t *testing.T) {
 		require.GreaterOrEqual(t, a.PeakMappedBytes, a.PeakInUseBytes, name)
 	}
 	require.Equal(t, uint64(6<<20), r.Allocators[PoolCuvmm].PeakMappedBytes, "two large pages and a small one")
+}
+
+// TestPoolPeerTraceInTempDir: the trace written for the peer goes to Env.TempDir's directory.
+func TestPoolPeerTraceInTempDir(t *testing.T) {
+	b, err := OpenSim(1)
+	require.NoError(t, err)
+	defer func() { require.NoError(t, b.Close()) }()
+	dir := t.TempDir()
+	script := filepath.Join(t.TempDir(), "peer.sh")
+	require.NoError(t, os.WriteFile(script, []byte(`echo "{\"note\": \"$2\"}"`+"\n"), 0o644))
+	tr := &pool.Trace{Events: []pool.TraceEvent{{Size: 3 << 20, Lifetime: -1}}}
+	r, err := Pool(PoolOptions{Env: Env{Backend: b, TempDir: func() (string, error) { return dir, nil }}, Trace: tr,
+		Memory: 64 << 20, CacheIters: 8, Allocators: []string{PoolCuvmm}, PeerCommand: []string{"sh", script}})
+	require.NoError(t, err)
+	peer := r.Allocators[PoolPeerTorch]
+	require.Empty(t, peer.Error)
+	require.Equal(t, dir, filepath.Dir(peer.Note), "the peer's trace was in TempDir")
+	left, _ := os.ReadDir(dir)
+	require.Empty(t, left, "and is removed")
 }

@@ -28,12 +28,12 @@ type SleepOptions struct {
 	Devices []int
 	// Mode is the offload policy: "keep" (default), "discard" or "file".
 	Mode string
-	// File is the file of the file mode (default: a new file in the temporary directory, removed at
-	// the end). Each device's buffer takes Size bytes of it, in device order.
+	// File is the file of the file mode (default: a new file in Env.TempDir's directory, or the
+	// system's, removed at the end). Each device's buffer takes Size bytes of it, in device order.
 	File string
 	// Chunk is the buffers' chunk size (default 512 MiB, or Size when smaller).
 	Chunk uint64
-	// SlotSize is the set's backup slot size (default offload.DefaultSlotSize).
+	// SlotSize is the set's backup slot size, a multiple of 2 MiB (0: offload.DefaultSlotSize).
 	SlotSize uint64
 	// IOWorkers is the set's file I/O parallelism for each device (default
 	// offload.DefaultIOWorkers); the raw file figures use as many goroutines in all as the set.
@@ -169,6 +169,11 @@ func (o *SleepOptions) check() (offload.Policy, error) {
 	}
 	if o.Size == 0 || o.Size%(2<<20) != 0 {
 		return 0, fmt.Errorf("--size %s: want a non-zero multiple of 2 MiB: %w", units.FormatSize(o.Size), ErrInvalidOption)
+	}
+	// offload would round a slot up to 2 MiB, and the raw copies must use the pieces the set uses:
+	// refused instead, like --size and --chunk.
+	if o.SlotSize%(2<<20) != 0 {
+		return 0, fmt.Errorf("--slot %s: want a multiple of 2 MiB: %w", units.FormatSize(o.SlotSize), ErrInvalidOption)
 	}
 	o.SlotSize = cmp.Or(o.SlotSize, offload.DefaultSlotSize)
 	if err := o.checkIOWorkers(policy); err != nil {
@@ -321,7 +326,7 @@ func (r *sleepRun) addBuffers() error {
 		path := r.opts.File
 		var err error
 		if path == "" {
-			r.file, err = os.CreateTemp("", "vmmdemo-sleep-*.bin")
+			r.file, err = r.opts.createTemp("vmmdemo-sleep-*.bin")
 		} else {
 			r.file, err = os.OpenFile(path, os.O_RDWR|os.O_CREATE|os.O_TRUNC, 0o644)
 		}

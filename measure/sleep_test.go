@@ -1,6 +1,8 @@
 package measure
 
 import (
+	"os"
+	"path/filepath"
 	"testing"
 
 	"github.com/stretchr/testify/require"
@@ -44,6 +46,8 @@ func TestSleepOnTheSimulator(t *testing.T) {
 		{Size: 8 << 20, File: "/tmp/x"},
 		{Size: 8 << 20, Chunk: 1 << 20},
 		{Size: 8 << 20, Devices: []int{7}},
+		{Size: 64 << 20, SlotSize: 1},
+		{Size: 8 << 20, SlotSize: 3 << 20},
 	} {
 		o.Env = Env{Backend: b}
 		_, err := Sleep(o)
@@ -51,4 +55,20 @@ func TestSleepOnTheSimulator(t *testing.T) {
 	}
 	_, err = Sleep(SleepOptions{Size: 8 << 20})
 	require.ErrorIs(t, err, ErrInvalidOption, "no backend")
+}
+
+// TestSleepFileInTempDir: --mode file without a File keeps its backup in Env.TempDir's directory
+// and removes it.
+func TestSleepFileInTempDir(t *testing.T) {
+	b, err := OpenSim(1)
+	require.NoError(t, err)
+	defer func() { require.NoError(t, b.Close()) }()
+	dir := t.TempDir()
+	res, err := Sleep(SleepOptions{Env: Env{Backend: b, TempDir: func() (string, error) { return dir, nil }}, Size: 8 << 20,
+		Chunk: 4 << 20, SlotSize: 4 << 20, Mode: "file"})
+	require.NoError(t, err)
+	require.NoError(t, res.Check())
+	require.Equal(t, dir, filepath.Dir(res.File))
+	left, _ := os.ReadDir(dir)
+	require.Empty(t, left, "the backup file is removed")
 }

@@ -102,7 +102,7 @@ func Stripe(opts StripeOptions) (res *StripeResult, err error) {
 	if s.holders, err = devices(opts.Backend, opts.Devices, "devices"); err != nil {
 		return nil, err
 	}
-	if opts.AccessOnly != nil {
+	if len(opts.AccessOnly) > 0 {
 		if s.accessOnly, err = devices(opts.Backend, opts.AccessOnly, "access-only"); err != nil {
 			return nil, err
 		}
@@ -135,6 +135,9 @@ func Stripe(opts StripeOptions) (res *StripeResult, err error) {
 func devices(b *Backend, ordinals []int, flagName string) ([]*vmm.Device, error) {
 	if ordinals == nil {
 		return b.Sys.Devices()
+	}
+	if len(ordinals) == 0 {
+		return nil, fmt.Errorf("--%s: no devices: %w", flagName, ErrInvalidOption)
 	}
 	out := make([]*vmm.Device, 0, len(ordinals))
 	for i, o := range ordinals {

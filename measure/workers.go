@@ -22,6 +22,10 @@ func init() {
 	worker.Register(roleShare, shareChild)
 }
 
+// MaxWorkers bounds the worker processes of Pinned (Procs) and Broker (Workers): each is a process
+// of its own, and more than this many only measure the machine's process limits.
+const MaxWorkers = 256
+
 // workerSetup is the first call every worker gets: the parent's backend, to open the same.
 type workerSetup struct {
 	Backend    string `json:"backend"`

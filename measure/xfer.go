@@ -56,7 +56,8 @@ type XferOptions struct {
 	// Register registers both buffers with NCCL, every chunk (nccl.Comm.Register), and moves them
 	// chunk by chunk so that each operation lies inside one registration.
 	Register bool
-	// Warmup and Iters are the untimed and timed transfers (defaults 3 and 10).
+	// Warmup and Iters are the untimed and timed transfers (0: 3 and 10). A negative Warmup means
+	// none; a negative Iters is refused.
 	Warmup, Iters int
 	// Peer "torch" runs PyTorch's send/recv (PeerScript with Python) after cuvmm's paths.
 	Peer string
@@ -140,6 +141,9 @@ func (o *XferOptions) check() error {
 	if o.Size == 0 || o.Size%o.Block != 0 {
 		return fmt.Errorf("--size %d: want a positive multiple of the block size %s: %w", o.Size, units.FormatSize(o.Block), ErrInvalidOption)
 	}
+	if err := o.checkFits(); err != nil {
+		return err
+	}
 	if o.Transport == "" {
 		o.Transport = "auto"
 	}
@@ -149,9 +153,27 @@ func (o *XferOptions) check() error {
 	if o.Peer != "" && o.Peer != "torch" {
 		return fmt.Errorf("--peer %q: want torch or nothing: %w", o.Peer, ErrInvalidOption)
 	}
-	o.Warmup, o.Iters = cmp0(o.Warmup, 3), cmp0(o.Iters, 10)
+	if o.Iters < 0 {
+		return fmt.Errorf("--iters %d: want at least 1: %w", o.Iters, ErrInvalidOption)
+	}
+	o.Warmup, o.Iters = max(cmp0(o.Warmup, 3), 0), cmp0(o.Iters, 10)
 	o.Timeout = cmp0(o.Timeout, 2*time.Minute)
 	o.Python = cmp0(o.Python, "python3")
+	return nil
+}
+
+// checkFits refuses a Size larger than the memory of either device (each holds a buffer of it).
+func (o *XferOptions) checkFits() error {
+	for _, ord := range o.Devices {
+		d, err := o.Backend.Sys.Device(ord)
+		if err != nil {
+			return err
+		}
+		if total := d.TotalMemory(); o.Size > total {
+			return fmt.Errorf("--size %s: more than device %d's memory (%s): %w", units.FormatSize(o.Size), ord,
+				units.FormatSize(total), ErrInvalidOption)
+		}
+	}
 	return nil
 }
 

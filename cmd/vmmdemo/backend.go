@@ -90,9 +90,10 @@ func (c *common) open(e *env) (*measure.Backend, error) {
 }
 
 // measureEnv is what a measurement runs with: the backend, a progress bar on a terminal (not with
-// --json), notes on stderr.
+// --json), notes on stderr, and the run's temporary directories for its temporary files (removed
+// at the end and on SIGINT and SIGTERM).
 func (c *common) measureEnv(e *env, b *measure.Backend) measure.Env {
-	me := measure.Env{Backend: b, Log: e.stderr}
+	me := measure.Env{Backend: b, Log: e.stderr, TempDir: e.tempDir}
 	if e.interactive && !c.json {
 		me.Progress = e
 	}

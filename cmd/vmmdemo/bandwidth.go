@@ -22,7 +22,7 @@ func runBandwidth(e *env, args []string) error {
 	c.register(fs, 1)
 	device := fs.Int("device", 0, "device ordinal")
 	var maxSize, staging, chunk sizeFlag
-	fs.Var(&maxSize, "max-size", "largest copy measured, at least 64KiB (default 1GiB on a GPU, 64MiB on the simulator)")
+	fs.Var(&maxSize, "max-size", "largest copy measured, 64KiB to 1GiB (default 1GiB on a GPU, 64MiB on the simulator)")
 	fs.Var(&staging, "staging", "bytes moved through async staging to a discarding writer and from a non-copying reader (default 8GiB on a GPU, 64MiB on the simulator; 0 with --no-staging)")
 	fs.Var(&chunk, "staging-chunk", "staging buffer size (default 32MiB)")
 	buffers := fs.Int("staging-buffers", 2, "staging buffers (at least 2)")

@@ -1,6 +1,7 @@
 package main
 
 import (
+	"fmt"
 	"math"
 
 	"github.com/cuvmm/cuvmm/measure"
@@ -22,7 +23,7 @@ func runBroker(e *env, args []string) error {
 	c.register(fs, 2)
 	size := sizeFlag{v: 1 << 30}
 	fs.Var(&size, "size", "the broker's pinned region")
-	workers := fs.Int("workers", 4, "worker processes")
+	workers := fs.Int("workers", 4, fmt.Sprintf("worker processes (at most %d)", measure.MaxWorkers))
 	devs := deviceList{all: true}
 	fs.Var(&devs, "devices", "devices the broker serves and the workers use, round robin (comma-separated ordinals, or all)")
 	maxReq := sizeFlag{v: 256 << 20}

@@ -1,16 +1,20 @@
 package main
 
 import (
+	"errors"
 	"flag"
 	"fmt"
 	"strconv"
 	"strings"
 )
 
-// deviceList is a flag.Value: "all" or a comma-separated list of distinct ordinals.
+// deviceList is a flag.Value: "all" or a comma-separated list of distinct ordinals. An empty value
+// is refused (every subcommand's --devices needs at least one device) unless allowEmpty is set
+// (stripe's --access-only, whose empty list means none).
 type deviceList struct {
-	all      bool
-	ordinals []int
+	all        bool
+	ordinals   []int
+	allowEmpty bool
 }
 
 func (l *deviceList) String() string {
@@ -32,7 +36,10 @@ func (l *deviceList) Set(v string) error {
 		return nil
 	}
 	if v == "" {
-		return nil
+		if l.allowEmpty {
+			return nil
+		}
+		return errors.New("no devices given (want a list such as 0,1, or all)")
 	}
 	seen := map[int]bool{}
 	for _, f := range strings.Split(v, ",") {

@@ -1,7 +1,9 @@
 package main
 
 import (
+	"encoding/json"
 	"errors"
+	"io"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -31,6 +33,26 @@ func TestBadOptionsRefused(t *testing.T) {
 		{[]string{"share", "--size", "1KiB"}, "--size 1 KiB in 8 chunks: each chunk must be a whole multiple of the granularity 2 MiB (try --size 16MiB)"},
 		{[]string{"share", "--size", "3MiB", "--chunks", "1"}, "(try --size 4MiB)"},
 		{[]string{"info", "--sim-devices", "100000"}, "--sim-devices 100000: want 1 to 64"},
+		// An empty --devices is refused by the flag all subcommands share (pinned and broker panicked).
+		{[]string{"pinned", "--size", "8MiB", "--procs", "2", "--devices", ""}, `invalid value "" for flag -devices: no devices given`},
+		{[]string{"broker", "--size", "8MiB", "--workers", "2", "--devices", ""}, `invalid value "" for flag -devices: no devices given`},
+		{[]string{"sleep", "--size", "8MiB", "--devices", ""}, `invalid value "" for flag -devices: no devices given`},
+		{[]string{"stripe", "--size", "8MiB", "--devices", ""}, `invalid value "" for flag -devices: no devices given`},
+		{[]string{"pool", "--synthetic", "serving", "--fill-fraction", "NaN"}, "--fill-fraction NaN: want 0 to 1"},
+		{[]string{"pool", "--synthetic", "serving", "--fill-fraction", "+Inf"}, "--fill-fraction +Inf: want 0 to 1"},
+		{[]string{"pool", "--synthetic", "serving", "--fill-fraction", "-0.5"}, "--fill-fraction -0.5: want 0 to 1"},
+		{[]string{"pool", "--synthetic", "serving", "--cache-iters", "-1"}, "--cache-iters -1: want at least 1"},
+		{[]string{"pool", "--synthetic", "serving", "--allocators", "cuvmm,cuvmm"}, `--allocators: "cuvmm" is listed twice`},
+		{[]string{"sleep", "--size", "8MiB", "--slot", "1MiB"}, "--slot 1 MiB: want a multiple of 2 MiB"},
+		{[]string{"sleep", "--size", "8MiB", "--slot", "1"}, "--slot 1 B: want a multiple of 2 MiB"},
+		{[]string{"xfer", "--size", "1000TiB"}, "--size 1000 TiB: more than device 0's memory"},
+		{[]string{"xfer", "--size", "8MiB", "--iters", "-5"}, "--iters -5: want at least 1"},
+		{[]string{"xfer", "--size", "8MiB", "--iters", "0"}, "--iters 0: want at least 1"},
+		{[]string{"xfer", "--size", "8MiB", "--warmup", "-1"}, "--warmup -1: want 0 or more"},
+		{[]string{"pinned", "--size", "8MiB", "--procs", "3000"}, "--procs 3000: want at most 256"},
+		{[]string{"broker", "--size", "8MiB", "--workers", "257"}, "--workers 257: want at most 256"},
+		{[]string{"bandwidth", "--max-size", "1000TiB"}, "--max-size 1000 TiB: want at most 1 GiB"},
+		{[]string{"grow", "--to", "1EiB"}, `size "1EiB": unknown unit "EiB" (want B, KiB, MiB, GiB, TiB`},
 	} {
 		t0 := time.Now()
 		code, out, stderr := runPinnedCmd(t, append(tc.args, "--backend", "sim")...)
@@ -127,4 +149,84 @@ func TestStaleTempDirRemoved(t *testing.T) {
 	require.True(t, errors.Is(err, os.ErrNotExist), "the dead run's directory is removed: %v", err)
 	require.DirExists(t, live)
 	require.DirExists(t, other)
+}
+
+// TestFileErrorsNameTheFlag: a file that cannot be read or written is reported with its flag.
+func TestFileErrorsNameTheFlag(t *testing.T) {
+	missing := filepath.Join(t.TempDir(), "nonexistent")
+	code, _, stderr := runCmd(t, "pool", "--backend", "sim", "--trace", missing)
+	require.Equal(t, 1, code, stderr)
+	require.Contains(t, stderr, "vmmdemo pool: --trace: open "+missing+": no such file or directory")
+
+	result := filepath.Join(t.TempDir(), "grow.json")
+	code, out, stderr := runCmd(t, "grow", "--backend", "sim", "--to", "8MiB", "--step", "2MiB", "--json")
+	require.Equal(t, 0, code, stderr)
+	require.NoError(t, os.WriteFile(result, []byte(out), 0o644))
+	code, _, stderr = runCmd(t, "plot", "--in", result, "--out", "/proc/x.svg")
+	require.Equal(t, 1, code, stderr)
+	require.Contains(t, stderr, "vmmdemo plot: --out /proc/x.svg: ")
+	code, _, stderr = runCmd(t, "plot", "--in", missing, "--out", filepath.Join(t.TempDir(), "x.svg"))
+	require.Equal(t, 1, code, stderr)
+	require.Contains(t, stderr, "vmmdemo plot: --in: open "+missing)
+}
+
+// TestSleepFileInTempDir: sleep --mode file without --file keeps its backup in the run's temporary
+// directory, so that nothing is left in $TMPDIR after a run or after SIGINT.
+func TestSleepFileInTempDir(t *testing.T) {
+	tmp := t.TempDir()
+	cmd := startVMMDemo(t, tmp, "sleep", "--backend", "sim", "--size", "8MiB", "--mode", "file")
+	require.NoError(t, cmd.Wait())
+	left, _ := filepath.Glob(filepath.Join(tmp, "*"))
+	require.Empty(t, left, "a run leaves nothing behind")
+
+	cmd = startVMMDemo(t, tmp, "sleep", "--backend", "sim", "--size", "1GiB", "--mode", "file")
+	inDir := filepath.Join(tmp, "vmmdemo-"+strconv.Itoa(cmd.Process.Pid)+"-*", "vmmdemo-sleep-*.bin")
+	outside := filepath.Join(tmp, "vmmdemo-sleep-*.bin")
+	require.Eventually(t, func() bool {
+		a, _ := filepath.Glob(inDir)
+		b, _ := filepath.Glob(outside)
+		return len(a)+len(b) > 0
+	}, time.Minute, 5*time.Millisecond, "the backup file appears")
+	require.NoError(t, cmd.Process.Signal(syscall.SIGINT))
+	_ = cmd.Wait()
+	left, _ = filepath.Glob(filepath.Join(tmp, "*"))
+	require.Empty(t, left, "SIGINT leaves nothing behind")
+}
+
+// TestJSONOutputIsOnlyJSON: with --json, stdout holds only JSON documents: the tour's headers go to
+// stderr, and xfer --or-skip reports its skip as a JSON object.
+func TestJSONOutputIsOnlyJSON(t *testing.T) {
+	code, out, stderr := runCmd(t, "xfer", "--backend", "sim", "--sim-devices", "1", "--size", "4MiB", "--or-skip", "--json")
+	require.Equal(t, 0, code, stderr)
+	var skip map[string]any
+	require.NoError(t, json.Unmarshal([]byte(out), &skip), out)
+	require.Equal(t, true, skip["skipped"])
+	require.Contains(t, skip["reason"], "needs two devices")
+
+	code, out, stderr = runPinnedCmd(t, "tour", "--backend", "sim", "--json")
+	require.Equal(t, 0, code, stderr)
+	dec := json.NewDecoder(strings.NewReader(out))
+	docs := 0
+	for {
+		var v map[string]any
+		err := dec.Decode(&v)
+		if errors.Is(err, io.EOF) {
+			break
+		}
+		require.NoError(t, err, "stdout:\n%s", out)
+		docs++
+	}
+	require.GreaterOrEqual(t, docs, 8)
+	require.Contains(t, stderr, "== vmmdemo info")
+	require.True(t, strings.HasSuffix(strings.TrimSpace(stderr), "tour complete"), stderr)
+}
+
+// TestXferWarmupZero: --warmup 0 means no untimed transfers, not the default.
+func TestXferWarmupZero(t *testing.T) {
+	code, out, stderr := runCmd(t, "xfer", "--backend", "sim", "--size", "8MiB", "--iters", "1", "--warmup", "0", "--json")
+	require.Equal(t, 0, code, stderr)
+	var res measure.XferResult
+	require.NoError(t, json.Unmarshal([]byte(out), &res))
+	require.Equal(t, 0, res.Warmup)
+	require.True(t, res.Verified)
 }

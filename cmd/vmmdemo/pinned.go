@@ -1,6 +1,7 @@
 package main
 
 import (
+	"fmt"
 	"strings"
 
 	"github.com/cuvmm/cuvmm/measure"
@@ -21,7 +22,7 @@ func runPinned(e *env, args []string) error {
 	c.register(fs, 2)
 	size := sizeFlag{v: 1 << 30}
 	fs.Var(&size, "size", "region size")
-	procs := fs.Int("procs", 4, "worker processes")
+	procs := fs.Int("procs", 4, fmt.Sprintf("worker processes (at most %d)", measure.MaxWorkers))
 	devs := deviceList{all: true}
 	fs.Var(&devs, "devices", "devices the workers use, round robin (comma-separated ordinals, or all)")
 	modes := fs.String("modes", "naive,shared,cpu-only", "modes to run: naive, shared, cpu-only")

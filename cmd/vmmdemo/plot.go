@@ -33,13 +33,16 @@ func runPlot(e *env, args []string) error {
 	}
 	data, err := os.ReadFile(*in)
 	if err != nil {
-		return err
+		return fmt.Errorf("--in: %w", err)
 	}
 	fig, err := plot.Draw(data)
 	if err != nil {
 		return fmt.Errorf("%s: %w", *in, err)
 	}
-	return writeFigure(e, fig, *out, format)
+	if err := writeFigure(e, fig, *out, format); err != nil {
+		return fmt.Errorf("--out %s: %w", *out, err)
+	}
+	return nil
 }
 
 // writeFigure writes the figure to a temporary file beside path and renames it, so that a failure

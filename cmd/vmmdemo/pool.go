@@ -1,6 +1,7 @@
 package main
 
 import (
+	"flag"
 	"fmt"
 	"os"
 	"strings"
@@ -25,7 +26,7 @@ func runPool(e *env, args []string) error {
 	traceFile := fs.String("trace", "", "trace file to replay (format: docs/pool.md)")
 	synthetic := fs.String("synthetic", "", "built-in trace instead of --trace: serving")
 	streams := fs.Int("streams", 0, "streams the trace's stream indexes map onto (default: the trace's)")
-	fill := fs.Float64("fill-fraction", -1, "scale the trace so its peak in use is this fraction of --memory (default 0.95 for --synthetic, the trace's own sizes for --trace)")
+	fill := fs.Float64("fill-fraction", 0, "scale the trace so its peak in use is this fraction of --memory, 0 to 1; 0 keeps the trace's own sizes (left out: 0.95 for --synthetic, the trace's own sizes for --trace)")
 	var memory sizeFlag
 	fs.Var(&memory, "memory", "memory to size the trace against and the cuvmm pools' limit (default: the device's free memory; 2 GiB at most on the simulator)")
 	device := fs.Int("device", 0, "device ordinal")
@@ -34,15 +35,18 @@ func runPool(e *env, args []string) error {
 	peer := fs.String("peer", "", "also replay in a peer process: torch (PyTorch's caching allocator, expandable segments)")
 	peerScript := fs.String("peer-script", "scripts/peers/torch_pool.py", "the peer's script")
 	python := fs.String("python", "python3", "the Python interpreter for the peer")
-	cacheIters := fs.Int("cache-iters", 20000, "alloc+free pairs timed from each allocator's cache")
+	cacheIters := fs.Int("cache-iters", 20000, "alloc+free pairs timed from each allocator's cache (at least 1)")
 	if err := parse(fs, args); err != nil {
+		return err
+	}
+	if err := checkPoolFlags(*fill, *cacheIters); err != nil {
 		return err
 	}
 	tr, defFill, err := loadPoolTrace(*traceFile, *synthetic)
 	if err != nil {
 		return err
 	}
-	if *fill < 0 {
+	if !isSet(fs, "fill-fraction") {
 		*fill = defFill
 	}
 	o := measure.PoolOptions{Device: *device, Trace: tr, Streams: *streams, Memory: memory.v, FillFraction: *fill,
@@ -60,6 +64,24 @@ func runPool(e *env, args []string) error {
 	})
 }
 
+// checkPoolFlags refuses a --fill-fraction outside 0 to 1 (NaN included) and a --cache-iters below 1.
+func checkPoolFlags(fill float64, cacheIters int) error {
+	if !(fill >= 0 && fill <= 1) {
+		return fmt.Errorf("--fill-fraction %v: want 0 to 1: %w", fill, errUsage)
+	}
+	if cacheIters < 1 {
+		return fmt.Errorf("--cache-iters %d: want at least 1: %w", cacheIters, errUsage)
+	}
+	return nil
+}
+
+// isSet reports whether the flag name was given on the command line.
+func isSet(fs *flag.FlagSet, name string) bool {
+	set := false
+	fs.Visit(func(f *flag.Flag) { set = set || f.Name == name })
+	return set
+}
+
 // loadPoolTrace reads --trace or makes --synthetic (exactly one), and the default fill fraction.
 func loadPoolTrace(file, synthetic string) (*pool.Trace, float64, error) {
 	switch {
@@ -74,9 +96,12 @@ func loadPoolTrace(file, synthetic string) (*pool.Trace, float64, error) {
 	}
 	f, err := os.Open(file)
 	if err != nil {
-		return nil, 0, err
+		return nil, 0, fmt.Errorf("--trace: %w", err)
 	}
 	defer f.Close()
 	tr, err := pool.ParseTrace(f)
-	return tr, 0, err
+	if err != nil {
+		return nil, 0, fmt.Errorf("--trace %s: %w", file, err)
+	}
+	return tr, 0, nil
 }

@@ -25,7 +25,7 @@ func runSleep(e *env, args []string) error {
 	mode := fs.String("mode", "keep", "what happens to the content while asleep: keep (pinned host memory), discard, or file")
 	file := fs.String("file", "", "file of --mode file (default: a temporary file, removed at the end)")
 	fs.Var(&chunk, "chunk", "the buffers' chunk size (default 512MiB, or --size when smaller)")
-	fs.Var(&slot, "slot", "the backup's slot size (default 256MiB)")
+	fs.Var(&slot, "slot", "the backup's slot size, a multiple of 2 MiB (default 256MiB)")
 	ioWorkers := fs.Int("io-workers", 0, "--mode file: goroutines that move parts to or from the file, for the set and the raw figures (default 8)")
 	fs.Var(&part, "file-part", "--mode file: bytes each goroutine moves at once (default 4MiB, or --size or --slot when smaller)")
 	fileBuffers := fs.Int("file-buffers", 0, "--mode file: staging buffers each goroutine cycles through (default 2)")

@@ -18,7 +18,7 @@ func runStripe(e *env, args []string) error {
 	fs := newFlags(e, "stripe")
 	c.register(fs, 2)
 	devs := deviceList{all: true}
-	var accessOnly deviceList
+	accessOnly := deviceList{allowEmpty: true}
 	size := sizeFlag{1 << 30}
 	stripeSize := sizeFlag{128 << 20}
 	fs.Var(&devs, "devices", "devices that hold the range, in layout order: a list such as 0,1, or all")

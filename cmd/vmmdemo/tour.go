@@ -52,17 +52,22 @@ func runTour(e *env, args []string) error {
 		}
 		return names[i] < names[j]
 	})
+	// With --json, stdout holds only the subcommands' JSON documents: the headers go to stderr.
+	headers := e.stdout
+	if c.json {
+		headers = e.stderr
+	}
 	for _, n := range names {
 		cmd := commands[n]
 		args := append([]string{"--backend", c.backend, "--sim-devices", fmt.Sprint(c.simDevices)}, cmd.tour...)
 		if c.json {
 			args = append(args, "--json")
 		}
-		fmt.Fprintf(e.stdout, "\n== vmmdemo %s %v\n", n, cmd.tour)
+		fmt.Fprintf(headers, "\n== vmmdemo %s %v\n", n, cmd.tour)
 		if err := cmd.run(e, args); err != nil {
 			return fmt.Errorf("%s: %w", n, err)
 		}
 	}
-	fmt.Fprintln(e.stdout, "\ntour complete")
+	fmt.Fprintln(headers, "\ntour complete")
 	return nil
 }

@@ -27,22 +27,48 @@ func runXfer(e *env, args []string) error {
 	var devs deviceList
 	devs.ordinals = []int{0, 1}
 	fs.Var(&devs, "devices", "sender and receiver device ordinals")
-	warmup := fs.Int("warmup", 3, "untimed transfers before the timed ones")
-	iters := fs.Int("iters", 10, "timed transfers")
+	warmup := fs.Int("warmup", 3, "untimed transfers before the timed ones (0: none)")
+	iters := fs.Int("iters", 10, "timed transfers (at least 1)")
 	orSkip := fs.Bool("or-skip", false, "on a backend with fewer devices than --devices needs, print a notice and succeed (the tour's way)")
 	if err := parse(fs, args); err != nil {
 		return err
 	}
-	if len(devs.ordinals) != 2 {
-		return fmt.Errorf("--devices %s: want two ordinals, the sender's and the receiver's: %w", devs.String(), errUsage)
+	if err := checkXferFlags(devs, *warmup, *iters); err != nil {
+		return err
+	}
+	if *warmup == 0 {
+		*warmup = -1 // measure's none (its 0 is the default)
 	}
 	return measureAndShow(e, &c, func(me measure.Env) (*measure.XferResult, error) {
 		if n := me.Backend.Sys.DeviceCount(); *orSkip && max(devs.ordinals[0], devs.ordinals[1]) >= n {
-			fmt.Fprintf(e.stdout, "xfer skipped: it needs two devices (%s), the %s backend has %d\n", devs.String(), me.Backend.Name, n)
-			return nil, nil
+			return nil, xferSkipped(e, &c, fmt.Sprintf("it needs two devices (%s), the %s backend has %d", devs.String(), me.Backend.Name, n))
 		}
 		return measure.Xfer(measure.XferOptions{Env: me, Devices: [2]int{devs.ordinals[0], devs.ordinals[1]}, Size: size.v,
 			Block: block.v, Transport: *transport, Register: *registerBufs, Warmup: *warmup, Iters: *iters,
 			Peer: *peer, PeerScript: *script, Python: *python})
 	})
+}
+
+// checkXferFlags refuses a --devices that is not two ordinals, a negative --warmup and an --iters
+// below 1.
+func checkXferFlags(devs deviceList, warmup, iters int) error {
+	switch {
+	case len(devs.ordinals) != 2:
+		return fmt.Errorf("--devices %s: want two ordinals, the sender's and the receiver's: %w", devs.String(), errUsage)
+	case warmup < 0:
+		return fmt.Errorf("--warmup %d: want 0 or more: %w", warmup, errUsage)
+	case iters < 1:
+		return fmt.Errorf("--iters %d: want at least 1: %w", iters, errUsage)
+	}
+	return nil
+}
+
+// xferSkipped tells that xfer was skipped (--or-skip): a line of text, or with --json a JSON object
+// {"skipped": true, "reason": ...}, so that stdout holds only JSON.
+func xferSkipped(e *env, c *common, reason string) error {
+	if c.json {
+		return writeJSON(e.stdout, map[string]any{"skipped": true, "reason": reason})
+	}
+	fmt.Fprintf(e.stdout, "xfer skipped: %s\n", reason)
+	return nil
 }

@@ -57,6 +57,9 @@ func ParseSize(s string) (uint64, error) {
 	}
 	f, err := strconv.ParseFloat(low, 64)
 	if err != nil || f < 0 || math.IsNaN(f) || math.IsInf(f, 0) {
+		if unit, ok := unknownUnit(in); ok {
+			return 0, fmt.Errorf("size %q: unknown unit %q (want %s): %w", s, unit, unitNames, ErrBadSize)
+		}
 		return 0, fmt.Errorf("size %q: not a non-negative number: %w", s, ErrBadSize)
 	}
 	v := f * float64(mult)
@@ -67,6 +70,23 @@ func ParseSize(s string) (uint64, error) {
 		return 0, fmt.Errorf("size %q is not a whole number of bytes: %w", s, ErrBadSize)
 	}
 	return uint64(v), nil
+}
+
+// unitNames lists the units ParseSize reads, for its errors.
+const unitNames = "B, KiB, MiB, GiB, TiB, KB, MB, GB, TB, or K, M, G, T for the binary units"
+
+// unknownUnit returns the unit of a size whose number reads but whose unit is not one that
+// ParseSize knows ("1EiB": "EiB"); ok is false when the size does not have that shape.
+func unknownUnit(in string) (unit string, ok bool) {
+	i := strings.IndexFunc(in, func(r rune) bool { return (r < '0' || r > '9') && r != '.' })
+	if i <= 0 {
+		return "", false
+	}
+	if _, err := strconv.ParseFloat(in[:i], 64); err != nil {
+		return "", false
+	}
+	unit = strings.TrimSpace(in[i:])
+	return unit, unit != ""
 }
 
 // FormatSize writes n in the largest binary unit it reaches: whole when exact ("2 MiB", "16 GiB"),

@@ -23,6 +23,15 @@ func TestParseSize(t *testing.T) {
 	}
 }
 
+// TestParseSizeUnknownUnit: a number with a unit ParseSize does not know says so and lists the units.
+func TestParseSizeUnknownUnit(t *testing.T) {
+	for in, unit := range map[string]string{"1EiB": "EiB", "2 PB": "PB", "1.5xyz": "xyz"} {
+		_, err := ParseSize(in)
+		require.ErrorIs(t, err, ErrBadSize, in)
+		require.Contains(t, err.Error(), `unknown unit "`+unit+`" (want B, KiB, MiB, GiB, TiB`, in)
+	}
+}
+
 func TestFormatSize(t *testing.T) {
 	require.Equal(t, "2 MiB", FormatSize(2*MiB))
 	require.Equal(t, "1.50 MiB", FormatSize(1536*KiB))
