@@ -25,6 +25,16 @@ func usable(t *testing.T, d *vmm.Device, blk *pool.Block) {
 	check(t, d, blk, fill(t, d, blk, 5))
 }
 
+// newFailurePool is a pool of 64 MiB on device 0, and the device's free memory before it.
+func newFailurePool(t *testing.T, b *testutil.Backend) (*pool.Pool, *vmm.Device, uint64) {
+	t.Helper()
+	d := b.Device(t, 0)
+	before := freeMemory(t, d)
+	p, err := pool.New(d, pool.Options{Limit: 64 * mib})
+	require.NoError(t, err)
+	return p, d, before
+}
+
 // closeGivesAllBack closes p and checks that the device has the memory it had before the pool.
 func closeGivesAllBack(t *testing.T, p *pool.Pool, d *vmm.Device, before uint64) {
 	t.Helper()
@@ -36,10 +46,7 @@ func closeGivesAllBack(t *testing.T, p *pool.Pool, d *vmm.Device, before uint64)
 // released only once a later Trim releases it, and the next Alloc gets mapped memory.
 func TestTrimReleaseFailureUncachesThePageAndRetries(t *testing.T) {
 	testutil.Run(t, func(t *testing.T, b *testutil.Backend) {
-		d := b.Device(t, 0)
-		before := freeMemory(t, d)
-		p, err := pool.New(d, pool.Options{Limit: 64 * mib})
-		require.NoError(t, err)
+		p, d, before := newFailurePool(t, b)
 		blk, err := p.Alloc(6*mib, nil)
 		require.NoError(t, err)
 		require.NoError(t, p.Free(blk, nil))
@@ -67,10 +74,7 @@ func TestTrimReleaseFailureUncachesThePageAndRetries(t *testing.T) {
 // Close retries a release that failed before and, while it fails, reports it and stays open.
 func TestCloseRetriesAFailedReleaseUntilItSucceeds(t *testing.T) {
 	testutil.Run(t, func(t *testing.T, b *testutil.Backend) {
-		d := b.Device(t, 0)
-		before := freeMemory(t, d)
-		p, err := pool.New(d, pool.Options{Limit: 64 * mib})
-		require.NoError(t, err)
+		p, d, before := newFailurePool(t, b)
 		blk, err := p.Alloc(2*mib, nil)
 		require.NoError(t, err)
 		require.NoError(t, p.Free(blk, nil))
@@ -108,10 +112,7 @@ func TestHighWaterReleaseFailureKeepsTheCacheMapped(t *testing.T) {
 // so (ErrAsleep); Wake gives the block memory again and Close releases the page at last.
 func TestSleepReleaseFailureStillSleeps(t *testing.T) {
 	testutil.Run(t, func(t *testing.T, b *testutil.Backend) {
-		d := b.Device(t, 0)
-		before := freeMemory(t, d)
-		p, err := pool.New(d, pool.Options{Limit: 64 * mib})
-		require.NoError(t, err)
+		p, d, before := newFailurePool(t, b)
 		blk, err := p.Alloc(4*mib, nil)
 		require.NoError(t, err)
 		b.Sim.FailNth("cuMemRelease", 2, driver.ErrorUnknown) // the second page under blk
@@ -132,10 +133,7 @@ func TestSleepReleaseFailureStillSleeps(t *testing.T) {
 // others again.
 func TestSleepUnmapFailureKeepsThePageMapped(t *testing.T) {
 	testutil.Run(t, func(t *testing.T, b *testutil.Backend) {
-		d := b.Device(t, 0)
-		before := freeMemory(t, d)
-		p, err := pool.New(d, pool.Options{Limit: 64 * mib})
-		require.NoError(t, err)
+		p, d, before := newFailurePool(t, b)
 		blk, err := p.Alloc(4*mib, nil)
 		require.NoError(t, err)
 		want := fill(t, d, blk, 3)

@@ -49,19 +49,11 @@ func TestReleaseAtRefusesWhatIsInUse(t *testing.T) {
 // Mapping, and the reservation could never be freed.
 func TestAsleepAllocationRefusesUse(t *testing.T) {
 	testutil.Run(t, func(t *testing.T, b *testutil.Backend) {
-		d := b.Device(t, 0)
-		res, err := b.Sys.Reserve(4<<20, vmm.ReserveOptions{})
-		require.NoError(t, err)
-		defer func() { require.NoError(t, res.Close()) }()
-		a, err := d.Allocate(2<<20, vmm.AllocOptions{HandleTypes: driver.HandleTypePosixFD})
-		require.NoError(t, err)
-		defer func() { require.NoError(t, a.Close()) }()
-		m, err := res.MapAccess(0, a, vmm.ReadWrite(d))
-		require.NoError(t, err)
+		d, res, a, m := exportableMapping(t, b)
 		ptr, rw := m.Ptr(), []vmm.Access{vmm.ReadWrite(d)}
 		require.NoError(t, a.ReleaseAt(ptr, rw, false, nil))
 
-		_, err = a.Export(driver.HandleTypePosixFD)
+		_, err := a.Export(driver.HandleTypePosixFD)
 		require.ErrorIs(t, err, vmm.ErrAsleep)
 		_, err = res.MapAccess(2<<20, a, vmm.ReadWrite(d))
 		require.ErrorIs(t, err, vmm.ErrAsleep)
@@ -106,15 +98,7 @@ func TestCloseRacesMap(t *testing.T) {
 // detector, running them at once finds no race, and every export either succeeds or says asleep.
 func TestHandleReadersRaceSleep(t *testing.T) {
 	testutil.Run(t, func(t *testing.T, b *testutil.Backend) {
-		d := b.Device(t, 0)
-		res, err := b.Sys.Reserve(4<<20, vmm.ReserveOptions{})
-		require.NoError(t, err)
-		defer func() { require.NoError(t, res.Close()) }()
-		a, err := d.Allocate(2<<20, vmm.AllocOptions{HandleTypes: driver.HandleTypePosixFD})
-		require.NoError(t, err)
-		defer func() { require.NoError(t, a.Close()) }()
-		m, err := res.MapAccess(0, a, vmm.ReadWrite(d))
-		require.NoError(t, err)
+		d, _, a, m := exportableMapping(t, b)
 		defer func() { require.NoError(t, m.Close()) }()
 		var wg sync.WaitGroup
 		wg.Go(func() {
@@ -145,4 +129,20 @@ func requireFilled(t *testing.T, d *vmm.Device, ptr driver.DevicePtr, size, seed
 	bad, err := d.Verify(ptr, size, 0, seed)
 	require.NoError(t, err)
 	require.Zero(t, bad, "words changed")
+}
+
+// exportableMapping is an exportable 2 MiB allocation mapped at the start of a 4 MiB reservation;
+// the allocation and the reservation are closed at the end of the test (the mapping is the test's).
+func exportableMapping(t *testing.T, b *testutil.Backend) (*vmm.Device, *vmm.Reservation, *vmm.Allocation, *vmm.Mapping) {
+	t.Helper()
+	d := b.Device(t, 0)
+	res, err := b.Sys.Reserve(4<<20, vmm.ReserveOptions{})
+	require.NoError(t, err)
+	t.Cleanup(func() { require.NoError(t, res.Close()) })
+	a, err := d.Allocate(2<<20, vmm.AllocOptions{HandleTypes: driver.HandleTypePosixFD})
+	require.NoError(t, err)
+	t.Cleanup(func() { require.NoError(t, a.Close()) })
+	m, err := res.MapAccess(0, a, vmm.ReadWrite(d))
+	require.NoError(t, err)
+	return d, res, a, m
 }
