@@ -128,3 +128,31 @@ func TestMemAllocAsyncStreamOrderedReuse(t *testing.T) {
 		require.NoError(t, s.StreamDestroy(st))
 	}
 }
+
+// TestElapsedTimeNotReady: cuEventElapsedTime of an event whose record has not completed (a held
+// stream) is CUDA_ERROR_NOT_READY, as in the driver; once the stream is released it answers.
+func TestElapsedTimeNotReady(t *testing.T) {
+	s := start(t)
+	bind(t, s, 0)
+	st, err := s.StreamCreate(driver.StreamNonBlocking)
+	require.NoError(t, err)
+	a, err := s.EventCreate(driver.EventDefault)
+	require.NoError(t, err)
+	b, err := s.EventCreate(driver.EventDefault)
+	require.NoError(t, err)
+	require.NoError(t, s.EventRecord(a, st))
+	require.NoError(t, s.HoldStream(st))
+	require.NoError(t, s.EventRecord(b, st))
+	_, err = s.EventElapsedTime(a, b)
+	require.ErrorIs(t, err, driver.ErrorNotReady, "end not complete")
+	_, err = s.EventElapsedTime(b, a)
+	require.ErrorIs(t, err, driver.ErrorNotReady, "start not complete")
+	require.NoError(t, s.ReleaseStream(st))
+	ms, err := s.EventElapsedTime(a, b)
+	require.NoError(t, err)
+	require.GreaterOrEqual(t, ms, float32(0))
+	for _, e := range []driver.Event{a, b} {
+		require.NoError(t, s.EventDestroy(e))
+	}
+	require.NoError(t, s.StreamDestroy(st))
+}

@@ -66,7 +66,8 @@ func (s *Sim) removeHost(h *hostRange) {
 // device page tables in MemGetInfo (2 MiB per GiB, measured). p must not be nil, size not 0, and the
 // whole range mapped in the process (CUDA_ERROR_INVALID_VALUE); a range overlapping one already
 // registered (or from cuMemHostAlloc) is CUDA_ERROR_HOST_MEMORY_ALREADY_REGISTERED. With READ_ONLY,
-// devices may read but not write it.
+// devices may read but not write it; without it, every page must be mapped writable, else
+// CUDA_ERROR_INVALID_VALUE (measured on a file mapped read-only).
 func (s *Sim) MemHostRegister(p unsafe.Pointer, size uint64, flags uint32) error {
 	s.mu.Lock()
 	defer s.mu.Unlock()
@@ -86,6 +87,9 @@ func (s *Sim) MemHostRegister(p unsafe.Pointer, size uint64, flags uint32) error
 	}
 	if !mapped(uintptr(addr), size) {
 		return driver.ErrorInvalidValue
+	}
+	if flags&driver.HostRegisterReadOnly == 0 && !writable(uintptr(addr), size) {
+		return driver.ErrorInvalidValue // measured: a read-only mapping needs READ_ONLY
 	}
 	s.addHost(&hostRange{base: addr, size: size, pinned: pageSpan(addr, size), flags: flags})
 	return nil

@@ -69,6 +69,33 @@ func TestHostRegister(t *testing.T) {
 	require.ErrorIs(t, s.MemHostRegister(addrPtr(hole), 4*mib, 0), driver.ErrorInvalidValue)
 }
 
+// TestHostRegisterReadOnlyMapping: memory mapped without write permission can be registered only
+// with READ_ONLY; without it the driver answers CUDA_ERROR_INVALID_VALUE (docs/driver-facts.md §5).
+func TestHostRegisterReadOnlyMapping(t *testing.T) {
+	s := start(t)
+	bind(t, s, 0)
+	mem, err := unix.Mmap(-1, 0, int(4*mib), unix.PROT_READ, unix.MAP_PRIVATE|unix.MAP_ANONYMOUS)
+	require.NoError(t, err)
+	t.Cleanup(func() { _ = unix.Munmap(mem) })
+	p := ptr(mem)
+	require.ErrorIs(t, s.MemHostRegister(p, 4*mib, driver.HostRegisterPortable), driver.ErrorInvalidValue)
+	require.ErrorIs(t, s.MemHostRegister(unsafe.Add(p, 100), 4096, 0), driver.ErrorInvalidValue, "a piece of it")
+	require.Zero(t, s.Live().HostRegistrations)
+	require.NoError(t, s.MemHostRegister(p, 4*mib, driver.HostRegisterReadOnly))
+	require.NoError(t, s.MemHostUnregister(p))
+
+	// A range whose second half is read-only: refused as a whole, its writable half accepted.
+	region := hostRegion(t, 4*mib)
+	require.NoError(t, unix.Mprotect(region[2*mib:], unix.PROT_READ))
+	q := ptr(region)
+	require.ErrorIs(t, s.MemHostRegister(q, 4*mib, 0), driver.ErrorInvalidValue)
+	require.ErrorIs(t, s.MemHostRegister(unsafe.Add(q, 2*mib-4096), 8192, 0), driver.ErrorInvalidValue, "straddling")
+	require.NoError(t, s.MemHostRegister(q, 2*mib, 0))
+	require.NoError(t, s.MemHostUnregister(q))
+	require.NoError(t, s.MemHostRegister(q, 4*mib, driver.HostRegisterReadOnly))
+	require.NoError(t, s.MemHostUnregister(q))
+}
+
 func TestHostAlloc(t *testing.T) {
 	s := start(t)
 	bind(t, s, 0)

@@ -295,7 +295,8 @@ func (s *Sim) MemGetAllocationGranularity(prop *driver.AllocationProp, option dr
 }
 
 // MemGetAllocationPropertiesFromHandle calls cuMemGetAllocationPropertiesFromHandle: the properties
-// the allocation was created with (for an import, the exporter's).
+// the allocation was created with (for an import, the exporter's, but with no requested handle
+// types, as measured).
 func (s *Sim) MemGetAllocationPropertiesFromHandle(h driver.MemHandle) (driver.AllocationProp, error) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
@@ -328,7 +329,8 @@ func (s *Sim) MemRetainAllocationHandle(addr driver.DevicePtr) (driver.MemHandle
 // MemExportToShareableHandle calls cuMemExportToShareableHandle for POSIX_FD: a new close-on-exec
 // descriptor of the allocation's memfd, owned by the caller, which another process's simulator can
 // import. The allocation must have been created with POSIX_FD in its requested handle types
-// (CUDA_ERROR_INVALID_VALUE otherwise, as measured); other types are CUDA_ERROR_INVALID_VALUE.
+// (CUDA_ERROR_INVALID_VALUE otherwise, as measured; imported memory never has it); other types are
+// CUDA_ERROR_INVALID_VALUE.
 func (s *Sim) MemExportToShareableHandle(h driver.MemHandle, typ driver.HandleType, flags uint64) (int, error) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
@@ -379,7 +381,9 @@ func (s *Sim) MemExportToFabricHandle(h driver.MemHandle, flags uint64) (driver.
 // CUDA_ERROR_INVALID_VALUE; device memory must be on a device ordinal this simulator has, else
 // CUDA_ERROR_INVALID_DEVICE. The caller keeps fd: the simulator holds its own duplicate. Imported
 // device memory is not charged again (the exporter pays). Importing an allocation that is already in
-// this simulator gives a new handle of it.
+// this simulator gives a new handle of it. An allocation imported from elsewhere has the exporter's
+// properties except its requested handle types, which are none (measured): exporting it again is
+// CUDA_ERROR_INVALID_VALUE.
 func (s *Sim) MemImportFromShareableHandle(fd int, typ driver.HandleType) (driver.MemHandle, error) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
@@ -418,6 +422,9 @@ func (s *Sim) MemImportFromShareableHandle(fd int, typ driver.HandleType) (drive
 	if err != nil {
 		return 0, driver.ErrorOutOfMemory
 	}
+	// Imported memory reports no requested handle types, so it cannot be exported again
+	// (docs/driver-facts.md §5).
+	prop.RequestedHandleTypes = driver.HandleTypeNone
 	a, err := s.newAllocation(prop, size, dup)
 	if err != nil {
 		return 0, driver.ErrorOutOfMemory

@@ -60,7 +60,7 @@ func TestImportInProcess(t *testing.T) {
 	require.Equal(t, total, free, "the exporter pays")
 	prop, err := imp.MemGetAllocationPropertiesFromHandle(h)
 	require.NoError(t, err)
-	require.Equal(t, *deviceProp(0, driver.HandleTypePosixFD), prop)
+	require.Equal(t, *deviceProp(0, driver.HandleTypeNone), prop, "the exporter's, without handle types (measured)")
 	va, err := imp.MemAddressReserve(32*mib, 0, 0, 0)
 	require.NoError(t, err)
 	require.NoError(t, imp.MemMap(va, 32*mib, 0, h, 0))
@@ -87,6 +87,51 @@ func TestImportInProcess(t *testing.T) {
 	require.NoError(t, imp.MemAddressFree(va, 32*mib))
 	b.free(t, s)
 	require.Equal(t, before, openFDs(t), "no descriptor leaked")
+}
+
+// TestImportedMemoryIsNotExportable: imported memory reports no requested handle types and cannot be
+// exported again (docs/driver-facts.md §5), in device and host-NUMA memory alike.
+func TestImportedMemoryIsNotExportable(t *testing.T) {
+	s := start(t)
+	bind(t, s, 0)
+	imp := start(t)
+	bind(t, imp, 0)
+	for _, prop := range []*driver.AllocationProp{deviceProp(0, driver.HandleTypePosixFD), hostNUMAProp(driver.HandleTypePosixFD)} {
+		h, err := s.MemCreate(2*mib, prop, 0)
+		require.NoError(t, err)
+		fd, err := s.MemExportToShareableHandle(h, driver.HandleTypePosixFD, 0)
+		require.NoError(t, err)
+		ih, err := imp.MemImportFromShareableHandle(fd, driver.HandleTypePosixFD)
+		require.NoError(t, err)
+		require.NoError(t, unix.Close(fd))
+
+		got, err := imp.MemGetAllocationPropertiesFromHandle(ih)
+		require.NoError(t, err)
+		want := *prop
+		want.RequestedHandleTypes = driver.HandleTypeNone
+		require.Equal(t, want, got, "the exporter's properties without handle types")
+		_, err = imp.MemExportToShareableHandle(ih, driver.HandleTypePosixFD, 0)
+		require.ErrorIs(t, err, driver.ErrorInvalidValue, "exporting imported memory again")
+
+		// A handle retained from a mapping of the import is the same allocation: not exportable either.
+		va, err := imp.MemAddressReserve(2*mib, 0, 0, 0)
+		require.NoError(t, err)
+		require.NoError(t, imp.MemMap(va, 2*mib, 0, ih, 0))
+		rh, err := imp.MemRetainAllocationHandle(va)
+		require.NoError(t, err)
+		_, err = imp.MemExportToShareableHandle(rh, driver.HandleTypePosixFD, 0)
+		require.ErrorIs(t, err, driver.ErrorInvalidValue, "retained from an imported mapping")
+		require.NoError(t, imp.MemRelease(rh))
+		require.NoError(t, imp.MemUnmap(va, 2*mib))
+		require.NoError(t, imp.MemAddressFree(va, 2*mib))
+		require.NoError(t, imp.MemRelease(ih))
+
+		// The exporter's own handle stays exportable.
+		fd, err = s.MemExportToShareableHandle(h, driver.HandleTypePosixFD, 0)
+		require.NoError(t, err)
+		require.NoError(t, unix.Close(fd))
+		require.NoError(t, s.MemRelease(h))
+	}
 }
 
 func TestImportRejects(t *testing.T) {

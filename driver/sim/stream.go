@@ -130,7 +130,8 @@ func (s *Sim) EventSynchronize(e driver.Event) error {
 
 // EventElapsedTime calls cuEventElapsedTime: milliseconds between the two records (monotonic clock).
 // Unknown or never-recorded events, and events made with DISABLE_TIMING, are
-// CUDA_ERROR_INVALID_HANDLE, as in the driver.
+// CUDA_ERROR_INVALID_HANDLE, as in the driver; while either event's last record has not completed
+// (a held stream), CUDA_ERROR_NOT_READY.
 func (s *Sim) EventElapsedTime(start, end driver.Event) (float32, error) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
@@ -142,6 +143,9 @@ func (s *Sim) EventElapsedTime(start, end driver.Event) (float32, error) {
 	if !ok1 || !ok2 || !a.recorded || !b.recorded ||
 		a.flags&driver.EventDisableTiming != 0 || b.flags&driver.EventDisableTiming != 0 {
 		return 0, driver.ErrorInvalidHandle
+	}
+	if !s.eventDone(start) || !s.eventDone(end) {
+		return 0, driver.ErrorNotReady
 	}
 	return float32(b.at.Sub(a.at).Seconds() * 1000), nil
 }

@@ -2,8 +2,11 @@ package sim
 
 import (
 	"fmt"
+	"os"
 	"runtime"
 	"runtime/debug"
+	"strconv"
+	"strings"
 	"unsafe"
 
 	"golang.org/x/sys/unix"
@@ -69,6 +72,38 @@ func mapped(addr uintptr, length uint64) bool {
 		start += n * page
 	}
 	return true
+}
+
+// writable reports whether every page of [addr, addr+length) lies in a mapping of this process with
+// write permission, from /proc/self/maps (whose lines are sorted by address).
+func writable(addr uintptr, length uint64) bool {
+	page := uint64(unix.Getpagesize())
+	start := uint64(addr) &^ (page - 1)
+	end := (uint64(addr) + length + page - 1) &^ (page - 1)
+	b, err := os.ReadFile("/proc/self/maps")
+	if err != nil {
+		return false
+	}
+	for line := range strings.Lines(string(b)) {
+		rng, rest, _ := strings.Cut(line, " ")
+		lo, hi, ok := strings.Cut(rng, "-")
+		if !ok {
+			continue
+		}
+		from, err1 := strconv.ParseUint(lo, 16, 64)
+		to, err2 := strconv.ParseUint(hi, 16, 64)
+		if err1 != nil || err2 != nil || to <= start {
+			continue
+		}
+		if from > start || len(rest) < 2 || rest[1] != 'w' {
+			return false // a hole, or a mapping without write permission
+		}
+		start = to
+		if start >= end {
+			return true
+		}
+	}
+	return false
 }
 
 // addrPtr turns an address into a pointer. The memory the simulator reaches this way is either not Go
