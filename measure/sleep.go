@@ -36,7 +36,8 @@ type SleepOptions struct {
 	// SlotSize is the set's backup slot size, a multiple of 2 MiB (0: offload.DefaultSlotSize).
 	SlotSize uint64
 	// IOWorkers is the set's file I/O parallelism for each device (default
-	// offload.DefaultIOWorkers); the raw file figures use as many goroutines in all as the set.
+	// offload.DefaultIOWorkers); the set's staging plan may use fewer, and the raw file figures
+	// use as many goroutines in all as the set does.
 	IOWorkers int
 	// FilePart and FileBuffers are the set's file part size and staging buffers per goroutine
 	// (defaults offload.DefaultFilePart and offload.DefaultFileBuffers); the raw file figures use
@@ -81,7 +82,8 @@ type SleepResult struct {
 	SleepGBps         float64 `json:"sleep_gbps"`
 	WakeGBps          float64 `json:"wake_gbps"`
 	// Raw copies into memory already pinned (cuMemcpyDtoH / cuMemcpyHtoD in pieces of the slot
-	// size, every device at once), over the same bytes: the limit.
+	// size, every device at once), over the same bytes: the limit. Every device starts each phase
+	// together; the rate is over the window from that start to the last device's finish.
 	RawD2HGBps float64 `json:"raw_d2h_gbps"`
 	RawH2DGBps float64 `json:"raw_h2d_gbps"`
 	// RawPinGBps is how fast this host pins fresh memory with pinned.Register (map, fault in from
@@ -111,7 +113,9 @@ type SleepResult struct {
 	// The usual approach on the first device: cuMemHostAlloc a backup, then copy the buffer into it.
 	BaselineSleepSeconds float64 `json:"baseline_sleep_seconds"`
 	BaselineAllocSeconds float64 `json:"baseline_alloc_seconds"`
-	FirstSleepSpeedup    float64 `json:"first_sleep_speedup"` // baseline / first sleep, first device alone
+	// FirstSleepSpeedup is BaselineSleepSeconds / FirstSleepOneSeconds: with one device the
+	// process's first sleep, with several the first device's alone after TrimPool.
+	FirstSleepSpeedup    float64 `json:"first_sleep_speedup"`
 	FirstSleepOneSeconds float64 `json:"first_sleep_one_device_seconds"`
 	// Several devices: the warm sleep of the first device alone, and the aggregate's ratio to it.
 	OneDeviceSleepGBps float64 `json:"one_device_sleep_gbps,omitempty"`
@@ -119,15 +123,21 @@ type SleepResult struct {
 	AggregateSleepX    float64 `json:"aggregate_sleep_x,omitempty"`
 	AggregateWakeX     float64 `json:"aggregate_wake_x,omitempty"`
 	// File mode: the file, and raw writes and reads of the same bytes over the same file the way the
-	// set does them (os.File.WriteAt / ReadAt of parts of FilePart bytes through FileBuffers buffers
-	// per goroutine, IOWorkers goroutines for each device), each timed phase, raw or not, starting
+	// set does them (os.File.WriteAt / ReadAt of parts of FilePart bytes through the staging buffers
+	// the set's plan gives each goroutine, IOWorkersUsed goroutines for each device), each timed
+	// phase, raw or not, starting
 	// after an fsync so that no dirty pages are pending. FileRounds rounds alternate a raw write and
 	// read with a sleep and a wake of the set: the raw figures and, in file mode, SleepSeconds and
 	// WakeSeconds are the medians of the rounds.
-	File             string  `json:"file,omitempty"`
-	IOWorkers        int     `json:"io_workers,omitempty"`
-	FilePart         uint64  `json:"file_part_bytes,omitempty"`
-	FileBuffers      int     `json:"file_buffers,omitempty"`
+	File        string `json:"file,omitempty"`
+	IOWorkers   int    `json:"io_workers,omitempty"`
+	FilePart    uint64 `json:"file_part_bytes,omitempty"`
+	FileBuffers int    `json:"file_buffers,omitempty"`
+	// IOWorkersUsed and FileBuffersUsed are what the set's staging plan makes of IOWorkers and
+	// FileBuffers on each device (at most two slots of buffers, no more than the parts), and so
+	// what the raw file figures use: the goroutines per device, and the most buffers one has.
+	IOWorkersUsed    int     `json:"io_workers_used,omitempty"`
+	FileBuffersUsed  int     `json:"file_buffers_used,omitempty"`
 	FileRounds       int     `json:"file_rounds,omitempty"`
 	RawFileWriteGBps float64 `json:"raw_file_write_gbps,omitempty"`
 	RawFileReadGBps  float64 `json:"raw_file_read_gbps,omitempty"`
@@ -289,12 +299,13 @@ func (r *sleepRun) setup() error {
 	if err := r.makeBuffers(); err != nil {
 		return err
 	}
-	r.set = offload.NewSet(r.opts.Backend.Sys, offload.Options{SlotSize: r.opts.SlotSize, IOWorkers: r.opts.IOWorkers,
-		FilePart: r.opts.FilePart, FileBuffers: r.opts.FileBuffers, Progress: func(done, total uint64) {
-			if r.bar != nil {
-				r.bar.Update(done)
-			}
-		}})
+	so := r.opts.setOptions()
+	so.Progress = func(done, total uint64) {
+		if r.bar != nil {
+			r.bar.Update(done)
+		}
+	}
+	r.set = offload.NewSet(r.opts.Backend.Sys, so)
 	return r.addBuffers()
 }
 
@@ -367,11 +378,19 @@ func (r *sleepRun) close() error {
 	return errors.Join(errs...)
 }
 
-// timed runs fn (a Sleep or Wake of tags) under a progress bar and returns its duration.
+// timed runs fn (a Sleep or Wake of tags) under a progress bar and returns its duration, up to
+// the completion of all work queued on every device of the set (a Discard wake zeroes with an
+// asynchronous memset). In file mode the file is fsynced first, outside the window.
 func (r *sleepRun) timed(label string, total uint64, fn func(context.Context, ...string) error, tags ...string) (float64, error) {
+	if err := r.syncFile(); err != nil {
+		return 0, fmt.Errorf("%s: fsync first: %w", label, err)
+	}
 	r.bar = begin(r.opts.Progress, label, total)
 	start := time.Now()
 	err := fn(context.Background(), tags...)
+	for _, d := range r.devs {
+		err = errors.Join(err, d.Synchronize())
+	}
 	el := time.Since(start).Seconds()
 	r.bar.Done()
 	r.bar = nil

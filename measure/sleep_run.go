@@ -2,7 +2,6 @@ package measure
 
 import (
 	"context"
-	"encoding/binary"
 	"errors"
 	"fmt"
 	"slices"
@@ -10,9 +9,6 @@ import (
 	"time"
 
 	"github.com/cuvmm/cuvmm/driver"
-	"github.com/cuvmm/cuvmm/offload"
-	"github.com/cuvmm/cuvmm/pinned"
-	"github.com/cuvmm/cuvmm/vmm"
 )
 
 // measureOffload sleeps and wakes the set: cold (pinning on the way), then warm; with several
@@ -31,7 +27,7 @@ func (r *sleepRun) measureOffload() error {
 		return err
 	}
 	for i, d := range r.opts.Devices {
-		pd := SleepDevice{Device: d, Bytes: r.opts.Size}
+		pd := SleepDevice{Device: d, Bytes: r.opts.Size, PtrUnchanged: true, Verified: true, GraphOK: true} // until a check fails
 		if after[i] > before[i] {
 			pd.FreedBytes = after[i] - before[i]
 		}
@@ -42,9 +38,6 @@ func (r *sleepRun) measureOffload() error {
 		return err
 	}
 	if err := r.verify("after the first wake"); err != nil {
-		return err
-	}
-	if err := r.syncFile(); err != nil {
 		return err
 	}
 	if r.res.SleepSeconds, err = r.timed("sleep", total, r.set.Sleep); err != nil {
@@ -77,9 +70,12 @@ func (r *sleepRun) measureOffload() error {
 // asleep far longer than that; WakeAtOnceSeconds is the wake right after the sleep.
 const asleepPause = 250 * time.Millisecond
 
-// timedAfterPause waits asleepPause, then times a wake of tags.
+// timedAfterPause waits asleepPause, then times a wake of tags. Not in file mode, whose wakes
+// (the rounds' and the one device's) are each timed right after an fsync instead.
 func (r *sleepRun) timedAfterPause(label string, total uint64, tags ...string) (float64, error) {
-	time.Sleep(asleepPause)
+	if r.file == nil {
+		time.Sleep(asleepPause)
+	}
 	return r.timed(label, total, r.set.Wake, tags...)
 }
 
@@ -103,7 +99,7 @@ func (r *sleepRun) measureWakeAtOnce() error {
 // measureRepin gives the backup back (TrimPool) and sleeps again: a cold sleep on memory the host
 // has provided before.
 func (r *sleepRun) measureRepin() error {
-	if err := errors.Join(r.set.TrimPool(), r.syncFile()); err != nil {
+	if err := r.set.TrimPool(); err != nil {
 		return err
 	}
 	var err error
@@ -116,7 +112,8 @@ func (r *sleepRun) measureRepin() error {
 	return r.verify("after the re-pinned sleep")
 }
 
-// syncFile flushes the file mode's dirty pages, so that every timed write starts alike.
+// syncFile flushes the file mode's dirty pages, so that every timed phase starts alike (timed
+// calls it before it starts the clock).
 func (r *sleepRun) syncFile() error {
 	if r.file == nil {
 		return nil
@@ -124,7 +121,9 @@ func (r *sleepRun) syncFile() error {
 	return r.file.Sync()
 }
 
-// measureOneDevice sleeps the first device's buffer alone: cold (the pool emptied), then warm.
+// measureOneDevice sleeps the first device's buffer alone: cold (the pool emptied), then warm. In
+// file mode, like the all-device figures it is compared with, the warm sleep and wake are the
+// medians of fileRounds rounds, each phase timed right after an fsync with no pause.
 func (r *sleepRun) measureOneDevice() error {
 	tag := fmt.Sprintf("dev%d", r.opts.Devices[0])
 	size := r.opts.Size
@@ -138,15 +137,23 @@ func (r *sleepRun) measureOneDevice() error {
 	if _, err := r.timed("first wake, one device", size, r.set.Wake, tag); err != nil {
 		return err
 	}
-	s, err := r.timed("sleep, one device", size, r.set.Sleep, tag)
-	if err != nil {
-		return err
+	rounds := 1
+	if r.file != nil {
+		rounds = fileRounds
 	}
-	w, err := r.timedAfterPause("wake, one device", size, tag)
-	if err != nil {
-		return err
+	var sleeps, wakes []float64
+	for range rounds {
+		s, err := r.timed("sleep, one device", size, r.set.Sleep, tag)
+		if err != nil {
+			return err
+		}
+		w, err := r.timedAfterPause("wake, one device", size, tag)
+		if err != nil {
+			return err
+		}
+		sleeps, wakes = append(sleeps, s), append(wakes, w)
 	}
-	r.res.OneDeviceSleepGBps, r.res.OneDeviceWakeGBps = sleepGBps(size, s), sleepGBps(size, w)
+	r.res.OneDeviceSleepGBps, r.res.OneDeviceWakeGBps = sleepGBps(size, median(sleeps)), sleepGBps(size, median(wakes))
 	return r.verify("after the one-device wake")
 }
 
@@ -165,112 +172,6 @@ func (r *sleepRun) freeAll() ([]uint64, error) {
 	return out, nil
 }
 
-// verify checks every buffer through the address saved before the first sleep, with a kernel and
-// with the graph captured then. A failure is recorded in the result, not returned.
-func (r *sleepRun) verify(when string) error {
-	for i, d := range r.devs {
-		pd := &r.res.PerDevice[i]
-		pd.PtrUnchanged = r.bufs[i].Ptr() == r.ptrs[i]
-		bad, err := d.Verify(r.ptrs[i], r.opts.Size, 0, sleepSeed+uint64(i))
-		if err != nil {
-			return err
-		}
-		viaGraph, err := r.graphs[i].run()
-		if err != nil {
-			return err
-		}
-		ok := bad == 0
-		if r.policy == offload.Discard {
-			zero, err := sampleZero(d, r.ptrs[i], r.opts.Size)
-			if err != nil {
-				return err
-			}
-			ok = zero
-		}
-		pd.Verified, pd.GraphOK = ok, viaGraph == bad
-		if !pd.PtrUnchanged || !pd.Verified || !pd.GraphOK {
-			r.res.Verified = r.res.Verified && pd.Verified && pd.GraphOK
-			r.res.PtrUnchanged = r.res.PtrUnchanged && pd.PtrUnchanged
-			if r.res.Failure == "" {
-				r.res.Failure = fmt.Sprintf("device %d %s: ptr unchanged %v, %d words differ, the graph counted %d", pd.Device, when, pd.PtrUnchanged, bad, viaGraph)
-			}
-		}
-	}
-	return nil
-}
-
-// sampleZero reads the first and last MiB of a discarded buffer, which must be zeros.
-func sampleZero(d *vmm.Device, ptr driver.DevicePtr, size uint64) (bool, error) {
-	n := min(size, 1<<20)
-	b := make([]byte, n)
-	for _, off := range []uint64{0, size - n} {
-		if err := d.CopyDtoH(b, ptr+driver.DevicePtr(off)); err != nil {
-			return false, err
-		}
-		for _, v := range b {
-			if v != 0 {
-				return false, nil
-			}
-		}
-	}
-	return true, nil
-}
-
-// sleepGraph is a verify kernel captured into a graph while the buffer is awake, before any sleep.
-type sleepGraph struct {
-	d       *vmm.Device
-	st      *vmm.Stream
-	counter *vmm.PlainBuffer
-	exec    *vmm.GraphExec
-}
-
-func captureSleepGraph(d *vmm.Device, ptr driver.DevicePtr, size, seed uint64) (g *sleepGraph, err error) {
-	g = &sleepGraph{d: d}
-	defer func() {
-		if err != nil {
-			err = errors.Join(err, g.close())
-		}
-	}()
-	if g.st, err = d.CreateStream(vmm.StreamOptions{NonBlocking: true}); err != nil {
-		return nil, err
-	}
-	if g.counter, err = d.AllocPlain(8); err != nil {
-		return nil, err
-	}
-	if err = g.st.BeginCapture(); err != nil {
-		return nil, err
-	}
-	lerr := d.LaunchVerify(ptr, size, 0, seed, g.counter.Ptr(), g.st)
-	graph, err := g.st.EndCapture()
-	if err = errors.Join(lerr, err); err != nil {
-		return nil, errors.Join(err, graph.Close())
-	}
-	g.exec, err = graph.Instantiate()
-	return g, errors.Join(err, graph.Close())
-}
-
-// run launches the graph and returns the words it counted as differing.
-func (g *sleepGraph) run() (uint64, error) {
-	if err := g.d.Memset(g.counter.Ptr(), 0, 8); err != nil {
-		return 0, err
-	}
-	if err := errors.Join(g.exec.Launch(g.st), g.st.Synchronize()); err != nil {
-		return 0, err
-	}
-	var c [8]byte
-	if err := g.d.CopyDtoH(c[:], g.counter.Ptr()); err != nil {
-		return 0, err
-	}
-	return binary.LittleEndian.Uint64(c[:]), nil
-}
-
-func (g *sleepGraph) close() error {
-	if g == nil {
-		return nil
-	}
-	return errors.Join(g.exec.Close(), g.counter.Close(), g.st.Close())
-}
-
 // measureBaselines measures, after the offload runs: in file mode the rounds of raw file speed
 // against the set's, then (they overwrite the buffers) raw pinned copies on every device at once
 // and the usual backup on the first device.
@@ -287,118 +188,6 @@ func (r *sleepRun) measureBaselines() error {
 		return fmt.Errorf("cuMemHostAlloc baseline: %w", err)
 	}
 	return nil
-}
-
-// sleepPiece is the size of the raw copies: the slot size offload copies in.
-func (r *sleepRun) sleepPiece() uint64 { return min(r.opts.SlotSize, r.opts.Size) }
-
-// rawHost is pinned memory made the way offload makes its slots (registered THP), up to 2 GiB, that
-// the raw copies cycle through.
-type rawHost struct {
-	mem    []byte
-	region *pinned.Region
-}
-
-func newRawHost(d *vmm.Device, size uint64) (*rawHost, error) {
-	mem, err := pinned.MapAnonymous(size)
-	if err != nil {
-		return nil, err
-	}
-	reg, err := pinned.Register(d, mem, pinned.RegisterOptions{HugePages: true})
-	if err != nil {
-		return nil, errors.Join(err, pinned.Unmap(mem))
-	}
-	return &rawHost{mem: mem, region: reg}, nil
-}
-
-func (h *rawHost) close() error { return errors.Join(h.region.Close(), pinned.Unmap(h.mem)) }
-
-// measureRaw copies every buffer out and back in pieces, every device at once.
-func (r *sleepRun) measureRaw() error {
-	piece := r.sleepPiece()
-	hostSize := min(r.opts.Size, 2<<30)
-	hostSize -= hostSize % piece
-	d2h := make([]float64, len(r.devs))
-	h2d := make([]float64, len(r.devs))
-	errs := make([]error, len(r.devs))
-	var wg sync.WaitGroup
-	var mu sync.Mutex
-	var slowD2H, slowH2D, slowPin, slowRepin float64
-	for i, d := range r.devs {
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			pin, repin, h, err := pinTwice(d, hostSize)
-			if err != nil {
-				errs[i] = err
-				return
-			}
-			d2h[i], h2d[i], errs[i] = sleepRawCopies(d, r.ptrs[i], r.opts.Size, piece, h.mem)
-			errs[i] = errors.Join(errs[i], h.close())
-			mu.Lock()
-			slowD2H, slowH2D = max(slowD2H, d2h[i]), max(slowH2D, h2d[i])
-			slowPin, slowRepin = max(slowPin, pin), max(slowRepin, repin)
-			mu.Unlock()
-		}()
-	}
-	wg.Wait()
-	if err := errors.Join(errs...); err != nil {
-		return err
-	}
-	for i := range r.devs {
-		r.res.PerDevice[i].RawD2HGBps = sleepGBps(r.opts.Size, d2h[i])
-		r.res.PerDevice[i].RawH2DGBps = sleepGBps(r.opts.Size, h2d[i])
-	}
-	r.res.RawD2HGBps = sleepGBps(r.res.TotalBytes, slowD2H)
-	r.res.RawH2DGBps = sleepGBps(r.res.TotalBytes, slowH2D)
-	r.res.RawPinGBps = sleepGBps(hostSize*uint64(len(r.devs)), slowPin)
-	r.res.RawRepinGBps = sleepGBps(hostSize*uint64(len(r.devs)), slowRepin)
-	return nil
-}
-
-// pinTwice times pinning size bytes of fresh memory, gives it back, and times pinning as much again
-// (memory the process has had); it returns the second region.
-func pinTwice(d *vmm.Device, size uint64) (pin, repin float64, h *rawHost, err error) {
-	start := time.Now()
-	if h, err = newRawHost(d, size); err != nil {
-		return 0, 0, nil, err
-	}
-	pin = time.Since(start).Seconds()
-	if err = h.close(); err != nil {
-		return 0, 0, nil, err
-	}
-	start = time.Now()
-	if h, err = newRawHost(d, size); err != nil {
-		return 0, 0, nil, err
-	}
-	return pin, time.Since(start).Seconds(), h, nil
-}
-
-// sleepRawCopies times cuMemcpyDtoH then cuMemcpyHtoD of size bytes at ptr in pieces, cycling through
-// host.
-func sleepRawCopies(d *vmm.Device, ptr driver.DevicePtr, size, piece uint64, host []byte) (d2h, h2d float64, err error) {
-	run := func(toHost bool) (float64, error) {
-		start := time.Now()
-		for off := uint64(0); off < size; off += piece {
-			n := min(piece, size-off)
-			h := host[off%uint64(len(host)):][:n]
-			var err error
-			if toHost {
-				err = d.CopyDtoH(h, ptr+driver.DevicePtr(off))
-			} else {
-				err = d.CopyHtoD(ptr+driver.DevicePtr(off), h)
-			}
-			if err != nil {
-				return 0, err
-			}
-		}
-		return time.Since(start).Seconds(), nil
-	}
-	if d2h, err = run(true); err != nil {
-		return 0, 0, err
-	}
-	h2d, err = run(false)
-	return d2h, h2d, err
 }
 
 // measureUsual times the usual backup on the first device: cuMemHostAlloc of the buffer's size,
@@ -444,10 +233,7 @@ func (r *sleepRun) measureFileRounds() error {
 			label string
 			fn    func(context.Context, ...string) error
 			out   *[]float64
-		}{{"sleep", r.set.Sleep, &sleeps}, {"wake", r.set.Wake, &wakes}} {
-			if err := r.syncFile(); err != nil {
-				return err
-			}
+		}{{"sleep", r.set.Sleep, &sleeps}, {"wake", r.set.Wake, &wakes}} { // timed fsyncs first
 			t, err := r.timed(ph.label, r.res.TotalBytes, ph.fn)
 			if err != nil {
 				return err
@@ -463,37 +249,46 @@ func (r *sleepRun) measureFileRounds() error {
 }
 
 // rawFileOnce times one raw write and one raw read of the set's bytes over its file, each after an
-// fsync. Each goroutine moves parts of FilePart bytes through FileBuffers buffers of its own in
-// turn, as package offload does with its staging buffers; the set runs IOWorkers goroutines
-// for each device, and so does the raw figure.
+// fsync. Each goroutine moves parts of FilePart bytes through staging buffers of its own in turn,
+// as package offload does: as many goroutines for each device as the set runs, with as many
+// buffers each (fileStaging), all taking parts of the whole file.
 func (r *sleepRun) rawFileOnce() (write, read float64, err error) {
-	total, workers := r.res.TotalBytes, r.opts.IOWorkers*len(r.devs)
+	g, per := r.opts.fileStaging()
 	r.res.IOWorkers, r.res.FilePart, r.res.FileBuffers = r.opts.IOWorkers, r.opts.FilePart, r.opts.FileBuffers
-	part, nbuf := r.opts.FilePart, r.opts.FileBuffers
-	buf := make([]byte, part*uint64(nbuf*workers))
+	r.res.IOWorkersUsed, r.res.FileBuffersUsed = g, per[0]
+	part, workers := r.opts.FilePart, g*len(r.devs)
+	first := make([]int, workers+1) // goroutine w's buffers are first[w] to first[w+1]
+	for w := range workers {
+		first[w+1] = first[w] + per[w%g]
+	}
+	buf := make([]byte, part*uint64(first[workers]))
 	for i := range buf {
 		buf[i] = byte(i * 7)
 	}
-	mem := func(w, i int, n uint64) []byte { return buf[uint64(w*nbuf+i%nbuf)*part:][:n] }
-	phase := func(fn func(w, i int, off, n uint64) error) (float64, error) {
-		if err := r.file.Sync(); err != nil {
-			return 0, err
-		}
-		start := time.Now()
-		err := rawFileIO(total, part, workers, fn)
-		return time.Since(start).Seconds(), err
+	mem := func(w, i int, n uint64) []byte {
+		return buf[uint64(first[w]+i%(first[w+1]-first[w]))*part:][:n]
 	}
-	if write, err = phase(func(w, i int, off, n uint64) error {
+	if write, err = r.rawFilePhase(workers, func(w, i int, off, n uint64) error {
 		_, err := r.file.WriteAt(mem(w, i, n), int64(off))
 		return err
 	}); err != nil {
 		return 0, 0, err
 	}
-	read, err = phase(func(w, i int, off, n uint64) error {
+	read, err = r.rawFilePhase(workers, func(w, i int, off, n uint64) error {
 		_, err := r.file.ReadAt(mem(w, i, n), int64(off))
 		return err
 	})
 	return write, read, err
+}
+
+// rawFilePhase fsyncs the file, then times fn over the set's bytes in parts, workers at once.
+func (r *sleepRun) rawFilePhase(workers int, fn func(w, i int, off, n uint64) error) (float64, error) {
+	if err := r.file.Sync(); err != nil {
+		return 0, err
+	}
+	start := time.Now()
+	err := rawFileIO(r.res.TotalBytes, r.opts.FilePart, workers, fn)
+	return time.Since(start).Seconds(), err
 }
 
 // median is the middle of xs (the mean of the two middle ones for an even count).

@@ -31,6 +31,8 @@ func TestSleepOnTheSimulator(t *testing.T) {
 	require.NoError(t, err)
 	require.NoError(t, res.Check())
 	require.Equal(t, 3, res.IOWorkers)
+	require.Equal(t, 2, res.IOWorkersUsed, "the set runs two: the buffer has two parts")
+	require.Equal(t, 1, res.FileBuffersUsed)
 	require.Equal(t, min(res.RawFileReadGBps, res.RawH2DGBps), res.FileWakeLimitGBps)
 	require.Equal(t, min(res.RawFileWriteGBps, res.RawD2HGBps), res.FileSleepLimitGBps)
 	require.InDelta(t, res.WakeGBps/res.FileWakeLimitGBps, res.WakeVsFileLimit, 1e-9)

@@ -78,6 +78,50 @@ func closeStaging(bufs []*stageBuf) error {
 	return errors.Join(errs...)
 }
 
+// FileStaging is how a Set moves a File buffer's bytes on one device in a Sleep or a Wake:
+// Goroutines goroutines at once, goroutine i through Buffers[i] pinned staging buffers of Part bytes
+// each, carved from Slots pinned slots of SlotBytes; Parts is how many parts the buffer moves in.
+type FileStaging struct {
+	Goroutines int
+	Buffers    []int
+	Part       uint64
+	Slots      int
+	SlotBytes  uint64
+	Parts      int
+}
+
+// PlanFileStaging is the staging a Set made with opts uses for a File buffer of size bytes, in
+// chunks of chunk bytes, that is the set's only File buffer on its device: what it pins for
+// staging, and how many goroutines read or write the file. Raw file I/O meant to compare with the
+// set's (as vmmdemo sleep --mode file does) can move bytes the same way.
+func PlanFileStaging(opts Options, size, chunk uint64) FileStaging {
+	o := opts.withDefaults()
+	slot := min(o.SlotSize, (size+hugePage-1)/hugePage*hugePage)
+	part := min(o.FilePart, slot)
+	jobs := countParts(size, chunk, slot, part)
+	slots, bufs, g := stagingPlan(slot, part, o.IOWorkers, o.FileBuffers, jobs)
+	per := make([]int, g)
+	for b := range bufs {
+		per[b%g]++ // newStaging deals the buffers out in turn
+	}
+	return FileStaging{Goroutines: g, Buffers: per, Part: part, Slots: slots, SlotBytes: slot, Parts: jobs}
+}
+
+// countParts is how many parts plan and fileParts cut a buffer of size bytes in chunks of chunk
+// into: pieces end at chunk and slot boundaries, and each piece is cut into parts.
+func countParts(size, chunk, slot, part uint64) int {
+	if chunk == 0 || slot == 0 || part == 0 {
+		return 0
+	}
+	n := 0
+	for off := uint64(0); off < size; {
+		end := min(size, (off/chunk+1)*chunk, (off/slot+1)*slot)
+		n += int((end - off + part - 1) / part)
+		off = end
+	}
+	return n
+}
+
 // stagingPlan says how many slots of size bytes the staging buffers take, how many buffers there
 // are and how many goroutines move the jobs parts: each goroutine gets perWorker buffers of part
 // bytes (at most size) where two slots hold them (at least one), and no more buffers than parts.

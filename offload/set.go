@@ -158,6 +158,14 @@ func ptrOff(n uint64) driver.DevicePtr { return driver.DevicePtr(n) }
 
 // NewSet makes an empty set for the buffers of sys.
 func NewSet(sys *vmm.System, opts Options) *Set {
+	s := &Set{sys: sys, opts: opts.withDefaults(), pool: newHostPool(), streams: map[*vmm.Device]*vmm.Stream{}}
+	s.own.Init(nil, "set")
+	lifetime.Track(s, &s.own)
+	return s
+}
+
+// withDefaults fills in the zero options and rounds SlotSize to a huge page, FilePart to 4 KiB.
+func (opts Options) withDefaults() Options {
 	if opts.SlotSize == 0 {
 		opts.SlotSize = DefaultSlotSize
 	}
@@ -172,10 +180,7 @@ func NewSet(sys *vmm.System, opts Options) *Set {
 	if opts.FileBuffers <= 0 {
 		opts.FileBuffers = DefaultFileBuffers
 	}
-	s := &Set{sys: sys, opts: opts, pool: newHostPool(), streams: map[*vmm.Device]*vmm.Stream{}}
-	s.own.Init(nil, "set")
-	lifetime.Track(s, &s.own)
-	return s
+	return opts
 }
 
 // Add adds buf under tag with policy. Every chunk of buf must belong to the set's System, and tag
