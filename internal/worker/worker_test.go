@@ -6,7 +6,6 @@ import (
 	"os"
 	"os/exec"
 	"strings"
-	"sync"
 	"syscall"
 	"testing"
 	"time"
@@ -155,7 +154,7 @@ func TestKillWithAGrandchildHoldingTheOutput(t *testing.T) {
 	if _, err := exec.LookPath("sleep"); err != nil {
 		t.Skipf("no sleep command: %v", err)
 	}
-	var out syncBuffer
+	var out bytes.Buffer // Start serializes the writes of stdout's and stderr's copiers
 	p, err := worker.Start("spawner", worker.Options{Args: testArgs.Args, Stdout: &out, Stderr: &out})
 	require.NoError(t, err)
 	require.NoError(t, p.Conn.Receive(nil))
@@ -175,18 +174,6 @@ func TestKillWhileAnotherGoroutineWaits(t *testing.T) {
 	require.NoError(t, p.Kill(), "the child had exited cleanly")
 	require.NoError(t, <-done)
 	require.NotNil(t, p.ExitState())
-}
-
-// syncBuffer is a bytes.Buffer safe for the output copying goroutines.
-type syncBuffer struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (s *syncBuffer) Write(p []byte) (int, error) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.Write(p)
 }
 
 // A report whose value cannot be encoded reaches the parent as an error, and Report returns it to
