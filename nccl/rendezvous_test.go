@@ -94,15 +94,7 @@ func TestServeIDEndsOnCancelWhileAPeerIsSilent(t *testing.T) {
 	conn, err := net.Dial("tcp", ln.Addr().String()) // never reads, never acknowledges
 	require.NoError(t, err)
 	defer conn.Close()
-	time.Sleep(50 * time.Millisecond)
-	cancel()
-	select {
-	case err := <-done:
-		require.ErrorIs(t, err, nccl.ErrRendezvous)
-		require.ErrorIs(t, err, context.Canceled)
-	case <-time.After(5 * time.Second):
-		t.Fatal("ServeID still blocked 5s after its context was cancelled")
-	}
+	requireEndsOnCancel(t, cancel, done, "ServeID")
 	requireAccepts(t, ln)
 }
 
@@ -161,6 +153,13 @@ func TestDialIDEndsOnCancelWhileTheServerIsSilent(t *testing.T) {
 	go func() { _, err := nccl.DialID(ctx, "tcp", ln.Addr().String()); done <- err }()
 	c := <-silent
 	defer c.Close()
+	requireEndsOnCancel(t, cancel, done, "DialID")
+}
+
+// requireEndsOnCancel cancels a rendezvous call that is blocked on a silent peer and requires it to
+// end soon with an error wrapping ErrRendezvous and the cancellation.
+func requireEndsOnCancel(t *testing.T, cancel context.CancelFunc, done <-chan error, what string) {
+	t.Helper()
 	time.Sleep(50 * time.Millisecond)
 	cancel()
 	select {
@@ -168,6 +167,6 @@ func TestDialIDEndsOnCancelWhileTheServerIsSilent(t *testing.T) {
 		require.ErrorIs(t, err, nccl.ErrRendezvous)
 		require.ErrorIs(t, err, context.Canceled)
 	case <-time.After(5 * time.Second):
-		t.Fatal("DialID still blocked 5s after its context was cancelled")
+		t.Fatalf("%s still blocked 5s after its context was cancelled", what)
 	}
 }
