@@ -94,3 +94,20 @@ func TestCloseHalfAsleepBuffer(t *testing.T) {
 		}
 	}, testutil.SimOnly())
 }
+
+// A wake whose chunk gets no access and cannot be unmapped either leaves that chunk mapped: the
+// wake releases it with the others, the set stays asleep, and a retry restores everything.
+func TestWakeWhenARecreateUndoFails(t *testing.T) {
+	testutil.Run(t, func(t *testing.T, b *testutil.Backend) {
+		m := newMatrixFixture(t, b)
+		require.NoError(t, m.set.Sleep(bg))
+		b.Sim.FailNth("cuMemSetAccess", 1, driver.ErrorUnknown)
+		b.Sim.FailNth("cuMemUnmap", 1, driver.ErrorUnknown)
+		err := m.set.Wake(bg)
+		b.Sim.ClearFaults()
+		require.ErrorIs(t, err, driver.ErrorUnknown)
+		m.requireAsleep(t)
+		require.NoError(t, m.set.Wake(bg))
+		m.requireAwakeIntact(t, true)
+	}, testutil.SimOnly())
+}

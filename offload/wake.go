@@ -74,16 +74,20 @@ func (s *Set) wakeRefs(ctx context.Context, refs []chunkRef) error {
 	var made []chunkRef
 	recreate := func(r chunkRef) error {
 		cs := r.state()
-		// A chunk that a failed undo left mapped (see entry.asleep) only needs its content.
-		if cs.alloc.Asleep() {
-			if err := cs.alloc.RecreateAt(cs.ptr, cs.access); err != nil {
+		var err error
+		if cs.alloc.Asleep() { // a chunk that a failed undo left mapped (see entry.asleep) only needs its content
+			err = cs.alloc.RecreateAt(cs.ptr, cs.access)
+			if cs.alloc.Asleep() {
 				return fmt.Errorf("recreate %s chunk %d: %w", r.e, r.i, err)
 			}
 			r.e.released.Add(-1)
 		}
 		mu.Lock()
-		made = append(made, r)
+		made = append(made, r) // mapped (even when its access failed): released again if the wake fails
 		mu.Unlock()
+		if err != nil {
+			return fmt.Errorf("recreate %s chunk %d: %w", r.e, r.i, err)
+		}
 		return nil
 	}
 	err = perDevice(ctx, units, func(ctx context.Context, d *vmm.Device, us []*unit) error {

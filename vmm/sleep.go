@@ -123,7 +123,10 @@ func remap(api driver.API, ptr driver.DevicePtr, size uint64, h driver.MemHandle
 // Either all happen or none: on failure the allocation stays asleep and the error wraps the
 // driver's (driver.ErrOutOfMemory when someone else took the memory), so the call can be retried.
 // The new memory's content is undefined. ptr must be where the allocation's Mapping still is: once
-// that Mapping is closed, or for an awake allocation, RecreateAt fails with ErrInvalidValue.
+// that Mapping is closed, or for an awake allocation, RecreateAt fails with ErrInvalidValue. In the
+// one case where the undo fails too (granting access fails, then unmapping fails), the memory stays
+// mapped: the error says so, the allocation is awake without that access, and ReleaseAt releases
+// it.
 func (a *Allocation) RecreateAt(ptr driver.DevicePtr, access []Access) error {
 	if err := a.check("recreate"); err != nil {
 		return err
@@ -138,35 +141,49 @@ func (a *Allocation) RecreateAt(ptr driver.DevicePtr, access []Access) error {
 		// belong to no Mapping, and its reservation could never be freed.
 		return fmt.Errorf("vmm: recreate %s at %#x: no mapping of it is left at that address: %w", a, uint64(ptr), ErrInvalidValue)
 	}
-	descs := accessDescs(access)
 	var h driver.MemHandle
+	stillMapped := false
 	err := a.dev.do(func(api driver.API) error {
 		var err error
-		if h, err = api.MemCreate(a.size, &a.prop, 0); err != nil {
-			return fmt.Errorf("cuMemCreate: %w", err)
-		}
-		if err = api.MemMap(ptr, a.size, 0, h, 0); err != nil {
-			err = fmt.Errorf("cuMemMap: %w", err)
-		} else if len(descs) > 0 {
-			if err = api.MemSetAccess(ptr, a.size, descs); err != nil {
-				err = fmt.Errorf("cuMemSetAccess %v: %w", access, err)
-				if uerr := api.MemUnmap(ptr, a.size); uerr != nil {
-					err = errors.Join(err, fmt.Errorf("undo cuMemMap: %w", uerr))
-				}
-			}
-		}
-		if err != nil {
-			if rerr := api.MemRelease(h); rerr != nil {
-				err = errors.Join(err, fmt.Errorf("undo cuMemCreate: %w", rerr))
-			}
-		}
+		h, stillMapped, err = createMapped(api, ptr, a.size, &a.prop, access)
 		return err
 	})
-	if err != nil {
+	if err != nil && !stillMapped {
 		return fmt.Errorf("vmm: recreate %s at %#x: %w", a, uint64(ptr), err)
+	}
+	if err != nil {
+		// Granting access failed and so did the unmap: the new memory stays mapped at ptr, so the
+		// allocation is awake (without that access); ReleaseAt puts it back to sleep.
+		err = fmt.Errorf("vmm: recreate %s at %#x: mapped, but without the access asked: %w", a, uint64(ptr), err)
 	}
 	a.handle = h
 	a.sleep.asleep = false
 	a.sleep.onClose = nil
-	return nil
+	return err
+}
+
+// createMapped creates memory of size bytes with prop, maps it at ptr and grants access: all or
+// nothing, except when granting access and then unmapping both fail; then the memory stays mapped
+// (stillMapped) and is not released, since releasing memory still mapped would leave the range
+// unusable.
+func createMapped(api driver.API, ptr driver.DevicePtr, size uint64, prop *driver.AllocationProp, access []Access) (h driver.MemHandle, stillMapped bool, err error) {
+	if h, err = api.MemCreate(size, prop, 0); err != nil {
+		return 0, false, fmt.Errorf("cuMemCreate: %w", err)
+	}
+	if err = api.MemMap(ptr, size, 0, h, 0); err != nil {
+		err = fmt.Errorf("cuMemMap: %w", err)
+	} else if descs := accessDescs(access); len(descs) > 0 {
+		if err = api.MemSetAccess(ptr, size, descs); err != nil {
+			err = fmt.Errorf("cuMemSetAccess %v: %w", access, err)
+			if uerr := api.MemUnmap(ptr, size); uerr != nil {
+				return h, true, errors.Join(err, fmt.Errorf("undo cuMemMap: %w", uerr))
+			}
+		}
+	}
+	if err != nil {
+		if rerr := api.MemRelease(h); rerr != nil {
+			err = errors.Join(err, fmt.Errorf("undo cuMemCreate: %w", rerr))
+		}
+	}
+	return h, false, err
 }

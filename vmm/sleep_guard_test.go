@@ -146,3 +146,26 @@ func exportableMapping(t *testing.T, b *testutil.Backend) (*vmm.Device, *vmm.Res
 	require.NoError(t, err)
 	return d, res, a, m
 }
+
+// When RecreateAt cannot grant access and cannot unmap either, the new memory stays mapped and is
+// not released under the mapping: the allocation is awake (the error says so), ReleaseAt puts it
+// back to sleep, and a later RecreateAt works.
+func TestRecreateWhoseUndoFailsStaysMapped(t *testing.T) {
+	testutil.Run(t, func(t *testing.T, b *testutil.Backend) {
+		d, _, a, m := exportableMapping(t, b)
+		defer func() { require.NoError(t, m.Close()) }()
+		rw := []vmm.Access{vmm.ReadWrite(d)}
+		require.NoError(t, a.ReleaseAt(m.Ptr(), rw, false, nil))
+		b.Sim.FailNth("cuMemSetAccess", 1, driver.ErrorUnknown)
+		b.Sim.FailNth("cuMemUnmap", 1, driver.ErrorUnknown)
+		err := a.RecreateAt(m.Ptr(), rw)
+		b.Sim.ClearFaults()
+		require.ErrorIs(t, err, driver.ErrorUnknown)
+		require.ErrorContains(t, err, "mapped, but without the access asked")
+		require.False(t, a.Asleep())
+		require.NoError(t, a.ReleaseAt(m.Ptr(), rw, false, nil))
+		require.NoError(t, a.RecreateAt(m.Ptr(), rw))
+		require.NoError(t, d.Fill(m.Ptr(), 2<<20, 0, 9))
+		requireFilled(t, d, m.Ptr(), 2<<20, 9)
+	}, testutil.SimOnly())
+}
