@@ -159,7 +159,8 @@ func (s *Sim) streamIdle(st driver.Stream) bool {
 }
 
 // StreamWaitEvent calls cuStreamWaitEvent: work queued on st from now on completes only after e's
-// last record has (flags must be 0).
+// last record has (flags must be 0). The event may belong to another context, even of another device:
+// the driver allows cross-device dependencies.
 func (s *Sim) StreamWaitEvent(st driver.Stream, e driver.Event, flags uint32) error {
 	s.mu.Lock()
 	defer s.mu.Unlock()

@@ -43,6 +43,12 @@ func (s *Sim) resolve(d *device, addr, n uint64, write bool, policy hostPolicy, 
 			if f == driver.AccessNone || (write && f != driver.AccessReadWrite) {
 				return nil, false, false
 			}
+			// cuMemAlloc and pool memory: peers reach it by copies (UVA), but a kernel or memset on
+			// another device needs peer access (cuCtxEnablePeerAccess, cuMemPoolSetAccess), which
+			// driver.API has no call for.
+			if policy == pinnedHost && x.m.res.legacy && x.m.alloc.owner() != d.ordinal {
+				return nil, false, false
+			}
 		}
 		bufs = make([][]byte, 0, len(sp))
 		for _, x := range sp {
@@ -104,6 +110,19 @@ func (s *Sim) validStream(st driver.Stream) bool {
 	}
 	_, ok := s.streams[st]
 	return ok
+}
+
+// streamDevice is the device whose context owns st: the current context's device cur for the legacy
+// and per-thread streams (0, 1, 2), which every context has, else the device the stream was made on;
+// nil for an unknown stream.
+func (s *Sim) streamDevice(st driver.Stream, cur *device) *device {
+	if st == 0 || st == 1 || st == 2 {
+		return cur
+	}
+	if x, ok := s.streams[st]; ok {
+		return x.dev
+	}
+	return nil
 }
 
 // copyArgs describes one copy call.

@@ -245,8 +245,11 @@ func (s *Sim) DevicePrimaryCtxRetain(dev driver.Device) (driver.Context, error) 
 
 // DevicePrimaryCtxRelease calls cuDevicePrimaryCtxRelease_v2. Releasing a context that is not
 // retained is CUDA_ERROR_INVALID_CONTEXT. The last release destroys the context's streams, events and
-// modules, as the driver does; threads that still have it current get CUDA_ERROR_INVALID_CONTEXT from
-// then on.
+// modules and frees its cuMemAlloc and cuMemAllocAsync memory (live or cached in the default pool), as
+// the driver does: the pointers become invalid (copies and kernels touching them fail, cuMemFree and
+// cuMemFreeAsync answer CUDA_ERROR_INVALID_VALUE). Threads that still have it current get
+// CUDA_ERROR_INVALID_CONTEXT from then on. VMM allocations (cuMemCreate) belong to the process, not to
+// the context, and stay.
 func (s *Sim) DevicePrimaryCtxRelease(dev driver.Device) error {
 	s.mu.Lock()
 	defer s.mu.Unlock()
@@ -360,6 +363,11 @@ func (s *Sim) destroyContextObjects(d *device) {
 	for h, st := range s.streams {
 		if st.dev == d {
 			delete(s.streams, h)
+			delete(s.graphs.captures, h)
+			if s.as != nil {
+				delete(s.as.waits, h)
+				delete(s.as.holds, h)
+			}
 		}
 	}
 	for h, e := range s.events {
@@ -371,5 +379,23 @@ func (s *Sim) destroyContextObjects(d *device) {
 		if m.dev == d {
 			s.unloadModule(h, m)
 		}
+	}
+	for p, l := range s.legacy {
+		if l.m.alloc.owner() == d.ordinal {
+			delete(s.legacy, p)
+			s.dropLegacyBuffer(l)
+		}
+	}
+	if s.as == nil {
+		return
+	}
+	for p, b := range s.as.byPtr {
+		if b.pool.dev == d {
+			delete(s.as.byPtr, p)
+			s.dropLegacyBuffer(b.buf)
+		}
+	}
+	if pool := s.as.pools[d]; pool != nil {
+		pool.cached, pool.reserved, pool.used = nil, 0, 0
 	}
 }

@@ -207,6 +207,8 @@ func (s *Sim) GraphLaunch(e driver.GraphExec, st driver.Stream) error {
 			err = driver.ErrorInvalidHandle
 		case ex.dev != d:
 			err = driver.ErrorInvalidContext
+		case s.streamDevice(st, d) != d:
+			err = driver.ErrorInvalidHandle // a stream of another context, as for cuLaunchKernel
 		}
 	}
 	if err != nil {

@@ -176,8 +176,9 @@ type legacyAlloc struct {
 }
 
 // MemAlloc calls cuMemAlloc_v2: device memory on the current context's device, counted in MemGetInfo
-// (the size rounded up to the granularity), readable and writable by that device and every device that
-// can access it.
+// (the size rounded up to the granularity), freed with the context (its last release). That device
+// reads and writes it by kernels, memsets and copies; every device that can access it (PeerAccess)
+// only by copies, as peer access (cuCtxEnablePeerAccess) is never enabled.
 func (s *Sim) MemAlloc(size uint64) (driver.DevicePtr, error) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
@@ -220,6 +221,7 @@ func (s *Sim) newLegacyBuffer(d *device, size uint64) (*legacyAlloc, error) {
 	s.addReservation(r)
 	m := s.addMapping(r, base, a)
 	s.unref(a)
+	// Copies only for peers: resolve refuses their kernels and memsets.
 	for _, peer := range s.devs {
 		if peer.canAccess(d.ordinal) {
 			s.setDevAccess(m, peer.ordinal, driver.AccessReadWrite)

@@ -44,9 +44,10 @@ func (k *KernelCall) Arg(i int) uint64 {
 }
 
 // Memory returns [ptr, ptr+n) as the device sees it, to read or (write=true) to write: one slice per
-// mapping the range crosses, in address order. Device and VMM memory must be mapped with READ access
-// for the device (READWRITE to write); host memory must be registered (not read-only, to write) or
-// from cuMemHostAlloc. Anything else is CUDA_ERROR_ILLEGAL_ADDRESS.
+// mapping the range crosses, in address order. VMM memory must be mapped with READ access for the
+// device (READWRITE to write); cuMemAlloc and cuMemAllocAsync memory must be the device's own (peer
+// access is never enabled); host memory must be registered (not read-only, to write) or from
+// cuMemHostAlloc. Anything else is CUDA_ERROR_ILLEGAL_ADDRESS.
 func (k *KernelCall) Memory(ptr, n uint64, write bool) ([][]byte, error) {
 	k.s.mu.Lock()
 	defer k.s.mu.Unlock()
@@ -215,7 +216,8 @@ func (s *Sim) unloadModule(h driver.Module, mod *module) {
 }
 
 // LaunchKernel calls cuLaunchKernel and runs the kernel to completion before returning. f must come
-// from a module of the current context (CUDA_ERROR_INVALID_CONTEXT otherwise); grid and block must be
+// from a module of the current context (CUDA_ERROR_INVALID_CONTEXT otherwise) and st must be a stream
+// of that context (CUDA_ERROR_INVALID_HANDLE otherwise); grid and block must be
 // non-empty and within the device's limits and len(args) must be the entry's parameter count
 // (CUDA_ERROR_INVALID_VALUE). A kernel that touches memory its device may not access, or writes
 // read-only memory, makes the launch fail with CUDA_ERROR_ILLEGAL_ADDRESS. (The real driver reports
@@ -240,8 +242,8 @@ func (s *Sim) launch(fn string, f driver.Function, grid, block driver.Dim3, shar
 		err = driver.ErrorInvalidContext
 	case !d.launchShapeOK(grid, block) || len(args) != kf.params:
 		err = driver.ErrorInvalidValue
-	case !s.validStream(st):
-		err = driver.ErrorInvalidHandle
+	case s.streamDevice(st, d) != kf.mod.dev:
+		err = driver.ErrorInvalidHandle // unknown, or a stream of another context
 	}
 	if err != nil {
 		s.mu.Unlock()

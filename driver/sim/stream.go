@@ -95,15 +95,17 @@ func (s *Sim) EventCreate(flags uint32) (driver.Event, error) {
 }
 
 // EventRecord calls cuEventRecord: the event takes the current time (the stream's earlier work is
-// already done). Unknown events or streams are CUDA_ERROR_INVALID_HANDLE.
+// already done). Unknown events or streams, and an event and stream of different contexts (the
+// legacy and per-thread streams are the current context's), are CUDA_ERROR_INVALID_HANDLE.
 func (s *Sim) EventRecord(e driver.Event, st driver.Stream) error {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	if _, err := s.begin("cuEventRecord", ctxBound); err != nil {
+	d, err := s.begin("cuEventRecord", ctxBound)
+	if err != nil {
 		return err
 	}
 	ev, ok := s.events[e]
-	if !ok || !s.validStream(st) {
+	if !ok || s.streamDevice(st, d) != ev.dev {
 		return driver.ErrorInvalidHandle
 	}
 	ev.recorded = true
@@ -129,8 +131,8 @@ func (s *Sim) EventSynchronize(e driver.Event) error {
 }
 
 // EventElapsedTime calls cuEventElapsedTime: milliseconds between the two records (monotonic clock).
-// Unknown or never-recorded events, and events made with DISABLE_TIMING, are
-// CUDA_ERROR_INVALID_HANDLE, as in the driver; while either event's last record has not completed
+// Unknown or never-recorded events, events made with DISABLE_TIMING, and two events of different
+// contexts are CUDA_ERROR_INVALID_HANDLE, as in the driver; while either event's last record has not completed
 // (a held stream), CUDA_ERROR_NOT_READY.
 func (s *Sim) EventElapsedTime(start, end driver.Event) (float32, error) {
 	s.mu.Lock()
@@ -140,7 +142,7 @@ func (s *Sim) EventElapsedTime(start, end driver.Event) (float32, error) {
 	}
 	a, ok1 := s.events[start]
 	b, ok2 := s.events[end]
-	if !ok1 || !ok2 || !a.recorded || !b.recorded ||
+	if !ok1 || !ok2 || a.dev != b.dev || !a.recorded || !b.recorded ||
 		a.flags&driver.EventDisableTiming != 0 || b.flags&driver.EventDisableTiming != 0 {
 		return 0, driver.ErrorInvalidHandle
 	}
