@@ -91,7 +91,8 @@ type BandwidthResult struct {
 	Verified bool              `json:"verified"`
 	Staging  *BandwidthStaging `json:"staging,omitempty"`
 	// MinPinnedVsHostAlloc is the lowest VsHostAlloc of the pinned kinds at 16 MiB and above
-	// (target on the GPU host: ≥ 0.97).
+	// (target on the GPU host: ≥ 0.97); -1 when none was measured (--max-size below 16 MiB, or no
+	// host-alloc baseline).
 	MinPinnedVsHostAlloc float64 `json:"min_pinned_vs_host_alloc"`
 
 	sizes []uint64
@@ -245,12 +246,6 @@ func measureBandwidth(o *BandwidthOptions, d *vmm.Device, sizes []uint64) (res *
 	if res.Setup, err = b.makeHosts(o, top); err != nil {
 		return nil, err
 	}
-	// The device holds a pattern; each kind copies it down (checked on the CPU) and back up
-	// (checked on the GPU) at the largest size.
-	if err := d.Fill(b.dev.Ptr(), top, 0, bwSeed); err != nil {
-		return nil, err
-	}
-	res.Verified = true
 	bar := begin(o.Progress, "bandwidth", uint64(2*len(sizes)))
 	defer bar.Done()
 	for _, dir := range []string{"d2h", "h2d"} {
@@ -262,6 +257,11 @@ func measureBandwidth(o *BandwidthOptions, d *vmm.Device, sizes []uint64) (res *
 			res.Rows = append(res.Rows, rows...)
 			bar.Update(uint64(len(res.Rows) / len(b.hosts)))
 		}
+	}
+	// Each kind copies the pattern down (checked on the CPU) and up (checked on the GPU), once at
+	// the largest size, untimed.
+	res.Verified = true
+	for _, dir := range []string{"d2h", "h2d"} {
 		ok, err := b.verify(dir, top)
 		if err != nil {
 			return nil, err
@@ -306,22 +306,60 @@ func (b *bwBench) rows(dir string, size uint64, n int) ([]BandwidthRow, error) {
 	return rows, nil
 }
 
-// verify checks, after the copies of dir, that every host copy holds the device's pattern (d2h) or
-// that the device still holds it after every kind copied it back up (h2d).
+// verify makes one untimed copy of top bytes in direction dir for every kind and checks all of it.
+// d2h: the device holds the pattern, the host memory is zeroed first, and the CPU checks every
+// word. h2d: the host memory holds the pattern, the device buffer is zeroed first, and the GPU
+// checks every word. So a copy that moves nothing, or only part, is caught.
 func (b *bwBench) verify(dir string, top uint64) (bool, error) {
+	ok := true
+	for _, h := range b.hosts {
+		good, err := b.verifyKind(h, dir, top)
+		if err != nil {
+			return false, fmt.Errorf("%s %s verify %s: %w", h.kind, dir, units.FormatSize(top), err)
+		}
+		ok = ok && good
+	}
+	return ok, nil
+}
+
+func (b *bwBench) verifyKind(h bwHost, dir string, top uint64) (bool, error) {
+	mem := h.mem[:top]
 	if dir == "h2d" {
+		pattern.FillHost(mem, 0, bwSeed)
+		if err := b.zeroDevice(top); err != nil {
+			return false, err
+		}
+		if err := h.h2d(b.dev.Ptr(), top, b.s); err != nil {
+			return false, err
+		}
+		if err := b.s.Synchronize(); err != nil {
+			return false, err
+		}
 		bad, err := b.d.Verify(b.dev.Ptr(), top, 0, bwSeed)
 		return bad == 0, err
 	}
-	ok := true
-	for _, h := range b.hosts {
-		for _, i := range []uint64{0, 1, top/16 + 3, top/8 - 1} {
-			if pattern.CountHost(h.mem[i*8:i*8+8], i*8, bwSeed) != 0 {
-				ok = false
-			}
-		}
+	clear(mem)
+	if err := b.d.Fill(b.dev.Ptr(), top, 0, bwSeed); err != nil {
+		return false, err
 	}
-	return ok, nil
+	if err := b.d.Synchronize(); err != nil {
+		return false, err
+	}
+	if err := h.d2h(b.dev.Ptr(), top, b.s); err != nil {
+		return false, err
+	}
+	if err := b.s.Synchronize(); err != nil {
+		return false, err
+	}
+	return pattern.CountHost(mem, 0, bwSeed) == 0, nil
+}
+
+// zeroDevice zeroes the device buffer and waits for it.
+func (b *bwBench) zeroDevice(n uint64) error {
+	if err := b.d.Memset(b.dev.Ptr(), 0, n); err != nil {
+		return err
+	}
+	return b.d.Synchronize()
 }
 
 // bwRatios sorts the rows by kind and sets each one's ratio to host-alloc and the lowest ratio of
@@ -334,14 +372,14 @@ func bwRatios(res *BandwidthResult) {
 			base[fmt.Sprint(r.Direction, r.SizeBytes)] = r.MedianGBs
 		}
 	}
-	res.MinPinnedVsHostAlloc = 0
+	res.MinPinnedVsHostAlloc = -1
 	for i := range res.Rows {
 		r := &res.Rows[i]
 		if b := base[fmt.Sprint(r.Direction, r.SizeBytes)]; b > 0 {
 			r.VsHostAlloc = r.MedianGBs / b
 		}
-		if r.Kind != HostPageable && r.Kind != HostAlloc && r.SizeBytes >= 16<<20 {
-			if res.MinPinnedVsHostAlloc == 0 || r.VsHostAlloc < res.MinPinnedVsHostAlloc {
+		if r.Kind != HostPageable && r.Kind != HostAlloc && r.SizeBytes >= 16<<20 && r.VsHostAlloc > 0 {
+			if res.MinPinnedVsHostAlloc < 0 || r.VsHostAlloc < res.MinPinnedVsHostAlloc {
 				res.MinPinnedVsHostAlloc = r.VsHostAlloc
 			}
 		}

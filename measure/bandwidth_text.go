@@ -43,7 +43,11 @@ func (r *BandwidthResult) Text(w io.Writer) {
 			fmt.Fprintln(w)
 		}
 	}
-	fmt.Fprintf(w, "\npinned regions vs raw cuMemcpy on cuMemHostAlloc memory, sizes ≥ 16 MiB: lowest ratio %.3f (target ≥ 0.97)\n", r.MinPinnedVsHostAlloc)
+	if r.MinPinnedVsHostAlloc < 0 {
+		fmt.Fprintf(w, "\npinned regions vs raw cuMemcpy on cuMemHostAlloc memory, sizes ≥ 16 MiB: not measured (no size ≥ 16 MiB)\n")
+	} else {
+		fmt.Fprintf(w, "\npinned regions vs raw cuMemcpy on cuMemHostAlloc memory, sizes ≥ 16 MiB: lowest ratio %.3f (target ≥ 0.97)\n", r.MinPinnedVsHostAlloc)
+	}
 	if s := r.Staging; s != nil {
 		wait := "sleeping"
 		if s.SpinWait {

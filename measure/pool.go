@@ -109,6 +109,7 @@ type PoolTrimResult struct {
 	Bytes             uint64  `json:"bytes"`
 	Seconds           float64 `json:"seconds"`
 	GBps              float64 `json:"gbps"`
+	SequentialBytes   uint64  `json:"sequential_bytes"` // what the sequential run released
 	SequentialSeconds float64 `json:"sequential_seconds"`
 	SequentialGBps    float64 `json:"sequential_gbps"`
 	Error             string  `json:"error,omitempty"`
@@ -173,6 +174,9 @@ func (o *PoolOptions) poolDefaults() (*vmm.Device, error) {
 	}
 	if o.Trace == nil || len(o.Trace.Events) == 0 {
 		return nil, fmt.Errorf("pool: a non-empty trace is needed: %w", ErrInvalidOption)
+	}
+	if peak, _ := o.Trace.PeakInUse(); peak == 0 { // nothing to replay, and no scale for --fill-fraction
+		return nil, fmt.Errorf("pool: the trace's %d allocations are all of 0 bytes: %w", len(o.Trace.Events), ErrInvalidOption)
 	}
 	if !(o.FillFraction >= 0 && o.FillFraction <= 1) { // NaN too
 		return nil, fmt.Errorf("--fill-fraction %v: want 0 to 1: %w", o.FillFraction, ErrInvalidOption)
@@ -461,18 +465,21 @@ func poolPercentile(v []int64, q float64) int64 {
 func poolTrim(o PoolOptions, d *vmm.Device) (PoolTrimResult, error) {
 	var r PoolTrimResult
 	var err error
-	if _, r.SequentialSeconds, err = poolTrimOnce(o, d, 1); err != nil {
+	if r.SequentialBytes, r.SequentialSeconds, err = poolTrimOnce(o, d, 1); err != nil {
 		return r, err
 	}
 	r.Bytes, r.Seconds, err = poolTrimOnce(o, d, 0)
-	if r.Seconds > 0 && r.SequentialSeconds > 0 {
+	if r.Seconds > 0 {
 		r.GBps = float64(r.Bytes) / 1e9 / r.Seconds
-		r.SequentialGBps = float64(r.Bytes) / 1e9 / r.SequentialSeconds
+	}
+	if r.SequentialSeconds > 0 {
+		r.SequentialGBps = float64(r.SequentialBytes) / 1e9 / r.SequentialSeconds
 	}
 	return r, err
 }
 
-// poolTrimOnce maps TrimBytes in 64 MiB blocks, frees them, and times the Trim that releases them.
+// poolTrimOnce maps TrimBytes in 64 MiB blocks (fewer if the device runs out of memory), frees
+// them, and times the Trim that releases them; it returns the bytes Trim released.
 func poolTrimOnce(o PoolOptions, d *vmm.Device, workers int) (uint64, float64, error) {
 	p, err := pool.New(d, pool.Options{Limit: o.Memory, HighWater: ^uint64(0), ReleaseWorkers: workers})
 	if err != nil {
@@ -480,8 +487,12 @@ func poolTrimOnce(o PoolOptions, d *vmm.Device, workers int) (uint64, float64, e
 	}
 	var blocks []*pool.Block
 	for n := uint64(0); n < o.TrimBytes; n += 64 << 20 {
-		b, err := p.Alloc(64<<20, nil)
-		if err != nil {
+		b, aerr := p.Alloc(64<<20, nil)
+		if errors.Is(aerr, driver.ErrOutOfMemory) {
+			break // trim what could be mapped
+		}
+		if aerr != nil {
+			err = fmt.Errorf("trim: map %s in 64MiB blocks: %w", units.FormatSize(o.TrimBytes), aerr)
 			break
 		}
 		blocks = append(blocks, b)

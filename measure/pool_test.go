@@ -9,6 +9,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/cuvmm/cuvmm/pool"
+	"github.com/cuvmm/cuvmm/vmm"
 )
 
 func TestPoolBadOptions(t *testing.T) {
@@ -75,4 +76,36 @@ func TestPoolPeerTraceInTempDir(t *testing.T) {
 	require.Equal(t, dir, filepath.Dir(peer.Note), "the peer's trace was in TempDir")
 	left, _ := os.ReadDir(dir)
 	require.Empty(t, left, "and is removed")
+}
+
+// TestPoolZeroTrace: a trace whose sizes are all 0 is refused (it would scale by +Inf).
+func TestPoolZeroTrace(t *testing.T) {
+	b, err := OpenSim(1)
+	require.NoError(t, err)
+	defer func() { require.NoError(t, b.Close()) }()
+	tr := &pool.Trace{Events: []pool.TraceEvent{{Size: 0, Lifetime: -1}, {Size: 0, Lifetime: -1}}}
+	_, err = Pool(PoolOptions{Env: Env{Backend: b}, Trace: tr, FillFraction: 0.5})
+	require.ErrorIs(t, err, ErrInvalidOption)
+	require.Contains(t, err.Error(), "trace's 2 allocations are all of 0 bytes")
+}
+
+// TestPoolTrimRates: each trim run's rate is its own bytes over its own seconds, and an Alloc error
+// other than out-of-memory (here a block above the pool's limit) is returned, not taken as the end.
+func TestPoolTrimRates(t *testing.T) {
+	b, err := OpenSim(1)
+	require.NoError(t, err)
+	defer func() { require.NoError(t, b.Close()) }()
+	d, err := b.Sys.Device(0)
+	require.NoError(t, err)
+	o := PoolOptions{Env: Env{Backend: b}, Memory: 256 << 20, TrimBytes: 128 << 20}
+	r, err := poolTrim(o, d)
+	require.NoError(t, err)
+	require.Equal(t, uint64(128<<20), r.SequentialBytes)
+	require.Equal(t, uint64(128<<20), r.Bytes)
+	require.InDelta(t, float64(r.SequentialBytes)/1e9/r.SequentialSeconds, r.SequentialGBps, 1e-9)
+	require.InDelta(t, float64(r.Bytes)/1e9/r.Seconds, r.GBps, 1e-9)
+
+	o.Memory = 32 << 20 // a 64 MiB block is above the limit: invalid, not out of memory
+	_, _, err = poolTrimOnce(o, d, 1)
+	require.ErrorIs(t, err, vmm.ErrInvalidValue)
 }

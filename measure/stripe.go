@@ -49,8 +49,11 @@ type StripeDeviceResult struct {
 // StripeResult is a striped range's build time against the raw driver sequence, whether every
 // device reads what the owners wrote, and read bandwidths against plain and raw-built memory.
 type StripeResult struct {
-	Devices         []int                `json:"devices"`
-	Layout          string               `json:"layout"`
+	Devices []int  `json:"devices"`
+	Layout  string `json:"layout"`
+	// StripeBytes is the stripe size (interleaved), or with the blocked layout the size of the
+	// first listed device's slab (the range's first chunk; the others equal it or are one granule
+	// smaller).
 	StripeBytes     uint64               `json:"stripe_bytes"`
 	SizeBytes       uint64               `json:"size_bytes"`
 	BuildSeconds    float64              `json:"build_seconds"`
@@ -281,7 +284,7 @@ func (s *striper) result(layout stripe.Layout) *StripeResult {
 		res.StripeBytes = il.Stripe
 	} else {
 		res.Layout = "blocked"
-		res.StripeBytes = r.Chunks()[0].Allocation.Size() // device 0's slab
+		res.StripeBytes = r.Chunks()[0].Allocation.Size() // the first chunk: the first listed device's slab
 	}
 	for _, d := range s.all {
 		res.PerDevice = append(res.PerDevice, StripeDeviceResult{Device: d.Ordinal(), localBytes: r.LocalBytes(d), segments: len(r.Segments(d))})
@@ -397,8 +400,8 @@ func (res *StripeResult) Text(w io.Writer) {
 		fmt.Fprintf(w, "  device %d holds %s in %d segments\n", pd.Device, units.FormatSize(pd.localBytes), pd.segments)
 	}
 	best, bestRaw := time.Duration(res.BuildSeconds*1e9), time.Duration(res.RawBuildSeconds*1e9)
-	fmt.Fprintf(w, "build: %s (raw driver sequence: %s, %.2fx; fastest of %d)\n",
-		fmtDuration(best), fmtDuration(bestRaw), res.BuildSeconds/res.RawBuildSeconds, res.builds)
+	fmt.Fprintf(w, "build: %s (raw driver sequence: %s, %s; fastest of %d)\n",
+		fmtDuration(best), fmtDuration(bestRaw), ratio(res.BuildSeconds, res.RawBuildSeconds), res.builds)
 	if res.Verified {
 		fmt.Fprintln(w, "verified: every device read the whole range and found what each owner wrote")
 	} else {

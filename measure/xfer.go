@@ -332,8 +332,10 @@ func (x *xferSide) transfer(ctx context.Context, send bool) error {
 	return g.Run(ctx)
 }
 
-// xferTimed runs step warmup times, waits, then iters times and waits again, timing the second part.
-func xferTimed(warmup, iters int, step, wait func() error) (time.Duration, error) {
+// xferTimed runs step warmup times, waits, calls reset (when not nil, untimed), then runs step
+// iters times and waits again, timing the second part. The receiver's reset zeroes its buffer, so
+// that what it verifies afterwards is what the timed steps delivered, not the warm-up's.
+func xferTimed(warmup, iters int, step, wait, reset func() error) (time.Duration, error) {
 	for range warmup {
 		if err := step(); err != nil {
 			return 0, err
@@ -341,6 +343,11 @@ func xferTimed(warmup, iters int, step, wait func() error) (time.Duration, error
 	}
 	if err := wait(); err != nil {
 		return 0, err
+	}
+	if reset != nil {
+		if err := reset(); err != nil {
+			return 0, err
+		}
 	}
 	start := time.Now()
 	for range iters {
@@ -452,7 +459,7 @@ func xferSender(o *XferOptions, x *xferSide, child *worker.Process, res *XferRes
 		return err
 	}
 	if _, err := xferTimed(o.Warmup, o.Iters, func() error { return x.transfer(ctx, true) },
-		func() error { return x.comm.Wait(ctx, x.s) }); err != nil {
+		func() error { return x.comm.Wait(ctx, x.s) }, nil); err != nil {
 		return err
 	}
 	var t xferTimes
@@ -548,12 +555,22 @@ func xferReceive(c *worker.Conn, x *xferSide, setup xferSetup) error {
 	}
 }
 
+// xferZero zeroes the receiver's buffer and waits until it is done: the memset is not ordered
+// with the non-blocking stream the transfers run on.
+func xferZero(x *xferSide, size uint64) error {
+	if err := x.dev.Memset(x.buf.Ptr(), 0, size); err != nil {
+		return err
+	}
+	return x.dev.Synchronize()
+}
+
 func xferReceiveNCCL(ctx context.Context, x *xferSide, setup xferSetup) (xferTimes, error) {
-	if err := x.dev.Memset(x.buf.Ptr(), 0, setup.Size); err != nil {
+	zero := func() error { return xferZero(x, setup.Size) }
+	if err := zero(); err != nil {
 		return xferTimes{}, err
 	}
 	took, err := xferTimed(setup.Warmup, setup.Iters, func() error { return x.transfer(ctx, false) },
-		func() error { return x.comm.Wait(ctx, x.s) })
+		func() error { return x.comm.Wait(ctx, x.s) }, zero)
 	if err != nil {
 		return xferTimes{}, err
 	}
@@ -563,7 +580,8 @@ func xferReceiveNCCL(ctx context.Context, x *xferSide, setup xferSetup) (xferTim
 
 // xferPull imports the sender's buffer (once) and copies it into the receiver's with peer copies.
 func xferPull(c *worker.Conn, x *xferSide, setup xferSetup) (t xferTimes, err error) {
-	if err := x.dev.Memset(x.buf.Ptr(), 0, setup.Size); err != nil {
+	zero := func() error { return xferZero(x, setup.Size) }
+	if err := zero(); err != nil {
 		return t, err
 	}
 	start := time.Now()
@@ -580,7 +598,7 @@ func xferPull(c *worker.Conn, x *xferSide, setup xferSetup) (t xferTimes, err er
 	t.ShareSeconds = time.Since(start).Seconds()
 	took, err := xferTimed(setup.Warmup, setup.Iters,
 		func() error { return x.dev.CopyAsync(x.buf.Ptr(), src.Ptr(), setup.Size, x.s) },
-		x.s.Synchronize)
+		x.s.Synchronize, zero)
 	if err != nil {
 		return t, err
 	}
