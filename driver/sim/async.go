@@ -11,7 +11,8 @@ import (
 // Stream order in the simulator.
 //
 // Queued work (copies, fills, kernels) runs before the queuing call returns, so data is always in
-// place. What the simulator models on top is completion: a stream can be held (HoldStream) at its
+// place, unless the DeferWork option is on (deferred.go): then it waits in its stream's queue and
+// runs when something needs it complete, each operation being a gate below. What the simulator models on top is completion: a stream can be held (HoldStream) at its
 // current point, and then nothing queued on it from then on counts as complete until ReleaseStream.
 // Events recorded on a held stream answer CUDA_ERROR_NOT_READY to cuEventQuery and make
 // cuEventSynchronize wait; cuStreamWaitEvent makes a stream depend on an incomplete event, so its later
@@ -19,8 +20,12 @@ import (
 // stream at once, and for other streams only once the free has completed. This is what stream-ordered
 // allocators need tested: which memory may be reused by whom, and when.
 
-// gate is one reason work is not complete yet: a hold on a stream, until it is released.
-type gate struct{ done bool }
+// gate is one reason work is not complete yet: a hold on a stream, until it is released, or (with
+// DeferWork) a queued operation, until it has run.
+type gate struct {
+	done bool
+	op   *deferred // the queued operation, nil for a hold
+}
 
 // asyncState is the simulator's stream-order and memory-pool state. The caller holds s.mu.
 type asyncState struct {
@@ -30,7 +35,9 @@ type asyncState struct {
 	events map[driver.Event][]*gate  // what each recorded event waits for
 	pools  map[*device]*memPool      // the default pool of each device, made on first use
 	byPtr  map[driver.DevicePtr]*asyncBuf
-	handle map[driver.MemPool]*memPool // pool handles
+	handle map[driver.MemPool]*memPool   // pool handles
+	queue  map[driver.Stream][]*deferred // DeferWork: each stream's work not yet run, in order
+	err    error                         // DeferWork: the first failure of deferred work not yet reported
 }
 
 // memPool is a device's default CUmemoryPool.
@@ -66,6 +73,7 @@ func (s *Sim) async() *asyncState {
 			pools:  map[*device]*memPool{},
 			byPtr:  map[driver.DevicePtr]*asyncBuf{},
 			handle: map[driver.MemPool]*memPool{},
+			queue:  map[driver.Stream][]*deferred{},
 		}
 	}
 	return s.as
@@ -90,13 +98,23 @@ func (a *asyncState) pending(st driver.Stream) []*gate {
 }
 
 // recorded notes an event record on st: the event completes when what st waits for now is done.
-func (s *Sim) recorded(e driver.Event, st driver.Stream) {
+func (s *Sim) recorded(e driver.Event, st driver.Stream, d *device) {
 	a := s.async()
 	a.events[e] = a.pending(st)
+	if s.cfg.deferWork && s.blocking(st) {
+		// The legacy stream and blocking streams wait for each other (deferred.go).
+		for _, x := range s.blockingPeers(st, d) {
+			a.events[e] = append(a.events[e], a.pending(x)...)
+		}
+	}
 }
 
 // eventDone reports whether the event's last record has completed.
 func (s *Sim) eventDone(e driver.Event) bool {
+	if s.as == nil {
+		return true
+	}
+	s.drive(s.as.events[e]) // runs deferred work the record waits for
 	if s.as == nil {
 		return true
 	}
@@ -114,7 +132,8 @@ func (s *Sim) waitFor(done func() bool) {
 
 // HoldStream stops stream st at its current point: nothing queued on it from now on (event records,
 // asynchronous frees, and through cuStreamWaitEvent other streams' later work) completes until
-// ReleaseStream. Queued copies and kernels still move their data at once. st must be a stream made
+// ReleaseStream. Queued copies and kernels still move their data at once, unless DeferWork is on:
+// then they wait for the release too. st must be a stream made
 // by cuStreamCreate; holding a held stream is CUDA_ERROR_INVALID_VALUE.
 func (s *Sim) HoldStream(st driver.Stream) error {
 	s.mu.Lock()
@@ -150,6 +169,10 @@ func (s *Sim) ReleaseStream(st driver.Stream) error {
 
 // streamIdle reports whether everything queued on st so far has completed.
 func (s *Sim) streamIdle(st driver.Stream) bool {
+	if s.as == nil {
+		return true
+	}
+	s.drive(s.as.waits[st]) // runs the stream's deferred work
 	if s.as == nil {
 		return true
 	}

@@ -77,6 +77,24 @@ func (s *Sim) resolve(d *device, addr, n uint64, write bool, policy hostPolicy, 
 	return [][]byte{hostBytes(uintptr(addr), n)}, true, true
 }
 
+// pageable reports whether [addr, addr+n) is plain host memory: neither simulator memory nor
+// registered or from cuMemHostAlloc. The caller holds s.mu.
+func (s *Sim) pageable(addr, n uint64) bool {
+	if n == 0 || s.touchesRes(addr, n) {
+		return false
+	}
+	end := addr + n
+	for _, h := range s.hosts[s.hostFirst(addr):] {
+		if h.base >= end {
+			break
+		}
+		if h.base <= addr && end <= h.end() {
+			return false
+		}
+	}
+	return true
+}
+
 // unpin drops the references resolve took.
 func (s *Sim) unpin(pins []*allocation) {
 	for _, a := range pins {
@@ -162,6 +180,40 @@ func (s *Sim) memcpy(c copyArgs) error {
 			return driver.ErrorInvalidContext
 		}
 	}
+	if s.deferring(c.stream) && (s.pageable(c.dst, c.n) || s.pageable(c.src, c.n)) {
+		// The driver stages pageable memory: it synchronizes the stream first and returns once the
+		// host side is done with, so the copy runs now, after the stream's earlier work.
+		s.waitAside(func() bool { return s.streamIdle(*c.stream) })
+		return s.copyLocked(dd, sd, c)
+	}
+	if s.deferring(c.stream) {
+		var pins []*allocation
+		_, _, ok1 := s.resolve(dd, c.dst, c.n, true, anyHost, &pins)
+		_, _, ok2 := s.resolve(sd, c.src, c.n, false, anyHost, &pins)
+		s.unpin(pins)
+		if !ok1 || !ok2 {
+			s.mu.Unlock()
+			return driver.ErrorInvalidValue
+		}
+		s.enqueue(*c.stream, d, c.fn, func() error {
+			s.mu.Lock()
+			if err := s.copyLocked(dd, sd, c); err != nil {
+				return driver.ErrorIllegalAddress // the memory went away before the stream got here
+			}
+			return nil
+		})
+		s.mu.Unlock()
+		return nil
+	}
+	if c.stream == nil {
+		s.waitBlocking(d) // DeferWork: a synchronous copy comes after the blocking streams' work
+	}
+	return s.copyLocked(dd, sd, c)
+}
+
+// copyLocked moves the bytes of c from sd's view to dd's; it is called with s.mu held and returns
+// with it released.
+func (s *Sim) copyLocked(dd, sd *device, c copyArgs) error {
 	var pins []*allocation
 	dbufs, _, ok1 := s.resolve(dd, c.dst, c.n, true, anyHost, &pins)
 	sbufs, _, ok2 := s.resolve(sd, c.src, c.n, false, anyHost, &pins)
@@ -252,6 +304,33 @@ func (s *Sim) memset(fn string, ptr driver.DevicePtr, pattern []byte, count uint
 		s.mu.Unlock()
 		return driver.ErrorInvalidValue
 	}
+	if s.deferring(stream) {
+		var pins []*allocation
+		_, _, ok := s.resolve(d, uint64(ptr), n, true, pinnedHost, &pins)
+		s.unpin(pins)
+		if !ok {
+			s.mu.Unlock()
+			return driver.ErrorInvalidValue
+		}
+		s.enqueue(*stream, d, fn, func() error {
+			s.mu.Lock()
+			if err := s.fillLocked(d, ptr, pattern, n); err != nil {
+				return driver.ErrorIllegalAddress // the memory went away before the stream got here
+			}
+			return nil
+		})
+		s.mu.Unlock()
+		return nil
+	}
+	if stream == nil {
+		s.waitBlocking(d) // DeferWork: a synchronous fill comes after the blocking streams' work
+	}
+	return s.fillLocked(d, ptr, pattern, n)
+}
+
+// fillLocked writes pattern over the n bytes at ptr as d sees them; it is called with s.mu held and
+// returns with it released.
+func (s *Sim) fillLocked(d *device, ptr driver.DevicePtr, pattern []byte, n uint64) error {
 	var pins []*allocation
 	bufs, _, ok := s.resolve(d, uint64(ptr), n, true, pinnedHost, &pins)
 	if !ok {

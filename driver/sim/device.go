@@ -309,7 +309,7 @@ func (s *Sim) CtxSynchronize() error {
 	}
 	s.waitFor(func() bool { return s.deviceIdle(d) })
 	s.syncPoint(d)
-	return nil
+	return s.asyncErr()
 }
 
 // deviceIdle reports whether every stream of d (and the default streams) has completed its work.
@@ -319,8 +319,14 @@ func (s *Sim) deviceIdle(d *device) bool {
 			return false
 		}
 	}
+	var mine []driver.Stream // streamIdle may release s.mu: not while ranging over the map
 	for h, st := range s.streams {
-		if st.dev == d && !s.streamIdle(h) {
+		if st.dev == d {
+			mine = append(mine, h)
+		}
+	}
+	for _, h := range mine {
+		if !s.streamIdle(h) {
 			return false
 		}
 	}

@@ -159,6 +159,7 @@ func (s *Sim) MemFreeHost(p unsafe.Pointer) error {
 	if _, err := s.begin("cuMemFreeHost", ctxBound); err != nil {
 		return err
 	}
+	s.drainAll() // DeferWork: the driver synchronizes first
 	h := s.hostAt(uint64(uintptr(p)))
 	if h == nil || !h.alloc || h.base != uint64(uintptr(p)) {
 		return driver.ErrorInvalidValue
@@ -244,6 +245,7 @@ func (s *Sim) MemFree(ptr driver.DevicePtr) error {
 	if _, err := s.begin("cuMemFree", ctxBound); err != nil {
 		return err
 	}
+	s.drainAll() // DeferWork: the driver synchronizes first
 	l, ok := s.legacy[ptr]
 	if !ok {
 		return driver.ErrorInvalidValue

@@ -3,6 +3,7 @@ package sim
 import (
 	"bytes"
 	"errors"
+	"fmt"
 	"regexp"
 	"runtime"
 	"strings"
@@ -257,10 +258,19 @@ func (s *Sim) launch(fn string, f driver.Function, grid, block driver.Dim3, shar
 		Name: kf.name, Device: driver.Device(d.ordinal), Grid: grid, Block: block, SharedMem: sharedMem,
 		Stream: st, Args: append([]uint64(nil), args...), s: s, dev: d,
 	}
+	if s.deferring(&st) {
+		s.enqueue(st, d, fn+" "+kf.name+fmt.Sprintf(" args %#x", k.Args), func() error { return s.runKernel(kf, k) })
+		s.mu.Unlock()
+		return nil
+	}
 	s.mu.Unlock()
+	return s.runKernel(kf, k)
+}
 
+// runKernel runs one launch, without s.mu held.
+func (s *Sim) runKernel(kf *function, k *KernelCall) error {
 	var kerr error
-	ok = guard(func() { kerr = kf.fn(k) })
+	ok := guard(func() { kerr = kf.fn(k) })
 
 	s.mu.Lock()
 	k.done = true

@@ -49,6 +49,7 @@ type config struct {
 	version     int
 	ctxMemory   uint64
 	kernels     map[string]KernelFunc
+	deferWork   bool // DeferWork (deferred.go)
 }
 
 type attrOverride struct {
@@ -151,6 +152,7 @@ func New(opts ...Option) *Sim {
 		granularity: DefaultGranularity,
 		version:     DefaultDriverVersion,
 		kernels:     builtinKernels(),
+		deferWork:   deferFromEnv(),
 	}
 	for _, o := range opts {
 		o(&cfg)

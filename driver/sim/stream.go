@@ -50,6 +50,11 @@ func (s *Sim) StreamDestroy(st driver.Stream) error {
 	delete(s.streams, st)
 	delete(s.graphs.captures, st) // the driver ends an open capture with its stream
 	if s.as != nil {
+		// DeferWork: the driver finishes a destroyed stream's work; run what can run now (work
+		// behind a hold stays queued and runs when an event recorded after it is waited for).
+		s.drive(s.as.waits[st])
+	}
+	if s.as != nil && len(s.as.queue[st]) == 0 {
 		delete(s.as.waits, st)
 		delete(s.as.holds, st)
 	}
@@ -72,7 +77,7 @@ func (s *Sim) StreamSynchronize(st driver.Stream) error {
 	}
 	s.waitFor(func() bool { return s.streamIdle(st) })
 	s.syncPoint(d)
-	return nil
+	return s.asyncErr()
 }
 
 // EventCreate calls cuEventCreate (flags BLOCKING_SYNC, DISABLE_TIMING, INTERPROCESS).
@@ -110,7 +115,7 @@ func (s *Sim) EventRecord(e driver.Event, st driver.Stream) error {
 	}
 	ev.recorded = true
 	ev.at = time.Now()
-	s.recorded(e, st) // completes when st passes this point (async.go)
+	s.recorded(e, st, ev.dev) // completes when st passes this point (async.go)
 	return nil
 }
 
@@ -127,7 +132,7 @@ func (s *Sim) EventSynchronize(e driver.Event) error {
 	}
 	s.waitFor(func() bool { return s.eventDone(e) })
 	s.syncPoint(d)
-	return nil
+	return s.asyncErr()
 }
 
 // EventElapsedTime calls cuEventElapsedTime: milliseconds between the two records (monotonic clock).
