@@ -96,7 +96,7 @@ type FileStaging struct {
 // set's (as vmmdemo sleep --mode file does) can move bytes the same way.
 func PlanFileStaging(opts Options, size, chunk uint64) FileStaging {
 	o := opts.withDefaults()
-	slot := min(o.SlotSize, (size+hugePage-1)/hugePage*hugePage)
+	slot := unitSlotSize(o.SlotSize, size)
 	part := min(o.FilePart, slot)
 	jobs := countParts(size, chunk, slot, part)
 	slots, bufs, g := stagingPlan(slot, part, o.IOWorkers, o.FileBuffers, jobs)

@@ -61,7 +61,7 @@ func plan(refs []chunkRef, slotSize uint64) map[*vmm.Device][]*unit {
 	}
 	for _, us := range out {
 		for _, u := range us {
-			u.slotSize = min(slotSize, (u.bytes+hugePage-1)/hugePage*hugePage)
+			u.slotSize = unitSlotSize(slotSize, u.bytes)
 		}
 	}
 	pos := map[*unit]uint64{}
@@ -152,4 +152,10 @@ func perDevice(ctx context.Context, units map[*vmm.Device][]*unit, fn func(ctx c
 	}
 	wg.Wait()
 	return errors.Join(errs...)
+}
+
+// unitSlotSize is the slot size of a unit of bytes: slotSize, or the unit rounded up to a huge page
+// when it is smaller. Sleep's plan, Prepare, the pool's pruning and PlanFileStaging all use it.
+func unitSlotSize(slotSize, bytes uint64) uint64 {
+	return min(slotSize, (bytes+hugePage-1)/hugePage*hugePage)
 }

@@ -67,7 +67,7 @@ func (s *Set) slotsNeeded(es []*entry) ([]sizeNeed, error) {
 			return nil, err
 		}
 		for d, bytes := range perDev {
-			size := s.slotSizeFor(bytes)
+			size := unitSlotSize(s.opts.SlotSize, bytes)
 			if counts[size] == nil {
 				counts[size] = map[*vmm.Device]int{}
 			}
@@ -100,12 +100,6 @@ func bytesPerDevice(e *entry, op string) (map[*vmm.Device]uint64, error) {
 	return perDev, nil
 }
 
-// slotSizeFor is the slot size of a unit of bytes (plan's rule): SlotSize, or the unit rounded up
-// to a huge page when it is smaller.
-func (s *Set) slotSizeFor(bytes uint64) uint64 {
-	return min(s.opts.SlotSize, (bytes+hugePage-1)/hugePage*hugePage)
-}
-
 // pruneSlotSizes frees the pooled slots of sizes that no buffer of the set uses now (a buffer that
 // grew or shrank between sleeps left slots of its old size, which no later Sleep would take).
 func (s *Set) pruneSlotSizes() {
@@ -116,7 +110,7 @@ func (s *Set) pruneSlotSizes() {
 			return // keep everything; the next Sleep reports the buffer
 		}
 		for _, bytes := range perDev {
-			keep[s.slotSizeFor(bytes)] = true
+			keep[unitSlotSize(s.opts.SlotSize, bytes)] = true
 		}
 	}
 	s.pool.keepSizes(keep)
