@@ -200,7 +200,11 @@ func (s *Set) release(refs []chunkRef) error {
 	for k, r := range refs {
 		if err := s.releaseChunk(r, r.e.opts.Force); err != nil {
 			err = fmt.Errorf("release %s chunk %d: %w", r.e, r.i, err)
-			werr := s.wakeRefs(context.Background(), refs[:k])
+			undo := refs[:k]
+			if r.state().alloc.Asleep() { // unmapped, its memory kept: mapped again with the others
+				undo = refs[:k+1]
+			}
+			werr := s.wakeRefs(context.Background(), undo)
 			var asleep []*entry
 			for _, e := range entriesOf(refs) {
 				if werr != nil && e.released.Load() > 0 {
@@ -220,14 +224,15 @@ func (s *Set) release(refs []chunkRef) error {
 	return nil
 }
 
-// releaseChunk releases one chunk's memory (ReleaseAt) and counts it.
+// releaseChunk releases one chunk's memory (ReleaseAt) and counts it, and counts it too when a
+// failed ReleaseAt left it asleep with its memory kept.
 func (s *Set) releaseChunk(r chunkRef, force bool) error {
 	cs := r.state()
-	if err := cs.alloc.ReleaseAt(cs.ptr, cs.access, force, s.onChunkClosed(r.e)); err != nil {
-		return err
+	err := cs.alloc.ReleaseAt(cs.ptr, cs.access, force, s.onChunkClosed(r.e))
+	if err == nil || cs.alloc.Asleep() {
+		r.e.released.Add(1)
 	}
-	r.e.released.Add(1)
-	return nil
+	return err
 }
 
 // dropBackups returns the entries' backup slots to the pool.

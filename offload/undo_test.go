@@ -111,3 +111,21 @@ func TestWakeWhenARecreateUndoFails(t *testing.T) {
 		m.requireAwakeIntact(t, true)
 	}, testutil.SimOnly())
 }
+
+// A sleep whose chunk can neither be released nor mapped again keeps that chunk's memory: the
+// sleep maps it again with the chunks it released, every buffer is awake and intact, and a later
+// sleep and wake work.
+func TestSleepWhenAReleaseUndoFails(t *testing.T) {
+	testutil.Run(t, func(t *testing.T, b *testutil.Backend) {
+		m := newMatrixFixture(t, b)
+		b.Sim.FailNth("cuMemRelease", 2, driver.ErrorUnknown)
+		b.Sim.FailNth("cuMemMap", 1, driver.ErrorUnknown)
+		err := m.set.Sleep(bg)
+		b.Sim.ClearFaults()
+		require.ErrorIs(t, err, driver.ErrorUnknown)
+		m.requireAwakeIntact(t, false)
+		require.NoError(t, m.set.Sleep(bg))
+		require.NoError(t, m.set.Wake(bg))
+		m.requireAwakeIntact(t, true)
+	}, testutil.SimOnly())
+}

@@ -280,8 +280,8 @@ func (a *Allocation) Close() error {
 		if err := a.checkHeld("close"); err != nil {
 			return err
 		}
-		if a.closeAsleep() {
-			return nil
+		if asleep, err := a.closeAsleep(); asleep {
+			return err
 		}
 		if err := a.dev.do(func(api driver.API) error { return api.MemRelease(a.handle) }); err != nil {
 			return fmt.Errorf("vmm: release %s: %w", a, err)

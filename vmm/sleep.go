@@ -27,18 +27,25 @@ type sleepState struct {
 	onClose  func() // run (under the owner's lock) when the allocation is closed while asleep
 }
 
-// closeAsleep is Close's free step for an allocation whose memory is already released: nothing to
-// release, and the owner of the sleep hears of it. The caller holds the owner's lock. It reports
-// whether a was asleep.
-func (a *Allocation) closeAsleep() bool {
+// closeAsleep is Close's free step for an allocation asleep: it releases the memory that a failed
+// ReleaseAt kept, if any, and the owner of the sleep hears of it. The caller holds the owner's lock.
+// It reports whether a was asleep, and why the kept memory could not be released (then a stays
+// asleep with it, for a later Close).
+func (a *Allocation) closeAsleep() (bool, error) {
 	if !a.sleep.asleep {
-		return false
+		return false, nil
+	}
+	if h := a.handle; h != 0 {
+		if err := a.dev.do(func(api driver.API) error { return api.MemRelease(h) }); err != nil {
+			return true, fmt.Errorf("vmm: release %s, kept by a failed release to sleep: %w", a, err)
+		}
+		a.handle = 0
 	}
 	if f := a.sleep.onClose; f != nil {
 		a.sleep.onClose = nil
 		f()
 	}
-	return true
+	return true, nil
 }
 
 // Asleep reports whether the allocation's physical memory is released (ReleaseAt) and not yet
@@ -60,7 +67,9 @@ func (a *Allocation) Exported() bool {
 // ReleaseAt puts the allocation to sleep: it unmaps it from ptr, where it must be mapped once and
 // whole, and releases its physical memory (cuMemUnmap, cuMemRelease). The Allocation and its
 // mappings stay valid values; their memory is gone until RecreateAt. Either both calls happen or
-// neither: when the release fails, the memory is mapped again at ptr with access. ptr must be the
+// neither: when the release fails, the memory is mapped again at ptr with access. When mapping it
+// again fails too, the allocation is asleep with its memory kept (the error says so): RecreateAt
+// maps that memory, content and all, and Close releases it. ptr must be the
 // address of the allocation's one Mapping (ErrInvalidValue otherwise). Imported allocations are
 // refused (their exporter owns the memory), exported ones (ErrExported) unless force is set, and
 // held ones (Hold) with ErrInUse. onClose, when not nil, runs if the allocation is closed while asleep (with the
@@ -85,44 +94,55 @@ func (a *Allocation) ReleaseAt(ptr driver.DevicePtr, access []Access, force bool
 		return err
 	}
 	descs := accessDescs(access)
+	mapped := true // where the memory is when the call fails
 	err := a.dev.do(func(api driver.API) error {
 		if err := api.MemUnmap(ptr, a.size); err != nil {
 			return fmt.Errorf("cuMemUnmap: %w", err)
 		}
 		if err := api.MemRelease(a.handle); err != nil {
 			err = fmt.Errorf("cuMemRelease: %w", err)
-			return errors.Join(err, remap(api, ptr, a.size, a.handle, descs))
+			var rerr error
+			mapped, rerr = remap(api, ptr, a.size, a.handle, descs)
+			return errors.Join(err, rerr)
 		}
 		return nil
 	})
-	if err != nil {
+	switch {
+	case err == nil:
+		a.handle = 0
+	case mapped:
 		return fmt.Errorf("vmm: release %s at %#x: %w", a, uint64(ptr), err)
+	default:
+		// Neither released nor mapped again: the memory, with its content, stays with the
+		// allocation, which is asleep; RecreateAt maps it again, and Close releases it.
+		err = fmt.Errorf("vmm: release %s at %#x: unmapped but not released, so it is asleep with its memory kept: %w", a, uint64(ptr), err)
 	}
-	a.handle = 0
 	a.sleep.asleep = true
 	a.sleep.onClose = onClose
-	return nil
+	return err
 }
 
-// remap maps h at ptr again and restores access (undoing an unmap).
-func remap(api driver.API, ptr driver.DevicePtr, size uint64, h driver.MemHandle, descs []driver.AccessDesc) error {
+// remap maps h at ptr again and restores access (undoing an unmap). mapped reports whether h is
+// mapped at ptr when it returns (with or without the access).
+func remap(api driver.API, ptr driver.DevicePtr, size uint64, h driver.MemHandle, descs []driver.AccessDesc) (mapped bool, err error) {
 	if err := api.MemMap(ptr, size, 0, h, 0); err != nil {
-		return fmt.Errorf("undo cuMemUnmap: cuMemMap: %w", err)
+		return false, fmt.Errorf("undo cuMemUnmap: cuMemMap: %w", err)
 	}
 	if len(descs) == 0 {
-		return nil
+		return true, nil
 	}
 	if err := api.MemSetAccess(ptr, size, descs); err != nil {
-		return fmt.Errorf("undo cuMemUnmap: cuMemSetAccess: %w", err)
+		return true, fmt.Errorf("undo cuMemUnmap: cuMemSetAccess: %w", err)
 	}
-	return nil
+	return true, nil
 }
 
 // RecreateAt wakes an allocation released with ReleaseAt: it creates physical memory with the same
 // properties and size (cuMemCreate), maps it at ptr and grants access (cuMemMap, cuMemSetAccess).
 // Either all happen or none: on failure the allocation stays asleep and the error wraps the
 // driver's (driver.ErrOutOfMemory when someone else took the memory), so the call can be retried.
-// The new memory's content is undefined. ptr must be where the allocation's Mapping still is: once
+// The new memory's content is undefined; memory that a failed ReleaseAt kept is mapped again instead,
+// with its content. ptr must be where the allocation's Mapping still is: once
 // that Mapping is closed, or for an awake allocation, RecreateAt fails with ErrInvalidValue. In the
 // one case where the undo fails too (granting access fails, then unmapping fails), the memory stays
 // mapped: the error says so, the allocation is awake without that access, and ReleaseAt releases
@@ -141,10 +161,13 @@ func (a *Allocation) RecreateAt(ptr driver.DevicePtr, access []Access) error {
 		// belong to no Mapping, and its reservation could never be freed.
 		return fmt.Errorf("vmm: recreate %s at %#x: no mapping of it is left at that address: %w", a, uint64(ptr), ErrInvalidValue)
 	}
-	var h driver.MemHandle
-	stillMapped := false
+	h, stillMapped := a.handle, false // memory that a failed ReleaseAt kept
 	err := a.dev.do(func(api driver.API) error {
 		var err error
+		if h != 0 {
+			stillMapped, err = mapKept(api, ptr, a.size, h, access)
+			return err
+		}
 		h, stillMapped, err = createMapped(api, ptr, a.size, &a.prop, access)
 		return err
 	})
@@ -160,6 +183,26 @@ func (a *Allocation) RecreateAt(ptr driver.DevicePtr, access []Access) error {
 	a.sleep.asleep = false
 	a.sleep.onClose = nil
 	return err
+}
+
+// mapKept maps memory that a failed ReleaseAt kept at ptr and grants access: all or nothing, except
+// when granting access and then unmapping both fail (stillMapped). The memory stays either way.
+func mapKept(api driver.API, ptr driver.DevicePtr, size uint64, h driver.MemHandle, access []Access) (stillMapped bool, err error) {
+	if err := api.MemMap(ptr, size, 0, h, 0); err != nil {
+		return false, fmt.Errorf("cuMemMap: %w", err)
+	}
+	descs := accessDescs(access)
+	if len(descs) == 0 {
+		return false, nil
+	}
+	if err := api.MemSetAccess(ptr, size, descs); err != nil {
+		err = fmt.Errorf("cuMemSetAccess %v: %w", access, err)
+		if uerr := api.MemUnmap(ptr, size); uerr != nil {
+			return true, errors.Join(err, fmt.Errorf("undo cuMemMap: %w", uerr))
+		}
+		return false, err
+	}
+	return false, nil
 }
 
 // createMapped creates memory of size bytes with prop, maps it at ptr and grants access: all or

@@ -169,3 +169,41 @@ func TestRecreateWhoseUndoFailsStaysMapped(t *testing.T) {
 		requireFilled(t, d, m.Ptr(), 2<<20, 9)
 	}, testutil.SimOnly())
 }
+
+// When ReleaseAt cannot release the memory and cannot map it again either, the memory is kept,
+// unmapped, with its content: the allocation is asleep (the error says so), RecreateAt maps that
+// same memory with its content, and Close releases it if it is closed while asleep.
+func TestReleaseWhoseUndoFailsKeepsMemory(t *testing.T) {
+	testutil.Run(t, func(t *testing.T, b *testutil.Backend) {
+		d, _, a, m := exportableMapping(t, b)
+		rw := []vmm.Access{vmm.ReadWrite(d)}
+		require.NoError(t, d.Fill(m.Ptr(), 2<<20, 0, 4))
+		releaseFailingTwice := func() error {
+			b.Sim.FailNth("cuMemRelease", 1, driver.ErrorUnknown)
+			b.Sim.FailNth("cuMemMap", 1, driver.ErrorUnknown)
+			defer b.Sim.ClearFaults()
+			return a.ReleaseAt(m.Ptr(), rw, false, nil)
+		}
+		err := releaseFailingTwice()
+		require.ErrorIs(t, err, driver.ErrorUnknown)
+		require.ErrorContains(t, err, "asleep with its memory kept")
+		require.True(t, a.Asleep())
+		require.ErrorIs(t, a.ReleaseAt(m.Ptr(), rw, false, nil), vmm.ErrAsleep)
+
+		b.Sim.FailNth("cuMemMap", 1, driver.ErrorUnknown)
+		require.ErrorIs(t, a.RecreateAt(m.Ptr(), rw), driver.ErrorUnknown)
+		b.Sim.ClearFaults()
+		require.True(t, a.Asleep(), "a failed map keeps it asleep, memory and all")
+		require.NoError(t, a.RecreateAt(m.Ptr(), rw))
+		requireFilled(t, d, m.Ptr(), 2<<20, 4)
+
+		// Closed while asleep with its memory kept: the memory is released (the simulator's leak
+		// check at the end of the test fails otherwise).
+		require.Error(t, releaseFailingTwice())
+		require.NoError(t, m.Close())
+		b.Sim.FailNth("cuMemRelease", 1, driver.ErrorUnknown)
+		require.ErrorIs(t, a.Close(), driver.ErrorUnknown)
+		b.Sim.ClearFaults()
+		require.NoError(t, a.Close())
+	}, testutil.SimOnly())
+}
