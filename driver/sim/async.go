@@ -10,9 +10,9 @@ import (
 
 // Stream order in the simulator.
 //
-// Queued work (copies, fills, kernels) runs before the queuing call returns, so data is always in
-// place, unless the DeferWork option is on (deferred.go): then it waits in its stream's queue and
-// runs when something needs it complete, each operation being a gate below. What the simulator models on top is completion: a stream can be held (HoldStream) at its
+// Queued work (copies, fills, kernels) waits in its stream's queue and runs when something needs it
+// complete (deferred.go), each operation being a gate below; with the Eager option it runs before
+// the queuing call returns, so data is always in place. What the simulator models on top is completion: a stream can be held (HoldStream) at its
 // current point, and then nothing queued on it from then on counts as complete until ReleaseStream.
 // Events recorded on a held stream answer CUDA_ERROR_NOT_READY to cuEventQuery and make
 // cuEventSynchronize wait; cuStreamWaitEvent makes a stream depend on an incomplete event, so its later
@@ -132,8 +132,8 @@ func (s *Sim) waitFor(done func() bool) {
 
 // HoldStream stops stream st at its current point: nothing queued on it from now on (event records,
 // asynchronous frees, and through cuStreamWaitEvent other streams' later work) completes until
-// ReleaseStream. Queued copies and kernels still move their data at once, unless DeferWork is on:
-// then they wait for the release too. st must be a stream made
+// ReleaseStream. Queued copies and kernels wait for the release too (with Eager they still move their
+// data at once). st must be a stream made
 // by cuStreamCreate; holding a held stream is CUDA_ERROR_INVALID_VALUE.
 func (s *Sim) HoldStream(st driver.Stream) error {
 	s.mu.Lock()

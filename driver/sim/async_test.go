@@ -98,6 +98,7 @@ func TestMemAllocAsyncStreamOrderedReuse(t *testing.T) {
 	require.Equal(t, p1, p3, "same stream: reused at once")
 	require.NoError(t, s.MemFreeAsync(p3, a))
 	require.NoError(t, s.ReleaseStream(a))
+	require.NoError(t, s.StreamSynchronize(a))
 	p4, err := s.MemAllocAsync(4*mib, b)
 	require.NoError(t, err)
 	require.Equal(t, p1, p4, "completed free: reused by another stream")

@@ -86,9 +86,10 @@ func TestObjectsOfAnotherContext(t *testing.T) {
 
 // TestPeerKernelsNeedPeerAccessToMemAlloc: cuMemAlloc and cuMemAllocAsync memory is reachable from
 // another device by copies (UVA), but a kernel or a memset there needs peer access
-// (cuCtxEnablePeerAccess, cuMemPoolSetAccess), which is never enabled.
+// (cuCtxEnablePeerAccess, cuMemPoolSetAccess), which is never enabled. Eager, so that each kernel's
+// error is its launch's (TestDeferredKernelFaultsAtSynchronize has the deferred form).
 func TestPeerKernelsNeedPeerAccessToMemAlloc(t *testing.T) {
-	s := start(t, Devices(2))
+	s := start(t, Devices(2), Eager())
 	c1, err := s.DevicePrimaryCtxRetain(1)
 	require.NoError(t, err)
 	defer func() { require.NoError(t, s.DevicePrimaryCtxRelease(1)) }()

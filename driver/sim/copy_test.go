@@ -29,8 +29,10 @@ func TestCopiesAcrossChunks(t *testing.T) {
 	// Device to device, into another buffer's chunk boundary, then back to the host.
 	require.NoError(t, s.MemcpyDtoD(b.base+off, a.base+off, n))
 	require.NoError(t, s.MemcpyAsync(a.base, b.base+off, n, 0))
+	require.NoError(t, s.StreamSynchronize(0)) // st is non-blocking: it does not wait for the legacy stream
 	got := make([]byte, n)
 	require.NoError(t, s.MemcpyDtoHAsync(ptr(got), a.base, n, st))
+	require.NoError(t, s.StreamSynchronize(st))
 	require.Equal(t, src, got)
 	// cuMemcpy infers the direction (unified addressing).
 	got2 := make([]byte, n)

@@ -7,13 +7,12 @@ import (
 	"github.com/cuvmm/cuvmm/driver"
 )
 
-// Deferred work (the DeferWork option).
+// Deferred work, the default (DeferWork; Eager turns it off).
 //
-// By default queued work moves its data before the queuing call returns. With DeferWork, an
-// asynchronous copy, fill or kernel launch (and so each node of a graph launch) on a stream is only
-// checked when it is queued (arguments, stream, access rights: the errors the driver returns at once)
-// and then waits in its stream's queue; it runs, in stream order, when something needs it complete:
-// cuStreamSynchronize of its stream, cuCtxSynchronize, cuEventSynchronize / cuEventQuery /
+// An asynchronous copy, fill or kernel launch (and so each node of a graph launch) on a stream is
+// only checked when it is queued (arguments, stream, access rights: the errors the driver returns at
+// once) and then waits in its stream's queue; it runs, in stream order, when something needs it
+// complete: cuStreamSynchronize of its stream, cuCtxSynchronize, cuEventSynchronize / cuEventQuery /
 // cuEventElapsedTime of an event recorded after it, work of another stream that waits for such an
 // event (cuStreamWaitEvent) and is itself run, a synchronous copy or fill (which the driver orders
 // after the legacy stream and every blocking stream of the device), cuMemFree and cuMemFreeHost (which
@@ -29,16 +28,23 @@ import (
 //
 // What this finds: code that reuses or frees a staging buffer, reads a destination, or unmaps memory
 // before waiting for the stream, which passes when data moves at once and corrupts data on a GPU.
+//
+// With Eager, queued work moves its data before the queuing call returns, and a kernel's or a
+// copy's memory error is the launching call's own: handy to see at once which call is wrong, but
+// blind to a missing wait.
 
-// DeferWorkEnv is the environment variable that turns DeferWork on for every simulator New makes
-// ("1"), so a whole test suite can be run with deferred work.
+// DeferWorkEnv is the environment variable that picks the mode of every simulator New makes: "0"
+// makes them eager (Eager), anything else leaves work deferred; an option passed to New wins.
 const DeferWorkEnv = "CUVMM_SIM_DEFER"
 
 // DeferWork makes queued work move its data only when its stream is run (see deferred.go): at the
-// latest when it is synchronized with, in stream order. Off by default unless CUVMM_SIM_DEFER=1.
+// latest when it is synchronized with, in stream order. The default, unless CUVMM_SIM_DEFER=0.
 func DeferWork() Option { return func(c *config) { c.deferWork = true } }
 
-func deferFromEnv() bool { return os.Getenv(DeferWorkEnv) == "1" }
+// Eager makes queued work move its data before the queuing call returns (see deferred.go).
+func Eager() Option { return func(c *config) { c.deferWork = false } }
+
+func deferFromEnv() bool { return os.Getenv(DeferWorkEnv) != "0" }
 
 // deferred is one queued operation waiting for its stream to run it.
 type deferred struct {

@@ -1,6 +1,7 @@
 package sim
 
 import (
+	"errors"
 	"testing"
 	"unsafe"
 
@@ -10,13 +11,13 @@ import (
 	"github.com/cuvmm/cuvmm/driver"
 )
 
-// With DeferWork an async copy from pinned memory moves its bytes when its stream is synchronized,
-// as on a GPU: a source changed before then is what arrives. Without it the copy moves at once.
+// Deferred (the default), an async copy from pinned memory moves its bytes when its stream is
+// synchronized, as on a GPU: a source changed before then is what arrives. Eager, it moves at once.
 func TestDeferredWorkMovesDataAtSynchronize(t *testing.T) {
 	for _, deferred := range []bool{false, true} {
-		var opts []Option
+		opts := []Option{Eager()}
 		if deferred {
-			opts = append(opts, DeferWork())
+			opts = []Option{DeferWork()}
 		}
 		s := start(t, opts...)
 		bind(t, s, 0)
@@ -46,4 +47,68 @@ func TestDeferredWorkMovesDataAtSynchronize(t *testing.T) {
 		require.NoError(t, s.MemHostUnregister(p))
 		require.NoError(t, unix.Munmap(host))
 	}
+}
+
+// Deferred (the default), a launch is checked for its arguments only; what the kernel or a copy does
+// wrong when it runs is reported by the next synchronize, as the driver reports asynchronous
+// errors, and the context stays usable: a kernel past the end of its memory, a write to a read-only
+// chunk, a custom kernel that fails, and a copy whose source was unmapped before its stream ran.
+func TestDeferredKernelFaultsAtSynchronize(t *testing.T) {
+	s := start(t, DeferWork())
+	bind(t, s, 0)
+	m, fill, verify, _ := loadKernels(t, s)
+	b := makeBuffer(t, s, deviceProp(0, 0), 2, 2*mib, rw(0))
+	st, err := s.StreamCreate(driver.StreamNonBlocking)
+	require.NoError(t, err)
+	base, words := uint64(b.base), b.size/8
+
+	require.ErrorIs(t, s.LaunchKernel(fill, one, one, 0, st, base, words, 0), driver.ErrorInvalidValue, "arguments: at once")
+	require.NoError(t, s.LaunchKernel(fill, one, one, 0, st, base+b.size-8, 2, 0, 0), "past the end: launched")
+	require.ErrorIs(t, s.StreamSynchronize(st), driver.ErrorIllegalAddress)
+	require.NoError(t, s.StreamSynchronize(st), "reported once")
+
+	require.NoError(t, s.MemSetAccess(b.chunks[1].va, 2*mib, []driver.AccessDesc{ro(0)}))
+	require.NoError(t, s.LaunchKernel(fill, one, one, 0, st, base, words, 0, 3), "read-only chunk: launched")
+	require.ErrorIs(t, s.CtxSynchronize(), driver.ErrorIllegalAddress)
+	require.NoError(t, s.MemSetAccess(b.chunks[1].va, 2*mib, []driver.AccessDesc{rw(0)}))
+
+	// Usable afterwards: fill and verify the whole buffer.
+	cnt, err := s.MemAlloc(8)
+	require.NoError(t, err)
+	require.NoError(t, s.MemsetD8Async(cnt, 0, 8, st))
+	require.NoError(t, s.LaunchKernel(fill, one, one, 0, st, base, words, 0, 5))
+	require.NoError(t, s.LaunchKernel(verify, one, one, 0, st, base, words, 0, 5, uint64(cnt)))
+	require.NoError(t, s.StreamSynchronize(st))
+	require.Zero(t, counter(t, s, cnt))
+
+	// A copy queued, then its source unmapped before the stream ran it.
+	require.NoError(t, s.HoldStream(st))
+	require.NoError(t, s.MemcpyAsync(cnt, b.chunks[0].va, 8, st))
+	require.NoError(t, s.MemUnmap(b.base, b.size))
+	require.NoError(t, s.ReleaseStream(st))
+	require.ErrorIs(t, s.StreamSynchronize(st), driver.ErrorIllegalAddress)
+	for _, c := range b.chunks {
+		require.NoError(t, s.MemMap(c.va, c.size, 0, c.h, 0))
+	}
+	require.NoError(t, s.MemSetAccess(b.base, b.size, []driver.AccessDesc{rw(0)}))
+
+	require.NoError(t, s.MemFree(cnt))
+	require.NoError(t, s.StreamDestroy(st))
+	require.NoError(t, s.ModuleUnload(m))
+	b.free(t, s)
+}
+
+// A custom kernel's own failure, deferred, is the next synchronize's error.
+func TestDeferredCustomKernelFailsAtSynchronize(t *testing.T) {
+	fail := func(k *KernelCall) error { return errors.New("no") }
+	s := start(t, Kernel("fail", fail), DeferWork())
+	bind(t, s, 0)
+	m, err := s.ModuleLoadData([]byte(".version 9.0\n.target sm_90\n.visible .entry fail()\n{ ret; }\n"))
+	require.NoError(t, err)
+	f, err := s.ModuleGetFunction(m, "fail")
+	require.NoError(t, err)
+	require.NoError(t, s.LaunchKernel(f, one, one, 0, 0))
+	require.ErrorIs(t, s.CtxSynchronize(), driver.ErrorLaunchFailed)
+	require.NoError(t, s.CtxSynchronize())
+	require.NoError(t, s.ModuleUnload(m))
 }

@@ -35,10 +35,12 @@
 //
 // # Where the simulator differs from the driver
 //
-// Asynchronous calls complete before they return (streams are FIFO, so ordering is preserved). A
-// kernel that touches memory it may not access makes cuLaunchKernel return CUDA_ERROR_ILLEGAL_ADDRESS
-// at once; the real driver reports it asynchronously, at the next synchronizing call, and the context
-// is unusable afterwards, while the simulator's stays usable. Only PTX modules are accepted, and only
+// Queued work runs when something waits for it (deferred.go), not while the caller goes on, so what
+// a GPU does in parallel with the host happens here at the next synchronizing call. A kernel that
+// touches memory it may not access is reported then, as CUDA_ERROR_ILLEGAL_ADDRESS, as the real
+// driver does; the driver's context is unusable afterwards, while the simulator's stays usable. With
+// the Eager option (or CUVMM_SIM_DEFER=0) asynchronous calls complete before they return instead, and
+// such a kernel makes cuLaunchKernel itself fail. Only PTX modules are accepted, and only
 // kernels with a Go implementation (the built-ins of internal/kernels and those given with the Kernel
 // option) can be obtained from them.
 //

@@ -9,9 +9,10 @@ import (
 )
 
 // TestGraphReplaysAtCapturedAddresses captures a memset, a copy and a kernel, then releases the
-// memory, maps new memory at the same address and launches: the nodes act on the new memory.
+// memory, maps new memory at the same address and launches: the nodes act on the new memory. Eager,
+// so that a replayed kernel's fault is the launch's own.
 func TestGraphReplaysAtCapturedAddresses(t *testing.T) {
-	s := start(t)
+	s := start(t, Eager())
 	bind(t, s, 0)
 	m, fill, verify, _ := loadKernels(t, s)
 	defer func() { require.NoError(t, s.ModuleUnload(m)) }()

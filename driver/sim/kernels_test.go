@@ -68,8 +68,10 @@ func TestModules(t *testing.T) {
 	require.ErrorIs(t, s.LaunchKernel(fill, one, one, 0, 0, 0, 0, 0, 0), driver.ErrorInvalidHandle, "unloaded")
 }
 
+// The kernel tests run eagerly, so that each launch's memory error is its own; deferred, the same
+// errors come from the next synchronize (TestDeferredKernelFaultsAtSynchronize).
 func TestKernels(t *testing.T) {
-	s := start(t)
+	s := start(t, Eager())
 	bind(t, s, 0)
 	m, fill, verify, read := loadKernels(t, s)
 	b := makeBuffer(t, s, deviceProp(0, 0), 8, 2*mib, rw(0))
@@ -129,7 +131,7 @@ func TestKernels(t *testing.T) {
 func ptr8(w []uint64) *uint64 { return &w[0] }
 
 func TestKernelOnPeer(t *testing.T) {
-	s := start(t, Devices(2))
+	s := start(t, Devices(2), Eager())
 	c1, err := s.DevicePrimaryCtxRetain(1)
 	require.NoError(t, err)
 	defer func() { require.NoError(t, s.DevicePrimaryCtxRelease(1)) }()
@@ -175,7 +177,7 @@ func TestCustomKernel(t *testing.T) {
 		}
 		return nil
 	}
-	s := start(t, Kernel("double", double))
+	s := start(t, Kernel("double", double), Eager())
 	bind(t, s, 0)
 	m, err := s.ModuleLoadData([]byte(".version 9.0\n.target sm_90\n.visible .entry double(.param .u64 p, .param .u64 n)\n{ ret; }\n"))
 	require.NoError(t, err)
