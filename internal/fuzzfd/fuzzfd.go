@@ -10,6 +10,7 @@ import (
 	"path/filepath"
 	"runtime"
 	"testing"
+	"time"
 
 	"golang.org/x/sys/unix"
 
@@ -119,7 +120,8 @@ func Send(conn *net.UnixConn, data []byte, files []*os.File, cut uint16) error {
 	return conn.CloseWrite()
 }
 
-// OpenFDs counts this process's open descriptors.
+// OpenFDs counts this process's open descriptors. Call Settle before the first of two counts that
+// must agree.
 func OpenFDs(t testing.TB) int {
 	t.Helper()
 	ents, err := os.ReadDir("/proc/self/fd")
@@ -127,4 +129,25 @@ func OpenFDs(t testing.TB) int {
 		t.Fatal(err)
 	}
 	return len(ents)
+}
+
+// Settle runs the garbage collector and waits for the finalizers it queued, so that an os.File that
+// earlier code dropped without Close is closed now, not in the middle of the next count of open
+// descriptors (which then looked like one too few). It gives up waiting after a second.
+func Settle() {
+	for range 2 { // an object may be found unreachable only in the cycle after its referrer's
+		type sentinel struct {
+			p   *byte
+			pad [16]byte
+		}
+		done := make(chan struct{})
+		s := &sentinel{}
+		runtime.SetFinalizer(s, func(*sentinel) { close(done) })
+		s = nil
+		runtime.GC()
+		select {
+		case <-done: // finalizers run one after another, and this one was queued last
+		case <-time.After(time.Second):
+		}
+	}
 }

@@ -21,6 +21,7 @@ import (
 
 	"github.com/cuvmm/cuvmm/driver"
 	"github.com/cuvmm/cuvmm/driver/sim"
+	"github.com/cuvmm/cuvmm/internal/fuzzfd"
 	"github.com/cuvmm/cuvmm/vmm"
 )
 
@@ -203,6 +204,7 @@ func runCUDA(t *testing.T, c config, fn func(t *testing.T, b *Backend)) {
 // real driver opens and closes on its own.
 func OpenFDs(t testing.TB) int {
 	t.Helper()
+	fuzzfd.Settle() // a file dropped earlier is closed now, not between the caller's two counts
 	n := 0
 	for _, target := range fdTable(t) {
 		if !driverDevice(target) {
