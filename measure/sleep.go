@@ -44,6 +44,10 @@ type SleepOptions struct {
 	// the same.
 	FilePart    uint64
 	FileBuffers int
+	// FileRounds is how many rounds file mode alternates (default 3, at most 50): each a raw write
+	// and read, then a sleep and a wake of the set, each phase after an fsync; the medians are
+	// reported, and each round's ratios too.
+	FileRounds int
 }
 
 // SleepDevice is one device's part of a Sleep run.
@@ -143,6 +147,10 @@ type SleepResult struct {
 	RawFileReadGBps  float64 `json:"raw_file_read_gbps,omitempty"`
 	SleepVsRawFile   float64 `json:"sleep_vs_raw_file,omitempty"`
 	WakeVsRawFile    float64 `json:"wake_vs_raw_file,omitempty"`
+	// Each round's sleep ÷ its raw write and wake ÷ its raw read, in the order run: how far the
+	// host moved between rounds.
+	SleepVsRawFileRounds []float64 `json:"sleep_vs_raw_file_rounds,omitempty"`
+	WakeVsRawFileRounds  []float64 `json:"wake_vs_raw_file_rounds,omitempty"`
 	// A file sleep can go no faster than the slower of the raw write and the raw D2H copy, a file
 	// wake than the slower of the raw read and the raw H2D copy: those limits, and the set's
 	// ratios to them.
@@ -192,6 +200,9 @@ func (o *SleepOptions) check() (offload.Policy, error) {
 	if err := o.checkFileParts(policy); err != nil {
 		return 0, err
 	}
+	if err := o.checkFileRounds(policy); err != nil {
+		return 0, err
+	}
 	if len(o.Devices) == 0 {
 		o.Devices = []int{0}
 	}
@@ -211,13 +222,35 @@ const maxIOWorkers = 64
 const maxFileBuffers = 64
 
 func (o *SleepOptions) checkIOWorkers(policy offload.Policy) error {
+	return checkFileCount("io-workers", &o.IOWorkers, maxIOWorkers, offload.DefaultIOWorkers, policy)
+}
+
+// maxFileRounds bounds FileRounds: each round writes the whole file to the disk twice.
+const maxFileRounds = 50
+
+// defaultFileRounds: file speed on the measured host moved by 15% between runs (the page cache, and
+// memory the host provides as it is touched), so medians of interleaved rounds compare like with like.
+const defaultFileRounds = 3
+
+// checkFileRounds checks FileRounds and sets its default (in file mode only: the other modes time
+// one round).
+func (o *SleepOptions) checkFileRounds(policy offload.Policy) error {
+	def := 0
+	if policy == offload.File {
+		def = defaultFileRounds
+	}
+	return checkFileCount("file-rounds", &o.FileRounds, maxFileRounds, def, policy)
+}
+
+// checkFileCount checks a count that only file mode takes (1 to most, or 0 for def) and sets def.
+func checkFileCount(flag string, v *int, most, def int, policy offload.Policy) error {
 	switch {
-	case o.IOWorkers < 0 || o.IOWorkers > maxIOWorkers:
-		return fmt.Errorf("--io-workers %d: want 1 to %d: %w", o.IOWorkers, maxIOWorkers, ErrInvalidOption)
-	case o.IOWorkers != 0 && policy != offload.File:
-		return fmt.Errorf("--io-workers is for --mode file: %w", ErrInvalidOption)
-	case o.IOWorkers == 0:
-		o.IOWorkers = offload.DefaultIOWorkers
+	case *v < 0 || *v > most:
+		return fmt.Errorf("--%s %d: want 1 to %d: %w", flag, *v, most, ErrInvalidOption)
+	case *v != 0 && policy != offload.File:
+		return fmt.Errorf("--%s is for --mode file: %w", flag, ErrInvalidOption)
+	case *v == 0:
+		*v = def
 	}
 	return nil
 }

@@ -123,7 +123,7 @@ func (r *sleepRun) syncFile() error {
 
 // measureOneDevice sleeps the first device's buffer alone: cold (the pool emptied), then warm. In
 // file mode, like the all-device figures it is compared with, the warm sleep and wake are the
-// medians of fileRounds rounds, each phase timed right after an fsync with no pause.
+// medians of FileRounds rounds, each phase timed right after an fsync with no pause.
 func (r *sleepRun) measureOneDevice() error {
 	tag := fmt.Sprintf("dev%d", r.opts.Devices[0])
 	size := r.opts.Size
@@ -137,10 +137,7 @@ func (r *sleepRun) measureOneDevice() error {
 	if _, err := r.timed("first wake, one device", size, r.set.Wake, tag); err != nil {
 		return err
 	}
-	rounds := 1
-	if r.file != nil {
-		rounds = fileRounds
-	}
+	rounds := max(r.opts.FileRounds, 1)
 	var sleeps, wakes []float64
 	for range rounds {
 		s, err := r.timed("sleep, one device", size, r.set.Sleep, tag)
@@ -211,19 +208,13 @@ func (r *sleepRun) measureUsual() error {
 	return hb.Close()
 }
 
-// fileRounds is how many times file mode times the raw write and read and the set's warm sleep and
-// wake, alternately: file speed on the measured host moved by 15% between runs (the page cache, and
-// memory the host provides as it is touched), so medians of interleaved rounds compare like with
-// like.
-const fileRounds = 3
-
-// measureFileRounds runs fileRounds rounds of a raw write and read of the same bytes over the same
+// measureFileRounds runs FileRounds rounds of a raw write and read of the same bytes over the same
 // file as the set, the way the set does them (parts of FilePart bytes, IOWorkers at once), then
 // a sleep and a wake of the set (which rewrites the file), each timed phase after an fsync. The
 // raw figures and the set's sleep and wake times are the medians of the rounds.
 func (r *sleepRun) measureFileRounds() error {
 	var writes, reads, sleeps, wakes []float64
-	for i := 0; i < fileRounds; i++ {
+	for i := 0; i < r.opts.FileRounds; i++ {
 		w, rd, err := r.rawFileOnce()
 		if err != nil {
 			return err
@@ -242,7 +233,11 @@ func (r *sleepRun) measureFileRounds() error {
 		}
 	}
 	total := r.res.TotalBytes
-	r.res.FileRounds = fileRounds
+	r.res.FileRounds = r.opts.FileRounds
+	for i := range writes { // a ratio of rates is the inverse ratio of times
+		r.res.SleepVsRawFileRounds = append(r.res.SleepVsRawFileRounds, sleepRatio(writes[i], sleeps[i]))
+		r.res.WakeVsRawFileRounds = append(r.res.WakeVsRawFileRounds, sleepRatio(reads[i], wakes[i]))
+	}
 	r.res.RawFileWriteGBps, r.res.RawFileReadGBps = sleepGBps(total, median(writes)), sleepGBps(total, median(reads))
 	r.res.SleepSeconds, r.res.WakeSeconds = median(sleeps), median(wakes)
 	return r.verify("after the file rounds")

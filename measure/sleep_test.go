@@ -3,6 +3,7 @@ package measure
 import (
 	"os"
 	"path/filepath"
+	"slices"
 	"testing"
 
 	"github.com/stretchr/testify/require"
@@ -40,6 +41,15 @@ func TestSleepOnTheSimulator(t *testing.T) {
 	require.Greater(t, res.WakeVsFileLimit, 0.0)
 	require.Zero(t, res.AsleepPauseSeconds, "file mode's wakes follow an fsync")
 	require.Zero(t, res.WakeAtOnceSeconds)
+	require.Equal(t, 3, res.FileRounds, "the default")
+	require.Len(t, res.WakeVsRawFileRounds, 3)
+	for _, x := range append(res.WakeVsRawFileRounds, res.SleepVsRawFileRounds...) {
+		require.Greater(t, x, 0.0)
+	}
+	wakes := slices.Clone(res.WakeVsRawFileRounds)
+	slices.Sort(wakes)
+	require.GreaterOrEqual(t, res.WakeVsRawFile, wakes[0]*0.999, "the ratio of the medians lies within the rounds' ratios")
+	require.LessOrEqual(t, res.WakeVsRawFile, wakes[2]*1.001)
 
 	for _, o := range []SleepOptions{
 		{Size: 0},
@@ -50,6 +60,9 @@ func TestSleepOnTheSimulator(t *testing.T) {
 		{Size: 8 << 20, Devices: []int{7}},
 		{Size: 64 << 20, SlotSize: 1},
 		{Size: 8 << 20, SlotSize: 3 << 20},
+		{Size: 8 << 20, FileRounds: 2},
+		{Size: 8 << 20, Mode: "file", FileRounds: -1},
+		{Size: 8 << 20, Mode: "file", FileRounds: 51},
 	} {
 		o.Env = Env{Backend: b}
 		_, err := Sleep(o)

@@ -3,6 +3,7 @@ package measure
 import (
 	"fmt"
 	"io"
+	"strings"
 
 	"github.com/cuvmm/cuvmm/internal/units"
 )
@@ -35,6 +36,8 @@ func (r *SleepResult) Text(w io.Writer) {
 	if r.File != "" {
 		fmt.Fprintf(w, "  file %s, %d I/O goroutines per device (of %d asked), each through up to %d buffers of %s: raw write %.2f GB/s, read %.2f GB/s; sleep %.2fx, wake %.2fx of raw (medians of %d rounds)\n",
 			r.File, r.IOWorkersUsed, r.IOWorkers, r.FileBuffersUsed, units.FormatSize(r.FilePart), r.RawFileWriteGBps, r.RawFileReadGBps, r.SleepVsRawFile, r.WakeVsRawFile, r.FileRounds)
+		fmt.Fprintf(w, "  each round, sleep and wake against its raw write and read: %s and %s\n",
+			roundList(r.SleepVsRawFileRounds), roundList(r.WakeVsRawFileRounds))
 		fmt.Fprintf(w, "  limits (the slower of the file and the copy engine): sleep %.2f GB/s (%.2fx), wake %.2f GB/s (%.2fx)\n",
 			r.FileSleepLimitGBps, r.SleepVsFileLimit, r.FileWakeLimitGBps, r.WakeVsFileLimit)
 	}
@@ -45,4 +48,13 @@ func (r *SleepResult) Text(w io.Writer) {
 	if r.Failure != "" {
 		fmt.Fprintf(w, "  FAILED: %s\n", r.Failure)
 	}
+}
+
+// roundList formats ratios as "0.93, 0.97, 0.88x".
+func roundList(xs []float64) string {
+	parts := make([]string, len(xs))
+	for i, x := range xs {
+		parts[i] = fmt.Sprintf("%.2f", x)
+	}
+	return strings.Join(parts, ", ") + "x"
 }

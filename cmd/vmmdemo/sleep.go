@@ -29,6 +29,7 @@ func runSleep(e *env, args []string) error {
 	ioWorkers := fs.Int("io-workers", 0, "--mode file: goroutines that move parts to or from the file, for the set and the raw figures (default 8)")
 	fs.Var(&part, "file-part", "--mode file: bytes each goroutine moves at once (default 4MiB, or --size or --slot when smaller)")
 	fileBuffers := fs.Int("file-buffers", 0, "--mode file: staging buffers each goroutine cycles through (default 2)")
+	fileRounds := fs.Int("file-rounds", 0, "--mode file: rounds of a raw write and read, then a sleep and a wake, whose medians are reported (default 3)")
 	if err := parse(fs, args); err != nil {
 		return err
 	}
@@ -40,6 +41,7 @@ func runSleep(e *env, args []string) error {
 			}
 		}
 		return measure.Sleep(measure.SleepOptions{Env: me, Size: size.v, Devices: ordinals, Mode: *mode, File: *file,
-			Chunk: chunk.v, SlotSize: slot.v, IOWorkers: *ioWorkers, FilePart: part.v, FileBuffers: *fileBuffers})
+			Chunk: chunk.v, SlotSize: slot.v, IOWorkers: *ioWorkers, FilePart: part.v, FileBuffers: *fileBuffers,
+			FileRounds: *fileRounds})
 	})
 }

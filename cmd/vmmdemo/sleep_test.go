@@ -26,6 +26,7 @@ func TestSleepJSON(t *testing.T) {
 		{"--size", "8MiB", "--mode", "file", "--file", file},
 		{"--size", "8MiB", "--mode", "file", "--file", file, "--io-workers", "8"},
 		{"--size", "8MiB", "--mode", "file", "--file", file, "--file-part", "1MiB", "--file-buffers", "3"},
+		{"--size", "8MiB", "--mode", "file", "--file", file, "--file-rounds", "5"},
 	} {
 		stdout, stderr, code := runSleepCmd(t, append(args, "--json")...)
 		require.Equal(t, 0, code, stderr)
@@ -41,7 +42,13 @@ func TestSleepJSON(t *testing.T) {
 		if res["mode"] == "file" {
 			require.Contains(t, res, "raw_file_write_gbps")
 			require.Equal(t, 8.0, res["io_workers"], "the default, or --io-workers 8")
-			require.Equal(t, 3.0, res["file_rounds"], "raw and set file speeds are medians of rounds")
+			rounds := 3.0 // raw and set file speeds are medians of rounds
+			if slices.Contains(args, "--file-rounds") {
+				rounds = 5
+			}
+			require.Equal(t, rounds, res["file_rounds"])
+			require.Len(t, res["wake_vs_raw_file_rounds"], int(rounds), "each round's ratio")
+			require.Len(t, res["sleep_vs_raw_file_rounds"], int(rounds))
 			if slices.Contains(args, "--file-part") {
 				require.Equal(t, [2]any{float64(1 << 20), 3.0}, [2]any{res["file_part_bytes"], res["file_buffers"]})
 			} else {
@@ -96,6 +103,9 @@ func TestSleepBadFlags(t *testing.T) {
 		{"--size", "8MiB", "--mode", "file", "--file-part", "16MiB"}, // larger than the buffer
 		{"--size", "8MiB", "--mode", "file", "--file-buffers", "-1"},
 		{"--size", "8MiB", "--mode", "file", "--file-buffers", "65"},
+		{"--size", "8MiB", "--mode", "file", "--file-rounds", "-1"},
+		{"--size", "8MiB", "--mode", "file", "--file-rounds", "51"},
+		{"--size", "8MiB", "--file-rounds", "3"}, // not file mode
 	} {
 		_, stderr, code := runSleepCmd(t, args...)
 		require.NotEqual(t, 0, code, args)
