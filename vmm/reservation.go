@@ -235,24 +235,11 @@ func (r *Reservation) MapAccess(off uint64, a *Allocation, access ...Access) (*M
 // and a's, so that a is neither closed nor released between the map and its record.
 func (r *Reservation) mapLocked(off uint64, a *Allocation, h driver.MemHandle, access []Access) (*Mapping, error) {
 	ptr := r.ptr + driver.DevicePtr(off)
-	descs := accessDescs(access)
 	unmapFailed := false
 	err := a.dev.do(func(api driver.API) error {
-		if err := api.MemMap(ptr, a.size, 0, h, 0); err != nil {
-			return fmt.Errorf("cuMemMap: %w", err)
-		}
-		if len(descs) == 0 {
-			return nil
-		}
-		if err := api.MemSetAccess(ptr, a.size, descs); err != nil {
-			err = fmt.Errorf("cuMemSetAccess %v: %w", access, err)
-			if uerr := api.MemUnmap(ptr, a.size); uerr != nil {
-				unmapFailed = true
-				err = errors.Join(err, fmt.Errorf("undo cuMemMap: %w", uerr))
-			}
-			return err
-		}
-		return nil
+		var err error
+		unmapFailed, err = mapGrant(api, ptr, a.size, h, access)
+		return err
 	})
 	if err != nil {
 		if unmapFailed {
@@ -262,6 +249,27 @@ func (r *Reservation) mapLocked(off uint64, a *Allocation, h driver.MemHandle, a
 		return nil, fmt.Errorf("vmm: map %s at offset %#x of %s: %w", a, off, r, err)
 	}
 	return r.addMapping(off, a, false), nil
+}
+
+// mapGrant maps h at ptr and grants access (cuMemMap, cuMemSetAccess): both or neither, except when
+// granting access and then unmapping both fail; then h stays mapped without that access
+// (stillMapped), and what to do with it is the caller's.
+func mapGrant(api driver.API, ptr driver.DevicePtr, size uint64, h driver.MemHandle, access []Access) (stillMapped bool, err error) {
+	if err := api.MemMap(ptr, size, 0, h, 0); err != nil {
+		return false, fmt.Errorf("cuMemMap: %w", err)
+	}
+	descs := accessDescs(access)
+	if len(descs) == 0 {
+		return false, nil
+	}
+	if err := api.MemSetAccess(ptr, size, descs); err != nil {
+		err = fmt.Errorf("cuMemSetAccess %v: %w", access, err)
+		if uerr := api.MemUnmap(ptr, size); uerr != nil {
+			return true, errors.Join(err, fmt.Errorf("undo cuMemMap: %w", uerr))
+		}
+		return false, err
+	}
+	return false, nil
 }
 
 // addMapping records a mapping; the caller holds r.mu.
@@ -302,29 +310,15 @@ func (r *Reservation) MapNew(off, size uint64, d *Device, opts AllocOptions, acc
 		return nil, fmt.Errorf("vmm: map new %s at offset %#x of %s: overlaps the mapping at offset %#x: %w", units.FormatSize(size), off, r, m.off, ErrInvalidValue)
 	}
 	ptr := r.ptr + driver.DevicePtr(off)
-	descs := accessDescs(access)
 	var a *Allocation
-	mapped := false
+	mapped := false // still mapped after a failure
 	err = d.do(func(api driver.API) error {
 		h, err := api.MemCreate(size, &p, 0)
 		if err != nil {
 			return fmt.Errorf("cuMemCreate: %w", err)
 		}
 		a = d.newAllocation(h, size, p, false)
-		if err = api.MemMap(ptr, size, 0, h, 0); err != nil {
-			return fmt.Errorf("cuMemMap: %w", err)
-		}
-		mapped = true
-		if len(descs) == 0 {
-			return nil
-		}
-		if err = api.MemSetAccess(ptr, size, descs); err != nil {
-			err = fmt.Errorf("cuMemSetAccess %v: %w", access, err)
-			if uerr := api.MemUnmap(ptr, size); uerr != nil {
-				return errors.Join(err, fmt.Errorf("undo cuMemMap: %w", uerr))
-			}
-			mapped = false
-		}
+		mapped, err = mapGrant(api, ptr, size, h, access)
 		return err
 	})
 	if err != nil {

@@ -67,9 +67,10 @@ func (a *Allocation) Exported() bool {
 // ReleaseAt puts the allocation to sleep: it unmaps it from ptr, where it must be mapped once and
 // whole, and releases its physical memory (cuMemUnmap, cuMemRelease). The Allocation and its
 // mappings stay valid values; their memory is gone until RecreateAt. Either both calls happen or
-// neither: when the release fails, the memory is mapped again at ptr with access. When mapping it
-// again fails too, the allocation is asleep with its memory kept (the error says so): RecreateAt
-// maps that memory, content and all, and Close releases it. ptr must be the
+// neither: when the release fails, the memory is mapped again at ptr with access. When that fails
+// too, the allocation is asleep with its memory kept, unmapped (the error says so): RecreateAt maps
+// that memory, content and all, and Close releases it. (Only if granting access and then unmapping
+// both fail does it stay mapped, awake without that access.) ptr must be the
 // address of the allocation's one Mapping (ErrInvalidValue otherwise). Imported allocations are
 // refused (their exporter owns the memory), exported ones (ErrExported) unless force is set, and
 // held ones (Hold) with ErrInUse. onClose, when not nil, runs if the allocation is closed while asleep (with the
@@ -93,7 +94,6 @@ func (a *Allocation) ReleaseAt(ptr driver.DevicePtr, access []Access, force bool
 	if err := a.checkHeld("release to sleep"); err != nil {
 		return err
 	}
-	descs := accessDescs(access)
 	mapped := true // where the memory is when the call fails
 	err := a.dev.do(func(api driver.API) error {
 		if err := api.MemUnmap(ptr, a.size); err != nil {
@@ -101,8 +101,10 @@ func (a *Allocation) ReleaseAt(ptr driver.DevicePtr, access []Access, force bool
 		}
 		if err := api.MemRelease(a.handle); err != nil {
 			err = fmt.Errorf("cuMemRelease: %w", err)
-			var rerr error
-			mapped, rerr = remap(api, ptr, a.size, a.handle, descs)
+			stillMapped, rerr := mapGrant(api, ptr, a.size, a.handle, access)
+			if mapped = rerr == nil || stillMapped; rerr != nil {
+				rerr = fmt.Errorf("undo cuMemUnmap: %w", rerr)
+			}
 			return errors.Join(err, rerr)
 		}
 		return nil
@@ -120,21 +122,6 @@ func (a *Allocation) ReleaseAt(ptr driver.DevicePtr, access []Access, force bool
 	a.sleep.asleep = true
 	a.sleep.onClose = onClose
 	return err
-}
-
-// remap maps h at ptr again and restores access (undoing an unmap). mapped reports whether h is
-// mapped at ptr when it returns (with or without the access).
-func remap(api driver.API, ptr driver.DevicePtr, size uint64, h driver.MemHandle, descs []driver.AccessDesc) (mapped bool, err error) {
-	if err := api.MemMap(ptr, size, 0, h, 0); err != nil {
-		return false, fmt.Errorf("undo cuMemUnmap: cuMemMap: %w", err)
-	}
-	if len(descs) == 0 {
-		return true, nil
-	}
-	if err := api.MemSetAccess(ptr, size, descs); err != nil {
-		return true, fmt.Errorf("undo cuMemUnmap: cuMemSetAccess: %w", err)
-	}
-	return true, nil
 }
 
 // RecreateAt wakes an allocation released with ReleaseAt: it creates physical memory with the same
@@ -165,7 +152,7 @@ func (a *Allocation) RecreateAt(ptr driver.DevicePtr, access []Access) error {
 	err := a.dev.do(func(api driver.API) error {
 		var err error
 		if h != 0 {
-			stillMapped, err = mapKept(api, ptr, a.size, h, access)
+			stillMapped, err = mapGrant(api, ptr, a.size, h, access)
 			return err
 		}
 		h, stillMapped, err = createMapped(api, ptr, a.size, &a.prop, access)
@@ -185,26 +172,6 @@ func (a *Allocation) RecreateAt(ptr driver.DevicePtr, access []Access) error {
 	return err
 }
 
-// mapKept maps memory that a failed ReleaseAt kept at ptr and grants access: all or nothing, except
-// when granting access and then unmapping both fail (stillMapped). The memory stays either way.
-func mapKept(api driver.API, ptr driver.DevicePtr, size uint64, h driver.MemHandle, access []Access) (stillMapped bool, err error) {
-	if err := api.MemMap(ptr, size, 0, h, 0); err != nil {
-		return false, fmt.Errorf("cuMemMap: %w", err)
-	}
-	descs := accessDescs(access)
-	if len(descs) == 0 {
-		return false, nil
-	}
-	if err := api.MemSetAccess(ptr, size, descs); err != nil {
-		err = fmt.Errorf("cuMemSetAccess %v: %w", access, err)
-		if uerr := api.MemUnmap(ptr, size); uerr != nil {
-			return true, errors.Join(err, fmt.Errorf("undo cuMemMap: %w", uerr))
-		}
-		return false, err
-	}
-	return false, nil
-}
-
 // createMapped creates memory of size bytes with prop, maps it at ptr and grants access: all or
 // nothing, except when granting access and then unmapping both fail; then the memory stays mapped
 // (stillMapped) and is not released, since releasing memory still mapped would leave the range
@@ -213,20 +180,10 @@ func createMapped(api driver.API, ptr driver.DevicePtr, size uint64, prop *drive
 	if h, err = api.MemCreate(size, prop, 0); err != nil {
 		return 0, false, fmt.Errorf("cuMemCreate: %w", err)
 	}
-	if err = api.MemMap(ptr, size, 0, h, 0); err != nil {
-		err = fmt.Errorf("cuMemMap: %w", err)
-	} else if descs := accessDescs(access); len(descs) > 0 {
-		if err = api.MemSetAccess(ptr, size, descs); err != nil {
-			err = fmt.Errorf("cuMemSetAccess %v: %w", access, err)
-			if uerr := api.MemUnmap(ptr, size); uerr != nil {
-				return h, true, errors.Join(err, fmt.Errorf("undo cuMemMap: %w", uerr))
-			}
-		}
-	}
-	if err != nil {
+	if stillMapped, err = mapGrant(api, ptr, size, h, access); err != nil && !stillMapped {
 		if rerr := api.MemRelease(h); rerr != nil {
 			err = errors.Join(err, fmt.Errorf("undo cuMemCreate: %w", rerr))
 		}
 	}
-	return h, false, err
+	return h, stillMapped, err
 }

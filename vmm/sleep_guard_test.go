@@ -207,3 +207,23 @@ func TestReleaseWhoseUndoFailsKeepsMemory(t *testing.T) {
 		require.NoError(t, a.Close())
 	}, testutil.SimOnly())
 }
+
+// The same when the release fails and the memory maps again but cannot get its access back: it is
+// unmapped again and kept, asleep, and RecreateAt gives it back with its content and access.
+func TestReleaseWhoseAccessUndoFailsKeepsMemory(t *testing.T) {
+	testutil.Run(t, func(t *testing.T, b *testutil.Backend) {
+		d, _, a, m := exportableMapping(t, b)
+		defer func() { require.NoError(t, m.Close()) }()
+		rw := []vmm.Access{vmm.ReadWrite(d)}
+		require.NoError(t, d.Fill(m.Ptr(), 2<<20, 0, 6))
+		b.Sim.FailNth("cuMemRelease", 1, driver.ErrorUnknown)
+		b.Sim.FailNth("cuMemSetAccess", 1, driver.ErrorUnknown)
+		err := a.ReleaseAt(m.Ptr(), rw, false, nil)
+		b.Sim.ClearFaults()
+		require.ErrorIs(t, err, driver.ErrorUnknown)
+		require.ErrorContains(t, err, "asleep with its memory kept")
+		require.True(t, a.Asleep())
+		require.NoError(t, a.RecreateAt(m.Ptr(), rw))
+		requireFilled(t, d, m.Ptr(), 2<<20, 6)
+	}, testutil.SimOnly())
+}
