@@ -44,9 +44,9 @@ type SleepOptions struct {
 	// the same.
 	FilePart    uint64
 	FileBuffers int
-	// FileRounds is how many rounds file mode alternates (default 3, at most 50): each a raw write
-	// and read, then a sleep and a wake of the set, each phase after an fsync; the medians are
-	// reported, and each round's ratios too.
+	// FileRounds is how many rounds file mode runs (default 3, at most 50): each a raw write, a
+	// sleep of the set, a raw read, a wake and a raw read again, each phase after an fsync; the
+	// medians are reported, and each round's ratios too.
 	FileRounds int
 }
 
@@ -129,10 +129,10 @@ type SleepResult struct {
 	// File mode: the file, and raw writes and reads of the same bytes over the same file the way the
 	// set does them (os.File.WriteAt / ReadAt of parts of FilePart bytes through the staging buffers
 	// the set's plan gives each goroutine, IOWorkersUsed goroutines for each device), each timed
-	// phase, raw or not, starting
-	// after an fsync so that no dirty pages are pending. FileRounds rounds alternate a raw write and
-	// read with a sleep and a wake of the set: the raw figures and, in file mode, SleepSeconds and
-	// WakeSeconds are the medians of the rounds.
+	// phase, raw or not, starting after an fsync so that no dirty pages are pending. Each of
+	// FileRounds rounds times a raw write, a sleep of the set, a raw read, a wake and a raw read
+	// again; a round's raw read is the mean of its two. The raw figures and, in file mode,
+	// SleepSeconds and WakeSeconds are the medians of the rounds.
 	File        string `json:"file,omitempty"`
 	IOWorkers   int    `json:"io_workers,omitempty"`
 	FilePart    uint64 `json:"file_part_bytes,omitempty"`
@@ -151,6 +151,10 @@ type SleepResult struct {
 	// host moved between rounds.
 	SleepVsRawFileRounds []float64 `json:"sleep_vs_raw_file_rounds,omitempty"`
 	WakeVsRawFileRounds  []float64 `json:"wake_vs_raw_file_rounds,omitempty"`
+	// The medians of those: the middle round's ratio, where SleepVsRawFile and WakeVsRawFile
+	// divide the medians of the speeds.
+	SleepVsRawFileRoundsMedian float64 `json:"sleep_vs_raw_file_rounds_median,omitempty"`
+	WakeVsRawFileRoundsMedian  float64 `json:"wake_vs_raw_file_rounds_median,omitempty"`
 	// A file sleep can go no faster than the slower of the raw write and the raw D2H copy, a file
 	// wake than the slower of the raw read and the raw H2D copy: those limits, and the set's
 	// ratios to them.

@@ -208,46 +208,62 @@ func (r *sleepRun) measureUsual() error {
 	return hb.Close()
 }
 
-// measureFileRounds runs FileRounds rounds of a raw write and read of the same bytes over the same
-// file as the set, the way the set does them (parts of FilePart bytes, IOWorkers at once), then
-// a sleep and a wake of the set (which rewrites the file), each timed phase after an fsync. The
-// raw figures and the set's sleep and wake times are the medians of the rounds.
+// measureFileRounds runs FileRounds rounds over the set's file, each phase timed after an fsync:
+// a raw write of the same bytes the way the set writes them (parts of FilePart bytes, IOWorkers at
+// once), a sleep of the set (which writes the file again), a raw read, a wake of the set, and a
+// raw read again. Each sleep is compared with the raw write just before it, and each wake with the
+// mean of the raw reads on either side of it, so that a host whose speed drifts between rounds
+// moves both alike. The raw figures and the set's sleep and wake times are the medians of the
+// rounds.
 func (r *sleepRun) measureFileRounds() error {
+	raw := r.newRawFile()
 	var writes, reads, sleeps, wakes []float64
 	for i := 0; i < r.opts.FileRounds; i++ {
-		w, rd, err := r.rawFileOnce()
-		if err != nil {
-			return err
-		}
-		writes, reads = append(writes, w), append(reads, rd)
-		for _, ph := range []struct {
-			label string
-			fn    func(context.Context, ...string) error
-			out   *[]float64
-		}{{"sleep", r.set.Sleep, &sleeps}, {"wake", r.set.Wake, &wakes}} { // timed fsyncs first
-			t, err := r.timed(ph.label, r.res.TotalBytes, ph.fn)
-			if err != nil {
+		var t [5]float64
+		for j, ph := range []func() (float64, error){
+			raw.write,
+			func() (float64, error) { return r.timed("sleep", r.res.TotalBytes, r.set.Sleep) },
+			raw.read,
+			func() (float64, error) { return r.timed("wake", r.res.TotalBytes, r.set.Wake) },
+			raw.read,
+		} {
+			var err error
+			if t[j], err = ph(); err != nil {
 				return err
 			}
-			*ph.out = append(*ph.out, t)
 		}
+		writes, sleeps = append(writes, t[0]), append(sleeps, t[1])
+		reads, wakes = append(reads, (t[2]+t[4])/2), append(wakes, t[3])
 	}
+	r.fileRoundFigures(writes, reads, sleeps, wakes)
+	return r.verify("after the file rounds")
+}
+
+// fileRoundFigures sets the file figures from the rounds' times.
+func (r *sleepRun) fileRoundFigures(writes, reads, sleeps, wakes []float64) {
 	total := r.res.TotalBytes
 	r.res.FileRounds = r.opts.FileRounds
 	for i := range writes { // a ratio of rates is the inverse ratio of times
 		r.res.SleepVsRawFileRounds = append(r.res.SleepVsRawFileRounds, sleepRatio(writes[i], sleeps[i]))
 		r.res.WakeVsRawFileRounds = append(r.res.WakeVsRawFileRounds, sleepRatio(reads[i], wakes[i]))
 	}
+	r.res.SleepVsRawFileRoundsMedian = median(r.res.SleepVsRawFileRounds)
+	r.res.WakeVsRawFileRoundsMedian = median(r.res.WakeVsRawFileRounds)
 	r.res.RawFileWriteGBps, r.res.RawFileReadGBps = sleepGBps(total, median(writes)), sleepGBps(total, median(reads))
 	r.res.SleepSeconds, r.res.WakeSeconds = median(sleeps), median(wakes)
-	return r.verify("after the file rounds")
 }
 
-// rawFileOnce times one raw write and one raw read of the set's bytes over its file, each after an
-// fsync. Each goroutine moves parts of FilePart bytes through staging buffers of its own in turn,
-// as package offload does: as many goroutines for each device as the set runs, with as many
-// buffers each (fileStaging), all taking parts of the whole file.
-func (r *sleepRun) rawFileOnce() (write, read float64, err error) {
+// rawFile writes and reads the set's bytes over its file the way package offload does: as many
+// goroutines for each device as the set runs, each moving parts of FilePart bytes through
+// staging buffers of its own in turn, with as many buffers each (fileStaging), all taking parts of
+// the whole file.
+type rawFile struct {
+	r       *sleepRun
+	workers int
+	mem     func(w, i int, n uint64) []byte // goroutine w's buffer for its part i
+}
+
+func (r *sleepRun) newRawFile() *rawFile {
 	g, per := r.opts.fileStaging()
 	r.res.IOWorkers, r.res.FilePart, r.res.FileBuffers = r.opts.IOWorkers, r.opts.FilePart, r.opts.FileBuffers
 	r.res.IOWorkersUsed, r.res.FileBuffersUsed = g, per[0]
@@ -260,20 +276,25 @@ func (r *sleepRun) rawFileOnce() (write, read float64, err error) {
 	for i := range buf {
 		buf[i] = byte(i * 7)
 	}
-	mem := func(w, i int, n uint64) []byte {
+	return &rawFile{r: r, workers: workers, mem: func(w, i int, n uint64) []byte {
 		return buf[uint64(first[w]+i%(first[w+1]-first[w]))*part:][:n]
-	}
-	if write, err = r.rawFilePhase(workers, func(w, i int, off, n uint64) error {
-		_, err := r.file.WriteAt(mem(w, i, n), int64(off))
-		return err
-	}); err != nil {
-		return 0, 0, err
-	}
-	read, err = r.rawFilePhase(workers, func(w, i int, off, n uint64) error {
-		_, err := r.file.ReadAt(mem(w, i, n), int64(off))
+	}}
+}
+
+// write times one raw write of the set's bytes over its file, after an fsync.
+func (f *rawFile) write() (float64, error) {
+	return f.r.rawFilePhase(f.workers, func(w, i int, off, n uint64) error {
+		_, err := f.r.file.WriteAt(f.mem(w, i, n), int64(off))
 		return err
 	})
-	return write, read, err
+}
+
+// read times one raw read of the set's bytes from its file, after an fsync.
+func (f *rawFile) read() (float64, error) {
+	return f.r.rawFilePhase(f.workers, func(w, i int, off, n uint64) error {
+		_, err := f.r.file.ReadAt(f.mem(w, i, n), int64(off))
+		return err
+	})
 }
 
 // rawFilePhase fsyncs the file, then times fn over the set's bytes in parts, workers at once.

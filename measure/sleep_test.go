@@ -50,6 +50,8 @@ func TestSleepOnTheSimulator(t *testing.T) {
 	slices.Sort(wakes)
 	require.GreaterOrEqual(t, res.WakeVsRawFile, wakes[0]*0.999, "the ratio of the medians lies within the rounds' ratios")
 	require.LessOrEqual(t, res.WakeVsRawFile, wakes[2]*1.001)
+	require.Equal(t, wakes[1], res.WakeVsRawFileRoundsMedian, "the middle round")
+	require.Equal(t, median(res.SleepVsRawFileRounds), res.SleepVsRawFileRoundsMedian)
 
 	for _, o := range []SleepOptions{
 		{Size: 0},

@@ -29,7 +29,7 @@ func runSleep(e *env, args []string) error {
 	ioWorkers := fs.Int("io-workers", 0, "--mode file: goroutines that move parts to or from the file, for the set and the raw figures (default 8)")
 	fs.Var(&part, "file-part", "--mode file: bytes each goroutine moves at once (default 4MiB, or --size or --slot when smaller)")
 	fileBuffers := fs.Int("file-buffers", 0, "--mode file: staging buffers each goroutine cycles through (default 2)")
-	fileRounds := fs.Int("file-rounds", 0, "--mode file: rounds of a raw write and read, then a sleep and a wake, whose medians are reported (default 3)")
+	fileRounds := fs.Int("file-rounds", 0, "--mode file: rounds of a raw write, a sleep, a raw read, a wake and a raw read, whose medians are reported (default 3)")
 	if err := parse(fs, args); err != nil {
 		return err
 	}
