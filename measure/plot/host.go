@@ -22,7 +22,8 @@ func onSim(backend string) string {
 	return ""
 }
 
-// lines adds one line with points per series, in the order given; x is log2 of a byte size.
+// lines adds one line with points per series, in the order given (the size figures put log2 of a
+// byte size on x).
 func lines(p *plot.Plot, order []string, series map[string]plotter.XYs) error {
 	for i, name := range order {
 		xy := series[name]

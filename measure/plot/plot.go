@@ -1,7 +1,8 @@
 // Package plot draws the figure of a vmmdemo measurement from its JSON result (`vmmdemo SUB --json`)
 // with gonum/plot: bandwidth against size per memory kind (bandwidth), GPU memory overhead per device
 // and sharing mode (pinned), growth time and peak memory against realloc-and-copy (grow), broker
-// bandwidth against request size (broker), and sleep and wake bandwidth (sleep).
+// bandwidth against request size (broker), and sleep and wake bandwidth (sleep; in file mode against
+// the raw file I/O of the same run, with each round's ratios).
 //
 // The kind of result is told by its JSON keys (Detect). Only this package and the command that
 // imports it (vmmdemo plot) carry the plotting library.

@@ -2,6 +2,7 @@ package plot_test
 
 import (
 	"bytes"
+	"encoding/json"
 	"encoding/xml"
 	"io"
 	"os"
@@ -97,11 +98,45 @@ func TestDrawRejectsEmptyResults(t *testing.T) {
 		"bandwidth of strings":   `{"rows": "x", "setup": []}`,
 		"sleep without GB/s":     `{"first_sleep_seconds": 1, "baseline_sleep_seconds": 2, "per_device": [{"device": 0}]}`,
 		"sleep of zero GB/s":     `{"sleep_gbps": 0, "wake_gbps": 0}`,
+		"file without raw I/O":   `{"mode": "file", "sleep_gbps": 5, "wake_gbps": 80}`,
 	} {
 		_, err := plot.Draw([]byte(doc))
 		require.Error(t, err, name)
 		require.NotErrorIs(t, err, plot.ErrUnknownResult, name)
 	}
+}
+
+// A file-mode sleep result is drawn against the raw file I/O of its run, with each round's ratios.
+func TestDrawSleepFile(t *testing.T) {
+	data, err := os.ReadFile(filepath.Join("testdata", "sleep_file.json"))
+	require.NoError(t, err)
+	fig, err := plot.Draw(data)
+	require.NoError(t, err)
+	require.Equal(t, plot.Sleep, fig.Kind)
+	var titles []string
+	for _, p := range fig.Plots {
+		titles = append(titles, p.Title.Text)
+	}
+	require.Equal(t, []string{"file sleep (simulator)", "file wake (simulator)", "each round (simulator)"}, titles)
+	rounds := fig.Plots[2]
+	require.Equal(t, 0.5, rounds.X.Min)
+	require.Equal(t, 3.5, rounds.X.Max, "three rounds")
+	var buf bytes.Buffer
+	require.NoError(t, fig.Write(&buf, "svg"))
+	texts := svgTexts(t, buf.Bytes())
+	for _, want := range []string{"raw write", "raw read", "the set", "wake ÷ raw read", "sleep ÷ raw write"} {
+		require.Contains(t, texts, want)
+	}
+
+	// A result of an older release, without rounds, is drawn without their panel.
+	var r map[string]any
+	require.NoError(t, json.Unmarshal(data, &r))
+	delete(r, "wake_vs_raw_file_rounds")
+	old, err := json.Marshal(r)
+	require.NoError(t, err)
+	fig, err = plot.Draw(old)
+	require.NoError(t, err)
+	require.Len(t, fig.Plots, 2)
 }
 
 func TestWriteFormats(t *testing.T) {
