@@ -7,8 +7,8 @@
 //	reg.MustRegister(metrics.New(sys, metrics.Options{}))
 //	http.Handle("/metrics", promhttp.HandlerFor(reg, promhttp.HandlerOpts{}))
 //
-// Every scrape takes one vmm.System.Stats snapshot (one lock, no driver call). docs/metrics.md lists
-// the series.
+// Every scrape takes one vmm.System.Stats snapshot (one lock, no driver call). NewPool reports a
+// pool.Pool the same way, from its own statistics. docs/metrics.md lists the series.
 package metrics
 
 import (
@@ -48,10 +48,7 @@ func New(sys *vmm.System, opts Options) *Collector {
 // NewFunc returns a collector that reports the snapshots stats returns (for example the sum of
 // several Systems, or a fixed snapshot in a test).
 func NewFunc(stats func() vmm.Stats, opts Options) *Collector {
-	ns := opts.Namespace
-	if ns == "" {
-		ns = "cuvmm"
-	}
+	ns := namespace(opts)
 	desc := func(name, help string, labels ...string) *prometheus.Desc {
 		return prometheus.NewDesc(prometheus.BuildFQName(ns, "", name), help, labels, opts.ConstLabels)
 	}
@@ -73,6 +70,14 @@ func NewFunc(stats func() vmm.Stats, opts Options) *Collector {
 		bytes:      desc("driver_bytes_total", "Bytes the driver calls were given (sizes of reserve, create, map, set access, register, allocations, copies, memsets), by operation.", dev, "op"),
 		seconds:    desc("driver_seconds_total", "Wall time spent inside the driver calls, by operation; asynchronous copies count their enqueue time.", dev, "op"),
 	}}
+}
+
+// namespace is the prefix of every series: Options.Namespace, else "cuvmm".
+func namespace(opts Options) string {
+	if opts.Namespace == "" {
+		return "cuvmm"
+	}
+	return opts.Namespace
 }
 
 // Describe sends every series' description.
