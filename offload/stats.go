@@ -57,11 +57,16 @@ func (s *Set) Stats() Stats {
 	return st
 }
 
-// publish records the buffers and the pinned memory for Stats; the caller holds s.mu.
+// publish records the buffers and the pinned memory for Stats (none once the set is closed); the
+// caller holds s.mu.
 func (s *Set) publish() {
 	var bufs []BufferStats
 	var asleep, backup uint64
-	for _, e := range s.entries {
+	entries := s.entries
+	if s.own.IsClosed() {
+		entries = nil
+	}
+	for _, e := range entries {
 		b := BufferStats{Tag: e.tag, Policy: e.policy, Asleep: e.asleep}
 		if e.asleep {
 			for _, cs := range e.chunks {

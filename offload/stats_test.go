@@ -49,6 +49,10 @@ func TestStatsFollowSleepAndWake(t *testing.T) {
 		require.NoError(t, set.TrimPool())
 		require.Zero(t, set.Stats().BackupBytes)
 		requirePattern(t, d, weights.Ptr(), 8*mib, 3)
+		require.NoError(t, set.Close())
+		st = set.Stats()
+		require.Empty(t, st.Buffers, "a closed set holds no buffer")
+		require.Equal(t, uint64(2), st.Sleeps, "the counts stay")
 	})
 }
 
