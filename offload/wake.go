@@ -42,8 +42,8 @@ func (s *Set) wake(ctx context.Context, tags []string) (n uint64, err error) {
 		if !e.asleep {
 			continue
 		}
-		if n := e.closed.Load(); n > 0 {
-			return 0, fmt.Errorf("offload: wake %s: %d of its %d chunks were closed while asleep: %w", e, n, len(e.chunks), ErrClosed)
+		if closed := e.closed.Load(); closed > 0 {
+			return 0, fmt.Errorf("offload: wake %s: %d of its %d chunks were closed while asleep: %w", e, closed, len(e.chunks), ErrClosed)
 		}
 		todo = append(todo, e)
 		for i := range e.chunks {
