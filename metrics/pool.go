@@ -28,8 +28,11 @@ type poolSeries struct {
 // NewPool returns a collector that reports p under the name given: every series carries the const
 // labels pool (the name) and device (p's device ordinal), so that the pools of a process, each with a
 // name of its own, register side by side. Every scrape takes one p.Stats snapshot (one lock, no
-// driver call).
+// driver call). Like prometheus.NewDesc, it panics on a programming error: a nil pool.
 func NewPool(p *pool.Pool, name string, opts Options) *PoolCollector {
+	if p == nil {
+		panic("metrics: NewPool: nil pool")
+	}
 	return NewPoolFunc(p.Stats, name, p.Device().Ordinal(), opts)
 }
 

@@ -70,3 +70,7 @@ func TestPoolCollectorsByName(t *testing.T) {
 	require.NoError(t, ns.Register(metrics.NewPoolFunc(stats, "kv", 0, metrics.Options{Namespace: "svc", ConstLabels: prometheus.Labels{"role": "decode"}})))
 	require.Equal(t, float64(1<<30), value(scrape(t, ns), "svc_pool_limit_bytes", map[string]string{"role": "decode", "pool": "kv"}))
 }
+
+func TestNewPoolNamesANilPool(t *testing.T) {
+	require.PanicsWithValue(t, "metrics: NewPool: nil pool", func() { metrics.NewPool(nil, "kv", metrics.Options{}) })
+}
