@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"os"
 	"slices"
+	"sync/atomic"
 	"time"
 
 	"github.com/cuvmm/cuvmm/driver"
@@ -155,6 +156,9 @@ type SleepResult struct {
 	// divide the medians of the speeds.
 	SleepVsRawFileRoundsMedian float64 `json:"sleep_vs_raw_file_rounds_median,omitempty"`
 	WakeVsRawFileRoundsMedian  float64 `json:"wake_vs_raw_file_rounds_median,omitempty"`
+	// WakeFirstCopySeconds is how long the rounds' wakes took to queue their first copy (their
+	// first chunks created and mapped, their first parts read), the median of the rounds.
+	WakeFirstCopySeconds float64 `json:"wake_first_copy_seconds,omitempty"`
 	// A file sleep can go no faster than the slower of the raw write and the raw D2H copy, a file
 	// wake than the slower of the raw read and the raw H2D copy: those limits, and the set's
 	// ratios to them.
@@ -288,6 +292,11 @@ type sleepRun struct {
 	set    *offload.Set
 	file   *os.File
 	bar    Bar
+	// firstCopy is the time from the start of the phase timed last to the set's first progress
+	// report in it (a File wake reports a part once its copy is queued), 0 when it made none.
+	firstCopy time.Duration
+	phase     time.Time    // when the phase timed now began
+	first     atomic.Int64 // its first progress report, in nanoseconds after phase (0: none yet)
 }
 
 // Sleep fills one buffer of Size bytes per device, adds them to an offload set with the Mode's
@@ -338,6 +347,9 @@ func (r *sleepRun) setup() error {
 	}
 	so := r.opts.setOptions()
 	so.Progress = func(done, total uint64) {
+		if r.first.Load() == 0 {
+			r.first.CompareAndSwap(0, int64(max(time.Since(r.phase), 1)))
+		}
 		if r.bar != nil {
 			r.bar.Update(done)
 		}
@@ -424,7 +436,10 @@ func (r *sleepRun) timed(label string, total uint64, fn func(context.Context, ..
 	}
 	r.bar = begin(r.opts.Progress, label, total)
 	start := time.Now()
+	r.phase = start
+	r.first.Store(0)
 	err := fn(context.Background(), tags...)
+	r.firstCopy = time.Duration(r.first.Load())
 	for _, d := range r.devs {
 		err = errors.Join(err, d.Synchronize())
 	}

@@ -217,14 +217,18 @@ func (r *sleepRun) measureUsual() error {
 // rounds.
 func (r *sleepRun) measureFileRounds() error {
 	raw := r.newRawFile()
-	var writes, reads, sleeps, wakes []float64
+	var writes, reads, sleeps, wakes, firsts []float64
 	for i := 0; i < r.opts.FileRounds; i++ {
 		var t [5]float64
 		for j, ph := range []func() (float64, error){
 			raw.write,
 			func() (float64, error) { return r.timed("sleep", r.res.TotalBytes, r.set.Sleep) },
 			raw.read,
-			func() (float64, error) { return r.timed("wake", r.res.TotalBytes, r.set.Wake) },
+			func() (float64, error) {
+				t, err := r.timed("wake", r.res.TotalBytes, r.set.Wake)
+				firsts = append(firsts, r.firstCopy.Seconds())
+				return t, err
+			},
 			raw.read,
 		} {
 			var err error
@@ -236,6 +240,7 @@ func (r *sleepRun) measureFileRounds() error {
 		reads, wakes = append(reads, (t[2]+t[4])/2), append(wakes, t[3])
 	}
 	r.fileRoundFigures(writes, reads, sleeps, wakes)
+	r.res.WakeFirstCopySeconds = median(firsts)
 	return r.verify("after the file rounds")
 }
 

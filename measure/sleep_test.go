@@ -51,6 +51,8 @@ func TestSleepOnTheSimulator(t *testing.T) {
 	require.GreaterOrEqual(t, res.WakeVsRawFile, wakes[0]*0.999, "the ratio of the medians lies within the rounds' ratios")
 	require.LessOrEqual(t, res.WakeVsRawFile, wakes[2]*1.001)
 	require.Equal(t, wakes[1], res.WakeVsRawFileRoundsMedian, "the middle round")
+	require.Positive(t, res.WakeFirstCopySeconds)
+	require.Less(t, res.WakeFirstCopySeconds, res.WakeSeconds, "each first copy is queued within its wake, so the medians keep that order")
 	require.Equal(t, median(res.SleepVsRawFileRounds), res.SleepVsRawFileRoundsMedian)
 
 	for _, o := range []SleepOptions{

@@ -1,6 +1,7 @@
 package metrics_test
 
 import (
+	"context"
 	"fmt"
 	"strings"
 
@@ -9,6 +10,7 @@ import (
 	"github.com/cuvmm/cuvmm/driver/sim"
 	"github.com/cuvmm/cuvmm/growbuf"
 	"github.com/cuvmm/cuvmm/metrics"
+	"github.com/cuvmm/cuvmm/offload"
 	"github.com/cuvmm/cuvmm/vmm"
 )
 
@@ -48,4 +50,45 @@ func Example() {
 	// cuvmm_driver_calls_total{device=0,op=map} 6
 	// cuvmm_mapped_bytes{device=0,kind=growbuf} 64 MiB
 	// cuvmm_reserved_bytes{device=0} 1024 MiB
+}
+
+// An offload set's collector shows which buffers sleep and what the sleeps and wakes did; a scrape
+// never waits for one in progress.
+func ExampleNewSet() {
+	s := sim.New()
+	defer s.Close()
+	sys, _ := vmm.Open(s)
+	defer sys.Close()
+	dev, _ := sys.Device(0)
+	buf, _ := growbuf.New(dev, growbuf.Options{MaxSize: 1 << 30})
+	defer buf.Close()
+	_ = buf.Grow(64 << 20)
+
+	set := offload.NewSet(sys, offload.Options{SlotSize: 32 << 20})
+	defer set.Close()
+	_ = set.Add("weights", buf, offload.Keep, offload.EntryOptions{})
+	reg := prometheus.NewRegistry()
+	reg.MustRegister(metrics.NewSet(set, "model", metrics.Options{}))
+	_ = set.Sleep(context.Background())
+
+	fams, _ := reg.Gather()
+	for _, f := range fams {
+		for _, m := range f.GetMetric() {
+			var labels []string
+			for _, l := range m.GetLabel() {
+				labels = append(labels, l.GetName()+"="+l.GetValue())
+			}
+			v := m.GetGauge().GetValue() + m.GetCounter().GetValue()
+			switch f.GetName() {
+			case "cuvmm_offload_buffer_asleep", "cuvmm_offload_asleep_bytes", "cuvmm_offload_calls_total":
+				fmt.Printf("%s{%s} %g\n", f.GetName(), strings.Join(labels, ","), v)
+			}
+		}
+	}
+	_ = set.Wake(context.Background())
+	// Output:
+	// cuvmm_offload_asleep_bytes{set=model} 6.7108864e+07
+	// cuvmm_offload_buffer_asleep{policy=keep,set=model,tag=weights} 1
+	// cuvmm_offload_calls_total{op=sleep,set=model} 1
+	// cuvmm_offload_calls_total{op=wake,set=model} 0
 }

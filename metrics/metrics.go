@@ -8,7 +8,8 @@
 //	http.Handle("/metrics", promhttp.HandlerFor(reg, promhttp.HandlerOpts{}))
 //
 // Every scrape takes one vmm.System.Stats snapshot (one lock, no driver call). NewPool reports a
-// pool.Pool the same way, from its own statistics. docs/metrics.md lists the series.
+// pool.Pool and NewSet an offload.Set the same way, from their own statistics. docs/metrics.md
+// lists the series.
 package metrics
 
 import (

@@ -124,6 +124,7 @@ func (s *Set) Save(ctx context.Context, w io.Writer, tags ...string) error {
 	}
 	s.mu.Lock()
 	defer s.mu.Unlock()
+	defer s.publish()
 	s.reap()
 	es, err := s.selectEntries("save", tags)
 	if err != nil {

@@ -51,4 +51,10 @@
 // CRC-32C per chunk; Restore reads such a checkpoint back into the same buffers, verifying every
 // checksum before a byte reaches the GPU; Load recreates the buffers of a checkpoint in a new
 // process, at the same addresses when the driver grants them.
+//
+// # Watching
+//
+// Stats reports each buffer (bytes, asleep or not), the GPU memory given back, the pinned memory
+// held, and the sleeps and wakes done and failed with their bytes and time. It never waits for a
+// Sleep or Wake in progress; package metrics exports it to Prometheus (metrics.NewSet).
 package offload

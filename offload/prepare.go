@@ -20,6 +20,7 @@ func (s *Set) Prepare(ctx context.Context, tags ...string) error {
 	}
 	s.mu.Lock()
 	defer s.mu.Unlock()
+	defer s.publish()
 	s.reap()
 	es, err := s.selectEntries("prepare", tags)
 	if err != nil {

@@ -21,6 +21,7 @@ func (s *Set) Restore(ctx context.Context, r io.Reader) error {
 	}
 	s.mu.Lock()
 	defer s.mu.Unlock()
+	defer s.publish()
 	if s.own.IsClosed() {
 		return fmt.Errorf("offload: restore: %w", ErrClosed)
 	}

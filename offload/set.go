@@ -127,6 +127,7 @@ type Set struct {
 	pool    *hostPool
 	streams map[*vmm.Device]*vmm.Stream // one copy stream per device, made on first use
 	own     lifetime.Owner              // the set's closed state; its lock is taken only with mu held
+	stats   setStats                    // what Stats returns, as the last call left it
 }
 
 // entry is one buffer of a set.
@@ -192,6 +193,7 @@ func (s *Set) Add(tag string, buf vmm.Chunked, policy Policy, opts EntryOptions)
 	}
 	s.mu.Lock()
 	defer s.mu.Unlock()
+	defer s.publish()
 	if s.own.IsClosed() {
 		return fmt.Errorf("offload: add %q: %w", tag, ErrClosed)
 	}
@@ -272,6 +274,7 @@ func (s *Set) Remove(tag string) error {
 	}
 	s.mu.Lock()
 	defer s.mu.Unlock()
+	defer s.publish()
 	s.reap()
 	e := s.find(tag)
 	if e == nil {
@@ -343,6 +346,7 @@ func (s *Set) TrimPool() error {
 	}
 	s.mu.Lock()
 	defer s.mu.Unlock()
+	defer s.publish()
 	return s.pool.trim()
 }
 
@@ -420,6 +424,7 @@ func (s *Set) Close() error {
 	}
 	s.mu.Lock()
 	defer s.mu.Unlock()
+	defer s.publish()
 	if s.own.IsClosed() {
 		return nil
 	}

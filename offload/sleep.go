@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"time"
 
 	"github.com/cuvmm/cuvmm/vmm"
 )
@@ -23,10 +24,20 @@ func (s *Set) Sleep(ctx context.Context, tags ...string) error {
 	}
 	s.mu.Lock()
 	defer s.mu.Unlock()
+	defer s.publish()
+	start := time.Now()
+	n, err := s.sleep(ctx, tags)
+	s.count(false, start, n, err)
+	return err
+}
+
+// sleep is Sleep with s.mu held; n is the GPU memory of the buffers it puts to sleep (0 when none
+// is awake).
+func (s *Set) sleep(ctx context.Context, tags []string) (n uint64, err error) {
 	s.reap()
 	es, err := s.selectEntries("sleep", tags)
 	if err != nil {
-		return err
+		return 0, err
 	}
 	var todo []*entry
 	for _, e := range es {
@@ -35,31 +46,40 @@ func (s *Set) Sleep(ctx context.Context, tags ...string) error {
 		}
 	}
 	if len(todo) == 0 {
-		return nil
+		return 0, nil
 	}
 	refs, err := s.prepare(todo)
 	if err != nil {
 		forget(todo)
-		return err
+		return 0, err
 	}
 	if err := s.copyOut(ctx, refs); err != nil {
 		s.dropBackups(todo)
 		forget(todo)
-		return fmt.Errorf("offload: sleep: %w", err)
+		return 0, fmt.Errorf("offload: sleep: %w", err)
 	}
 	if err := ctx.Err(); err != nil {
 		s.dropBackups(todo)
 		forget(todo)
-		return fmt.Errorf("offload: sleep: %w", err)
+		return 0, fmt.Errorf("offload: sleep: %w", err)
 	}
 	if err := s.release(refs); err != nil {
-		return fmt.Errorf("offload: sleep: %w", err)
+		return 0, fmt.Errorf("offload: sleep: %w", err)
 	}
 	for _, e := range todo {
 		e.asleep = true
 	}
 	s.pruneSlotSizes()
-	return nil
+	return refsBytes(refs), nil
+}
+
+// refsBytes is the size of the chunks refs name.
+func refsBytes(refs []chunkRef) uint64 {
+	var n uint64
+	for _, r := range refs {
+		n += r.state().size
+	}
+	return n
 }
 
 // prepare checks the entries, waits for their queued work and records each chunk's address, size

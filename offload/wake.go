@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"sync"
+	"time"
 
 	"github.com/cuvmm/cuvmm/vmm"
 )
@@ -21,10 +22,19 @@ func (s *Set) Wake(ctx context.Context, tags ...string) error {
 	}
 	s.mu.Lock()
 	defer s.mu.Unlock()
+	defer s.publish()
+	start := time.Now()
+	n, err := s.wake(ctx, tags)
+	s.count(true, start, n, err)
+	return err
+}
+
+// wake is Wake with s.mu held; n is the GPU memory of the buffers it wakes (0 when none sleeps).
+func (s *Set) wake(ctx context.Context, tags []string) (n uint64, err error) {
 	s.reap()
 	es, err := s.selectEntries("wake", tags)
 	if err != nil {
-		return err
+		return 0, err
 	}
 	var refs []chunkRef
 	var todo []*entry
@@ -32,8 +42,8 @@ func (s *Set) Wake(ctx context.Context, tags ...string) error {
 		if !e.asleep {
 			continue
 		}
-		if n := e.closed.Load(); n > 0 {
-			return fmt.Errorf("offload: wake %s: %d of its %d chunks were closed while asleep: %w", e, n, len(e.chunks), ErrClosed)
+		if closed := e.closed.Load(); closed > 0 {
+			return 0, fmt.Errorf("offload: wake %s: %d of its %d chunks were closed while asleep: %w", e, closed, len(e.chunks), ErrClosed)
 		}
 		todo = append(todo, e)
 		for i := range e.chunks {
@@ -41,17 +51,18 @@ func (s *Set) Wake(ctx context.Context, tags ...string) error {
 		}
 	}
 	if len(refs) == 0 {
-		return nil
+		return 0, nil
 	}
 	if err := s.wakeRefs(ctx, refs); err != nil {
-		return fmt.Errorf("offload: wake: %w", err)
+		return 0, fmt.Errorf("offload: wake: %w", err)
 	}
+	n = refsBytes(refs) // before forget drops the chunks' states
 	s.dropBackups(todo)
 	forget(todo)
 	for _, e := range todo {
 		e.asleep = false
 	}
-	return nil
+	return n, nil
 }
 
 // wakeRefs recreates the chunks and restores their content, every device at once; on each device
