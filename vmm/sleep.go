@@ -159,6 +159,9 @@ func (a *Allocation) RecreateAt(ptr driver.DevicePtr, access []Access) error {
 		return err
 	})
 	if err != nil && !stillMapped {
+		// Asleep as before; memory whose release failed is kept, unmapped, for the next RecreateAt
+		// to map and for Close to release, as after a ReleaseAt whose undo failed.
+		a.handle = h
 		return fmt.Errorf("vmm: recreate %s at %#x: %w", a, uint64(ptr), err)
 	}
 	if err != nil {
@@ -173,17 +176,19 @@ func (a *Allocation) RecreateAt(ptr driver.DevicePtr, access []Access) error {
 }
 
 // createMapped creates memory of size bytes with prop, maps it at ptr and grants access: all or
-// nothing, except when granting access and then unmapping both fail; then the memory stays mapped
-// (stillMapped) and is not released, since releasing memory still mapped would leave the range
-// unusable.
+// nothing, except when an undo fails too. When granting access and then unmapping both fail, the
+// memory stays mapped (stillMapped) and is not released, since releasing memory still mapped would
+// leave the range unusable; when mapping fails and so does the release, the memory is kept,
+// unmapped. h is the memory still held after a failure (0 when none is).
 func createMapped(api driver.API, ptr driver.DevicePtr, size uint64, prop *driver.AllocationProp, access []Access) (h driver.MemHandle, stillMapped bool, err error) {
 	if h, err = api.MemCreate(size, prop, 0); err != nil {
 		return 0, false, fmt.Errorf("cuMemCreate: %w", err)
 	}
 	if stillMapped, err = mapGrant(api, ptr, size, h, access); err != nil && !stillMapped {
 		if rerr := api.MemRelease(h); rerr != nil {
-			err = errors.Join(err, fmt.Errorf("undo cuMemCreate: %w", rerr))
+			return h, false, errors.Join(err, fmt.Errorf("undo cuMemCreate: %w", rerr))
 		}
+		return 0, false, err
 	}
 	return h, stillMapped, err
 }

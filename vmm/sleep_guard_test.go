@@ -170,6 +170,29 @@ func TestRecreateWhoseUndoFailsStaysMapped(t *testing.T) {
 	}, testutil.SimOnly())
 }
 
+// When RecreateAt cannot grant access to the memory it made and cannot release it either, the memory
+// is kept, unmapped: the allocation stays asleep, the next RecreateAt maps that memory, and nothing
+// is left behind once everything is closed (the simulator's leak check).
+func TestRecreateWhoseReleaseFailsKeepsMemory(t *testing.T) {
+	testutil.Run(t, func(t *testing.T, b *testutil.Backend) {
+		d, _, a, m := exportableMapping(t, b)
+		defer func() { require.NoError(t, m.Close()) }()
+		rw := []vmm.Access{vmm.ReadWrite(d)}
+		require.NoError(t, a.ReleaseAt(m.Ptr(), rw, false, nil))
+		b.Sim.FailNth("cuMemSetAccess", 1, driver.ErrorUnknown)
+		b.Sim.FailNth("cuMemRelease", 1, driver.ErrorUnknown)
+		err := a.RecreateAt(m.Ptr(), rw)
+		b.Sim.ClearFaults()
+		require.ErrorIs(t, err, driver.ErrorUnknown)
+		require.True(t, a.Asleep())
+		creates := b.Sim.Calls("cuMemCreate")
+		require.NoError(t, a.RecreateAt(m.Ptr(), rw))
+		require.Equal(t, creates, b.Sim.Calls("cuMemCreate"), "the kept memory is mapped, none is made")
+		require.NoError(t, d.Fill(m.Ptr(), 2<<20, 0, 6))
+		requireFilled(t, d, m.Ptr(), 2<<20, 6)
+	}, testutil.SimOnly())
+}
+
 // When ReleaseAt cannot release the memory and cannot map it again either, the memory is kept,
 // unmapped, with its content: the allocation is asleep (the error says so), RecreateAt maps that
 // same memory with its content, and Close releases it if it is closed while asleep.
