@@ -140,3 +140,52 @@ func TestFileWakePeerPipeline(t *testing.T) {
 		require.Contains(t, stderr, fmt.Sprintf("GPU 0 differs from its file in the part at byte %d", at/(1<<20)*(1<<20)))
 	}
 }
+
+// firstPinProbe times how fast the host hands out and pins memory a process has never used.
+const firstPinProbe = "../scripts/host/first_pin.c"
+
+// firstPinResult is the probe's JSON line.
+type firstPinResult struct {
+	SizeBytes uint64    `json:"size_bytes"`
+	Threads   int       `json:"threads"`
+	GPUs      int       `json:"gpus"`
+	Touch     []float64 `json:"touch_seconds"`
+	Register  []float64 `json:"register_seconds"`
+}
+
+// The probe builds, refuses bad arguments by name, times each pass's touching without a driver,
+// and with the fake driver registers each pass's range (a register or unregister that failed would
+// end it with 1).
+func TestFirstPinProbe(t *testing.T) {
+	bin := filepath.Join(t.TempDir(), "first_pin")
+	compileC(t, "-O2", "-Wall", "-Wextra", "-Werror", "-o", bin, firstPinProbe, "-ldl", "-lpthread")
+	for _, c := range []struct {
+		args []string
+		want string
+	}{
+		{[]string{"--gpus", "x"}, "--gpus wants 0-64, not x"},
+		{[]string{"--threads", "0"}, "--threads wants 1-256, not 0"},
+		{[]string{"--passes", "101"}, "--passes wants 1-100, not 101"},
+		{[]string{"--size", "1XiB"}, "--size wants a positive size such as 16GiB, not 1XiB"},
+		{[]string{"--bogus", "1"}, "unknown flag --bogus"},
+		{[]string{"--gpus"}, "every flag takes a value: --gpus"},
+	} {
+		code, _, stderr := runPeer(t, bin, c.args...)
+		require.Equal(t, 2, code, "%v: %s", c.args, stderr)
+		require.Contains(t, stderr, c.want, "%v", c.args)
+	}
+	run := func(env []string, gpus string) firstPinResult {
+		code, stdout, stderr := runPeerEnv(t, bin, env, "--size", "8MiB", "--threads", "3", "--passes", "2", "--gpus", gpus)
+		require.Equal(t, 0, code, "%s", stderr)
+		var res firstPinResult
+		require.NoError(t, json.Unmarshal([]byte(stdout), &res), stdout)
+		require.Equal(t, uint64(8<<20), res.SizeBytes)
+		require.Len(t, res.Touch, 2, stdout)
+		require.Len(t, res.Register, 2, stdout)
+		require.Positive(t, res.Touch[0], stdout)
+		return res
+	}
+	require.Equal(t, []float64{0, 0}, run(nil, "0").Register, "no registering without --gpus")
+	res := run([]string{"LD_LIBRARY_PATH=" + buildFakeCUDA(t)}, "2")
+	require.Equal(t, 2, res.GPUs)
+}

@@ -1,10 +1,11 @@
 /*
- * fakecuda.c: the driver calls that scripts/peers/file_wake.c makes, over host memory, built as a
- * libcuda.so.1 of its own so that TestFileWakePeer can run the peer's whole pipeline on a machine
- * without a GPU. Device memory is malloc'd; every copy is a memcpy done at once, so streams and
+ * fakecuda.c: the driver calls that scripts/peers/file_wake.c and scripts/host/first_pin.c make,
+ * over host memory, built as a libcuda.so.1 of its own so that the tests can run their whole
+ * pipelines on a machine without a GPU. Device memory is malloc'd; every copy is a memcpy done at once, so streams and
  * events have nothing to wait for. FAKECUDA_FLIP_AT=N flips byte N of the first allocation in
  * every copy back to the host that covers it, for the test that the peer's check catches a
- * difference.
+ * difference. Host registration remembers the one range registered, so that unregistering
+ * another fails as the driver would.
  */
 #include <stdint.h>
 #include <stdlib.h>
@@ -16,6 +17,7 @@ typedef unsigned long long CUdeviceptr;
 #define FAKE_MAX_DEVICES 8
 
 static char *first_alloc;
+static void *registered;
 
 CUresult cuInit(unsigned flags) { return flags == 0 ? 0 : 1; }
 
@@ -81,5 +83,20 @@ CUresult cuMemcpyDtoH_v2(void *dst, CUdeviceptr src, size_t n) {
 		if (flip >= src && flip - src < n)
 			((char *)dst)[flip - src] ^= 1;
 	}
+	return 0;
+}
+
+CUresult cuMemHostRegister_v2(void *p, size_t n, unsigned flags) {
+	(void)flags;
+	if (!p || n == 0 || registered)
+		return 1; /* CUDA_ERROR_INVALID_VALUE; one range at a time is all first_pin needs */
+	registered = p;
+	return 0;
+}
+
+CUresult cuMemHostUnregister(void *p) {
+	if (!p || p != registered)
+		return 713; /* CUDA_ERROR_HOST_MEMORY_NOT_REGISTERED */
+	registered = NULL;
 	return 0;
 }
