@@ -27,8 +27,8 @@ func (r *SleepResult) Text(w io.Writer) {
 		fmt.Fprintf(w, " after %.0f ms asleep; right after the sleep %.3f s (%.2fx)", r.AsleepPauseSeconds*1000, r.WakeAtOnceSeconds, r.WakeAtOnceVsRaw)
 	}
 	fmt.Fprintln(w)
-	fmt.Fprintf(w, "  usual backup (cuMemHostAlloc, then copy), one device: %.3f s (alloc %.3f s); first sleep of one device %.3f s: %.1fx faster\n",
-		r.BaselineSleepSeconds, r.BaselineAllocSeconds, r.FirstSleepOneSeconds, r.FirstSleepSpeedup)
+	fmt.Fprintf(w, "  usual backup (cuMemHostAlloc, then copy), one device: %.3f s (alloc %.3f s); first sleep of one device %.3f s: %s\n",
+		r.BaselineSleepSeconds, r.BaselineAllocSeconds, r.FirstSleepOneSeconds, speedup(r.FirstSleepSpeedup))
 	if len(r.Devices) > 1 {
 		fmt.Fprintf(w, "  one device alone: sleep %.1f GB/s, wake %.1f GB/s; all %d at once: %.2fx and %.2fx\n",
 			r.OneDeviceSleepGBps, r.OneDeviceWakeGBps, len(r.Devices), r.AggregateSleepX, r.AggregateWakeX)
@@ -48,6 +48,15 @@ func (r *SleepResult) Text(w io.Writer) {
 	if r.Failure != "" {
 		fmt.Fprintf(w, "  FAILED: %s\n", r.Failure)
 	}
+}
+
+// speedup says how many times faster a ratio of times is ("6.2x faster"), or slower when it is
+// below 1 ("2.0x slower" for 0.5), as the simulator's timings can be.
+func speedup(x float64) string {
+	if x >= 1 || x <= 0 {
+		return fmt.Sprintf("%.1fx faster", x)
+	}
+	return fmt.Sprintf("%.1fx slower", 1/x)
 }
 
 // roundList formats ratios as "0.93, 0.97, 0.88x".
