@@ -49,6 +49,10 @@ type SleepOptions struct {
 	// sleep of the set, a raw read, a wake and a raw read again, each phase after an fsync; the
 	// medians are reported, and each round's ratios too.
 	FileRounds int
+	// Prepare pins the backup with Set.Prepare before the first sleep, as a service that knows it
+	// will sleep does at start (keep mode only): PrepareSeconds reports it, and the first sleep then
+	// only copies.
+	Prepare bool
 }
 
 // SleepDevice is one device's part of a Sleep run.
@@ -78,7 +82,10 @@ type SleepResult struct {
 	PtrUnchanged bool    `json:"ptr_unchanged"`
 	FreedBytes   uint64  `json:"freed_bytes"` // rise of free memory over the devices at the first sleep
 	FreedRatio   float64 `json:"freed_ratio"` // FreedBytes / TotalBytes
-	// The first sleep pins its backup on the way; the later ones reuse it (warm).
+	// The first sleep pins its backup on the way; the later ones reuse it (warm). With
+	// SleepOptions.Prepare, Set.Prepare pinned it first, in PrepareSeconds, and the first sleep only
+	// copies.
+	PrepareSeconds    float64 `json:"prepare_seconds,omitempty"`
 	FirstSleepSeconds float64 `json:"first_sleep_seconds"`
 	FirstWakeSeconds  float64 `json:"first_wake_seconds"`
 	SleepSeconds      float64 `json:"sleep_seconds"`
@@ -119,7 +126,8 @@ type SleepResult struct {
 	BaselineSleepSeconds float64 `json:"baseline_sleep_seconds"`
 	BaselineAllocSeconds float64 `json:"baseline_alloc_seconds"`
 	// FirstSleepSpeedup is BaselineSleepSeconds / FirstSleepOneSeconds: with one device the
-	// process's first sleep, with several the first device's alone after TrimPool.
+	// process's first sleep (with Prepare, Prepare's time and the first sleep's together, as the
+	// usual backup's allocation and copy), with several the first device's alone after TrimPool.
 	FirstSleepSpeedup    float64 `json:"first_sleep_speedup"`
 	FirstSleepOneSeconds float64 `json:"first_sleep_one_device_seconds"`
 	// Several devices: the warm sleep of the first device alone, and the aggregate's ratio to it.
@@ -192,6 +200,9 @@ func (o *SleepOptions) check() (offload.Policy, error) {
 	}
 	if o.File != "" && policy != offload.File {
 		return 0, fmt.Errorf("--file is for --mode file: %w", ErrInvalidOption)
+	}
+	if o.Prepare && policy != offload.Keep {
+		return 0, fmt.Errorf("--prepare is for --mode keep (Set.Prepare pins a Keep buffer's backup): %w", ErrInvalidOption)
 	}
 	if o.Size == 0 || o.Size%(2<<20) != 0 {
 		return 0, fmt.Errorf("--size %s: want a non-zero multiple of 2 MiB: %w", units.FormatSize(o.Size), ErrInvalidOption)

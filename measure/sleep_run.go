@@ -19,6 +19,11 @@ func (r *sleepRun) measureOffload() error {
 	if err != nil {
 		return err
 	}
+	if r.opts.Prepare {
+		if r.res.PrepareSeconds, err = r.timed("prepare", total, r.set.Prepare); err != nil {
+			return err
+		}
+	}
 	if r.res.FirstSleepSeconds, err = r.timed("first sleep", total, r.set.Sleep); err != nil {
 		return err
 	}
@@ -55,7 +60,7 @@ func (r *sleepRun) measureOffload() error {
 	if err := r.measureRepin(); err != nil {
 		return err
 	}
-	r.res.FirstSleepOneSeconds = r.res.FirstSleepSeconds
+	r.res.FirstSleepOneSeconds = r.res.PrepareSeconds + r.res.FirstSleepSeconds
 	if len(r.devs) > 1 {
 		return r.measureOneDevice()
 	}

@@ -1,6 +1,8 @@
 package measure
 
 import (
+	"bytes"
+	"fmt"
 	"os"
 	"path/filepath"
 	"slices"
@@ -67,6 +69,8 @@ func TestSleepOnTheSimulator(t *testing.T) {
 		{Size: 8 << 20, FileRounds: 2},
 		{Size: 8 << 20, Mode: "file", FileRounds: -1},
 		{Size: 8 << 20, Mode: "file", FileRounds: 51},
+		{Size: 8 << 20, Mode: "file", Prepare: true},
+		{Size: 8 << 20, Mode: "discard", Prepare: true},
 	} {
 		o.Env = Env{Backend: b}
 		_, err := Sleep(o)
@@ -74,6 +78,31 @@ func TestSleepOnTheSimulator(t *testing.T) {
 	}
 	_, err = Sleep(SleepOptions{Size: 8 << 20})
 	require.ErrorIs(t, err, ErrInvalidOption, "no backend")
+}
+
+// With Prepare the backup is pinned before the first sleep, and timed: on one device the first sleep
+// compared with the usual backup is Prepare's time and the sleep's together; on two, the first
+// device's cold sleep after TrimPool, as without it.
+func TestSleepPrepare(t *testing.T) {
+	b, err := OpenSim(2)
+	require.NoError(t, err)
+	defer func() { require.NoError(t, b.Close()) }()
+	res, err := Sleep(SleepOptions{Env: Env{Backend: b}, Size: 8 << 20, Chunk: 4 << 20, SlotSize: 4 << 20, Prepare: true})
+	require.NoError(t, err)
+	require.NoError(t, res.Check())
+	require.True(t, res.Verified)
+	require.Positive(t, res.PrepareSeconds)
+	require.Equal(t, res.PrepareSeconds+res.FirstSleepSeconds, res.FirstSleepOneSeconds)
+	require.InDelta(t, res.BaselineSleepSeconds/res.FirstSleepOneSeconds, res.FirstSleepSpeedup, 1e-9)
+	var text bytes.Buffer
+	res.Text(&text)
+	require.Contains(t, text.String(), fmt.Sprintf("after Set.Prepare pinned the backup in %.3f s", res.PrepareSeconds))
+
+	res, err = Sleep(SleepOptions{Env: Env{Backend: b}, Size: 8 << 20, Devices: []int{0, 1}, Chunk: 4 << 20, SlotSize: 4 << 20, Prepare: true})
+	require.NoError(t, err)
+	require.True(t, res.Verified)
+	require.Positive(t, res.PrepareSeconds)
+	require.NotEqual(t, res.PrepareSeconds+res.FirstSleepSeconds, res.FirstSleepOneSeconds, "measured alone after TrimPool")
 }
 
 // TestSleepFileInTempDir: --mode file without a File keeps its backup in Env.TempDir's directory

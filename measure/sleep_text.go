@@ -17,8 +17,12 @@ func (r *SleepResult) Text(w io.Writer) {
 	}
 	fmt.Fprintf(w, "  verified %s, address unchanged %s, freed %s (%.3f of the bytes slept)\n",
 		yesNo(r.Verified), yesNo(r.PtrUnchanged), units.FormatSize(r.FreedBytes), r.FreedRatio)
-	fmt.Fprintf(w, "  first sleep %.3f s (%.1f GB/s, pinning on the way; pinned.Register runs at %.1f GB/s here: %.3f s to pin, then copy); first wake %.3f s\n",
-		r.FirstSleepSeconds, r.FirstSleepGBps, r.RawPinGBps, r.FirstSleepLimitSeconds, r.FirstWakeSeconds)
+	how := "pinning on the way"
+	if r.PrepareSeconds > 0 {
+		how = fmt.Sprintf("after Set.Prepare pinned the backup in %.3f s", r.PrepareSeconds)
+	}
+	fmt.Fprintf(w, "  first sleep %.3f s (%.1f GB/s, %s; pinned.Register runs at %.1f GB/s here: %.3f s to pin, then copy); first wake %.3f s\n",
+		r.FirstSleepSeconds, r.FirstSleepGBps, how, r.RawPinGBps, r.FirstSleepLimitSeconds, r.FirstWakeSeconds)
 	fmt.Fprintf(w, "  cold sleep after the pool was trimmed %.3f s (re-pinning runs at %.1f GB/s here: %.3f s to pin, then copy)\n",
 		r.RepinSleepSeconds, r.RawRepinGBps, r.RepinSleepLimitSeconds)
 	fmt.Fprintf(w, "  warm sleep  %.3f s (%.1f GB/s, %.2fx raw D2H %.1f GB/s)\n", r.SleepSeconds, r.SleepGBps, r.SleepVsRaw, r.RawD2HGBps)
@@ -27,8 +31,12 @@ func (r *SleepResult) Text(w io.Writer) {
 		fmt.Fprintf(w, " after %.0f ms asleep; right after the sleep %.3f s (%.2fx)", r.AsleepPauseSeconds*1000, r.WakeAtOnceSeconds, r.WakeAtOnceVsRaw)
 	}
 	fmt.Fprintln(w)
-	fmt.Fprintf(w, "  usual backup (cuMemHostAlloc, then copy), one device: %.3f s (alloc %.3f s); first sleep of one device %.3f s: %s\n",
-		r.BaselineSleepSeconds, r.BaselineAllocSeconds, r.FirstSleepOneSeconds, speedup(r.FirstSleepSpeedup))
+	first := "first sleep of one device"
+	if r.PrepareSeconds > 0 && len(r.Devices) <= 1 {
+		first = "Set.Prepare and the first sleep"
+	}
+	fmt.Fprintf(w, "  usual backup (cuMemHostAlloc, then copy), one device: %.3f s (alloc %.3f s); %s %.3f s: %s\n",
+		r.BaselineSleepSeconds, r.BaselineAllocSeconds, first, r.FirstSleepOneSeconds, speedup(r.FirstSleepSpeedup))
 	if len(r.Devices) > 1 {
 		fmt.Fprintf(w, "  one device alone: sleep %.1f GB/s, wake %.1f GB/s; all %d at once: %.2fx and %.2fx\n",
 			r.OneDeviceSleepGBps, r.OneDeviceWakeGBps, len(r.Devices), r.AggregateSleepX, r.AggregateWakeX)

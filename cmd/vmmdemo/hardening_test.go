@@ -45,6 +45,7 @@ func TestBadOptionsRefused(t *testing.T) {
 		{[]string{"pool", "--synthetic", "serving", "--allocators", "cuvmm,cuvmm"}, `--allocators: "cuvmm" is listed twice`},
 		{[]string{"sleep", "--size", "8MiB", "--slot", "1MiB"}, "--slot 1 MiB: want a multiple of 2 MiB"},
 		{[]string{"sleep", "--size", "8MiB", "--slot", "1"}, "--slot 1 B: want a multiple of 2 MiB"},
+		{[]string{"sleep", "--size", "8MiB", "--mode", "file", "--prepare"}, "--prepare is for --mode keep"},
 		{[]string{"xfer", "--size", "1000TiB"}, "--size 1000 TiB: more than device 0's memory"},
 		{[]string{"xfer", "--size", "8MiB", "--iters", "-5"}, "--iters -5: want at least 1"},
 		{[]string{"xfer", "--size", "8MiB", "--iters", "0"}, "--iters 0: want at least 1"},

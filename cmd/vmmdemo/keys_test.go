@@ -18,15 +18,16 @@ var updateGolden = flag.Bool("update", false, "rewrite testdata/json_keys.golden
 // simulator. A run is named by its subcommand, or by the subcommand, a dash and a mode
 // ("sleep-file" runs vmmdemo sleep with the arguments given).
 var keyRuns = map[string][]string{
-	"sleep":      {"--sim-devices", "2", "--devices", "0,1", "--size", "8MiB", "--chunk", "4MiB", "--slot", "4MiB"},
-	"sleep-file": {"--size", "8MiB", "--chunk", "4MiB", "--slot", "4MiB", "--mode", "file", "--file-rounds", "3"},
-	"info":       {"--sim-devices", "2"},
-	"grow":       {"--to", "16MiB", "--step", "4MiB"},
-	"stripe":     {"--devices", "0,1", "--size", "16MiB", "--stripe", "4MiB", "--builds", "1", "--reads", "1"},
-	"share":      {"--size", "4MiB", "--chunks", "2", "--rounds", "1"},
-	"bandwidth":  {"--max-size", "1MiB", "--staging", "4MiB", "--staging-chunk", "1MiB"},
-	"pinned":     {"--sim-devices", "2", "--size", "4MiB", "--procs", "2"},
-	"broker":     {"--sim-devices", "2", "--size", "8MiB", "--workers", "2", "--max-request", "1MiB", "--bytes", "2MiB", "--rtt-samples", "2"},
+	"sleep":         {"--sim-devices", "2", "--devices", "0,1", "--size", "8MiB", "--chunk", "4MiB", "--slot", "4MiB"},
+	"sleep-prepare": {"--size", "8MiB", "--chunk", "4MiB", "--slot", "4MiB", "--prepare"},
+	"sleep-file":    {"--size", "8MiB", "--chunk", "4MiB", "--slot", "4MiB", "--mode", "file", "--file-rounds", "3"},
+	"info":          {"--sim-devices", "2"},
+	"grow":          {"--to", "16MiB", "--step", "4MiB"},
+	"stripe":        {"--devices", "0,1", "--size", "16MiB", "--stripe", "4MiB", "--builds", "1", "--reads", "1"},
+	"share":         {"--size", "4MiB", "--chunks", "2", "--rounds", "1"},
+	"bandwidth":     {"--max-size", "1MiB", "--staging", "4MiB", "--staging-chunk", "1MiB"},
+	"pinned":        {"--sim-devices", "2", "--size", "4MiB", "--procs", "2"},
+	"broker":        {"--sim-devices", "2", "--size", "8MiB", "--workers", "2", "--max-request", "1MiB", "--bytes", "2MiB", "--rtt-samples", "2"},
 }
 
 // jsonKeys lists every key path of a decoded JSON value: "a.b" for nested objects, "a[].b" for the

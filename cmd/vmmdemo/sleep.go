@@ -30,6 +30,7 @@ func runSleep(e *env, args []string) error {
 	fs.Var(&part, "file-part", "--mode file: bytes each goroutine moves at once (default 4MiB, or --size or --slot when smaller)")
 	fileBuffers := fs.Int("file-buffers", 0, "--mode file: staging buffers each goroutine cycles through (default 2)")
 	fileRounds := fs.Int("file-rounds", 0, "--mode file: rounds of a raw write, a sleep, a raw read, a wake and a raw read, whose medians are reported (default 3)")
+	prepare := fs.Bool("prepare", false, "--mode keep: pin the backup with Set.Prepare before the first sleep, as a service does at start, and report how long that took")
 	if err := parse(fs, args); err != nil {
 		return err
 	}
@@ -42,6 +43,6 @@ func runSleep(e *env, args []string) error {
 		}
 		return measure.Sleep(measure.SleepOptions{Env: me, Size: size.v, Devices: ordinals, Mode: *mode, File: *file,
 			Chunk: chunk.v, SlotSize: slot.v, IOWorkers: *ioWorkers, FilePart: part.v, FileBuffers: *fileBuffers,
-			FileRounds: *fileRounds})
+			FileRounds: *fileRounds, Prepare: *prepare})
 	})
 }

@@ -139,6 +139,32 @@ func TestDrawSleepFile(t *testing.T) {
 	require.Len(t, fig.Plots, 2)
 }
 
+// A sleep run with --prepare labels its first sleep as the one after Set.Prepare, and on one
+// device compares Prepare and the first sleep together with the usual backup.
+func TestDrawSleepPrepared(t *testing.T) {
+	data, err := os.ReadFile(filepath.Join("testdata", "sleep.json"))
+	require.NoError(t, err)
+	var r map[string]any
+	require.NoError(t, json.Unmarshal(data, &r))
+	labels := func(devices []int) []string {
+		r["prepare_seconds"], r["devices"] = 0.5, devices
+		b, err := json.Marshal(r)
+		require.NoError(t, err)
+		fig, err := plot.Draw(b)
+		require.NoError(t, err)
+		var buf bytes.Buffer
+		require.NoError(t, fig.Write(&buf, "svg"))
+		return svgTexts(t, buf.Bytes())
+	}
+	one := labels([]int{0})
+	require.Contains(t, one, "first sleep, after Prepare")
+	require.Contains(t, one, "Prepare + first sleep")
+	two := labels([]int{0, 1})
+	require.Contains(t, two, "first sleep, after Prepare")
+	require.NotContains(t, two, "Prepare + first sleep", "with two devices the one-device panel is the cold sleep after TrimPool")
+	require.Contains(t, two, "first sleep")
+}
+
 func TestWriteFormats(t *testing.T) {
 	data, err := os.ReadFile(filepath.Join("testdata", "grow.json"))
 	require.NoError(t, err)

@@ -13,6 +13,7 @@ type sleepResult struct {
 	Mode                       string  `json:"mode"`
 	Devices                    []int   `json:"devices"`
 	SizeBytes                  float64 `json:"size_bytes"`
+	PrepareSeconds             float64 `json:"prepare_seconds"`
 	FirstSleepGBps             float64 `json:"first_sleep_gbps"`
 	SleepGBps                  float64 `json:"sleep_gbps"`
 	WakeGBps                   float64 `json:"wake_gbps"`
@@ -43,8 +44,15 @@ func drawSleep(data []byte) ([]*plot.Plot, error) {
 		return drawSleepFile(r)
 	}
 	what := fmt.Sprintf("%s on %d device(s)", sizeLabel(r.SizeBytes), max(len(r.Devices), 1))
+	firstLabel, oneLabel := "first sleep", "first sleep"
+	if r.PrepareSeconds > 0 { // Set.Prepare pinned the backup before the first sleep
+		firstLabel = "first sleep, after Prepare"
+		if len(r.Devices) <= 1 {
+			oneLabel = "Prepare + first sleep"
+		}
+	}
 	bw := newPlot("sleep and wake"+onSim(r.Backend), what, "bandwidth, all devices (GB/s)")
-	err := bars(bw, []string{"sleep / wake", "first sleep", "raw pinned copy"}, [][]float64{
+	err := bars(bw, []string{"sleep / wake", firstLabel, "raw pinned copy"}, [][]float64{
 		{r.SleepGBps, r.WakeGBps}, {r.FirstSleepGBps, 0}, {r.RawD2HGBps, r.RawH2DGBps}})
 	if err != nil {
 		return nil, err
@@ -57,7 +65,7 @@ func drawSleep(data []byte) ([]*plot.Plot, error) {
 	}
 	if first > 0 && r.BaselineSleepSeconds > 0 {
 		t := newPlot("first sleep"+onSim(r.Backend), fmt.Sprintf("%s of one device", sizeLabel(r.SizeBytes)), "time (s)")
-		if err := bars(t, []string{"first sleep", "cuMemHostAlloc + copy"}, [][]float64{{first}, {r.BaselineSleepSeconds}}); err != nil {
+		if err := bars(t, []string{oneLabel, "cuMemHostAlloc + copy"}, [][]float64{{first}, {r.BaselineSleepSeconds}}); err != nil {
 			return nil, err
 		}
 		t.NominalX("back up and release")
