@@ -9,6 +9,8 @@ import (
 	"testing"
 
 	"github.com/stretchr/testify/require"
+
+	"github.com/cuvmm/cuvmm/driver"
 )
 
 func TestSleepOnTheSimulator(t *testing.T) {
@@ -103,6 +105,24 @@ func TestSleepPrepare(t *testing.T) {
 	require.True(t, res.Verified)
 	require.Positive(t, res.PrepareSeconds)
 	require.NotEqual(t, res.PrepareSeconds+res.FirstSleepSeconds, res.FirstSleepOneSeconds, "measured alone after TrimPool")
+}
+
+// A Prepare that cannot pin fails the run by name and leaves the simulator holding what a good run
+// leaves (the device's context, kernels, stream and their scratch buffer, until the backend closes):
+// no allocation, mapping or registration more.
+func TestSleepPrepareFails(t *testing.T) {
+	b, err := OpenSim(1)
+	require.NoError(t, err)
+	defer func() { require.NoError(t, b.Close()) }()
+	opts := SleepOptions{Env: Env{Backend: b}, Size: 8 << 20, Chunk: 4 << 20, SlotSize: 4 << 20, Prepare: true}
+	_, err = Sleep(opts)
+	require.NoError(t, err)
+	good := b.sim.Live()
+	b.sim.FailNth("cuMemHostRegister", 1, driver.ErrorOutOfMemory)
+	_, err = Sleep(opts)
+	require.ErrorIs(t, err, driver.ErrOutOfMemory)
+	require.ErrorContains(t, err, "prepare")
+	require.Equal(t, good, b.sim.Live(), "after the failed run: %s", b.sim.Live())
 }
 
 // TestSleepFileInTempDir: --mode file without a File keeps its backup in Env.TempDir's directory
