@@ -4,7 +4,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"time"
 
 	"github.com/cuvmm/cuvmm/vmm"
 )
@@ -22,13 +21,7 @@ func (s *Set) Sleep(ctx context.Context, tags ...string) error {
 	if s == nil {
 		return fmt.Errorf("offload: sleep: nil set: %w", ErrInvalidValue)
 	}
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	defer s.publish()
-	start := time.Now()
-	n, err := s.sleep(ctx, tags)
-	s.count(false, start, n, err)
-	return err
+	return s.counted(ctx, tags, false, s.sleep)
 }
 
 // sleep is Sleep with s.mu held; n is the GPU memory of the buffers it puts to sleep (0 when none

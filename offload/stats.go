@@ -1,6 +1,7 @@
 package offload
 
 import (
+	"context"
 	"slices"
 	"sync"
 	"time"
@@ -86,6 +87,18 @@ func (s *Set) publish() {
 	defer s.stats.mu.Unlock()
 	s.stats.st.Buffers, s.stats.st.AsleepBytes = bufs, asleep
 	s.stats.st.BackupBytes, s.stats.st.PooledBytes = backup+pooled, pooled
+}
+
+// counted runs call (s.sleep, or s.wake when wake is set) under the set's lock, counts it for
+// Stats and publishes the set's state as the call left it.
+func (s *Set) counted(ctx context.Context, tags []string, wake bool, call func(context.Context, []string) (uint64, error)) error {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	defer s.publish()
+	start := time.Now()
+	n, err := call(ctx, tags)
+	s.count(wake, start, n, err)
+	return err
 }
 
 // count records a Sleep (wake false) or Wake that began at start and moved n bytes of GPU memory or

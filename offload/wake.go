@@ -5,7 +5,6 @@ import (
 	"errors"
 	"fmt"
 	"sync"
-	"time"
 
 	"github.com/cuvmm/cuvmm/vmm"
 )
@@ -20,13 +19,7 @@ func (s *Set) Wake(ctx context.Context, tags ...string) error {
 	if s == nil {
 		return fmt.Errorf("offload: wake: nil set: %w", ErrInvalidValue)
 	}
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	defer s.publish()
-	start := time.Now()
-	n, err := s.wake(ctx, tags)
-	s.count(true, start, n, err)
-	return err
+	return s.counted(ctx, tags, true, s.wake)
 }
 
 // wake is Wake with s.mu held; n is the GPU memory of the buffers it wakes (0 when none sleeps).
