@@ -147,19 +147,28 @@ func exportableMapping(t *testing.T, b *testutil.Backend) (*vmm.Device, *vmm.Res
 	return d, res, a, m
 }
 
+// recreateFailing puts an exportable mapping's allocation to sleep, then wakes it with
+// cuMemSetAccess and then (undoing) the call undo failing once, and returns what RecreateAt
+// returned. The mapping is closed when the test ends.
+func recreateFailing(t *testing.T, b *testutil.Backend, undo string) (*vmm.Device, *vmm.Allocation, *vmm.Mapping, []vmm.Access, error) {
+	t.Helper()
+	d, _, a, m := exportableMapping(t, b)
+	t.Cleanup(func() { require.NoError(t, m.Close()) })
+	rw := []vmm.Access{vmm.ReadWrite(d)}
+	require.NoError(t, a.ReleaseAt(m.Ptr(), rw, false, nil))
+	b.Sim.FailNth("cuMemSetAccess", 1, driver.ErrorUnknown)
+	b.Sim.FailNth(undo, 1, driver.ErrorUnknown)
+	err := a.RecreateAt(m.Ptr(), rw)
+	b.Sim.ClearFaults()
+	return d, a, m, rw, err
+}
+
 // When RecreateAt cannot grant access and cannot unmap either, the new memory stays mapped and is
 // not released under the mapping: the allocation is awake (the error says so), ReleaseAt puts it
 // back to sleep, and a later RecreateAt works.
 func TestRecreateWhoseUndoFailsStaysMapped(t *testing.T) {
 	testutil.Run(t, func(t *testing.T, b *testutil.Backend) {
-		d, _, a, m := exportableMapping(t, b)
-		defer func() { require.NoError(t, m.Close()) }()
-		rw := []vmm.Access{vmm.ReadWrite(d)}
-		require.NoError(t, a.ReleaseAt(m.Ptr(), rw, false, nil))
-		b.Sim.FailNth("cuMemSetAccess", 1, driver.ErrorUnknown)
-		b.Sim.FailNth("cuMemUnmap", 1, driver.ErrorUnknown)
-		err := a.RecreateAt(m.Ptr(), rw)
-		b.Sim.ClearFaults()
+		d, a, m, rw, err := recreateFailing(t, b, "cuMemUnmap")
 		require.ErrorIs(t, err, driver.ErrorUnknown)
 		require.ErrorContains(t, err, "mapped, but without the access asked")
 		require.False(t, a.Asleep())
@@ -175,14 +184,7 @@ func TestRecreateWhoseUndoFailsStaysMapped(t *testing.T) {
 // is left behind once everything is closed (the simulator's leak check).
 func TestRecreateWhoseReleaseFailsKeepsMemory(t *testing.T) {
 	testutil.Run(t, func(t *testing.T, b *testutil.Backend) {
-		d, _, a, m := exportableMapping(t, b)
-		defer func() { require.NoError(t, m.Close()) }()
-		rw := []vmm.Access{vmm.ReadWrite(d)}
-		require.NoError(t, a.ReleaseAt(m.Ptr(), rw, false, nil))
-		b.Sim.FailNth("cuMemSetAccess", 1, driver.ErrorUnknown)
-		b.Sim.FailNth("cuMemRelease", 1, driver.ErrorUnknown)
-		err := a.RecreateAt(m.Ptr(), rw)
-		b.Sim.ClearFaults()
+		d, a, m, rw, err := recreateFailing(t, b, "cuMemRelease")
 		require.ErrorIs(t, err, driver.ErrorUnknown)
 		require.True(t, a.Asleep())
 		creates := b.Sim.Calls("cuMemCreate")
