@@ -18,7 +18,11 @@
  *
  *   cc -O2 -o file_wake file_wake.c -ldl -lpthread
  *   ./file_wake --gpus 2 --size 16GiB [--threads 8] [--part 4MiB] [--buffers 2] [--rounds 5]
- *               [--dir $TMPDIR]
+ *               [--sub 1MiB] [--dir $TMPDIR]
+ *
+ * With --sub, each part is read (and, in a wake, copied) in pieces of that many bytes, each piece
+ * copied as soon as it is read, with one event per part: the copy engine then reads bytes the CPU
+ * has just written.
  *
  * libcuda.so.1 is opened at run time, so no CUDA headers or toolkit are needed to build it. It
  * exits with 2 on a wrong command line and with 1 when the driver or a system call fails.
@@ -110,7 +114,7 @@ static const char *mode_name[] = {"read", "wake", "h2d"};
 
 struct opts {
 	int gpus, threads, buffers, rounds;
-	size_t size, part;
+	size_t size, part, sub;
 	const char *dir;
 };
 
@@ -177,11 +181,17 @@ static void *work(void *arg) {
 		int b = i % w->o->buffers;
 		if (w->used[b])
 			CK(cu.EventSynchronize(w->ev[b]));
-		if (w->mode != H2D)
-			pread_all(g->fd, w->buf[b], n, off);
+		size_t sub = w->o->sub ? w->o->sub : n;
+		for (size_t s = 0; s < n; s += sub) {
+			size_t m = n - s < sub ? n - s : sub;
+			char *p = (char *)w->buf[b] + s;
+			if (w->mode != H2D)
+				pread_all(g->fd, p, m, off + s);
+			if (w->mode != READ)
+				CK(cu.MemcpyHtoDAsync(g->dev + off + s, p, m, g->stream));
+		}
 		if (w->mode == READ)
 			continue;
-		CK(cu.MemcpyHtoDAsync(g->dev + off, w->buf[b], n, g->stream));
 		CK(cu.EventRecord(w->ev[b], g->stream));
 		w->used[b] = 1;
 	}
@@ -299,6 +309,7 @@ static void parse(struct opts *o, int argc, char **argv) {
 		else if (!strcmp(k, "--rounds")) o->rounds = atoi(v);
 		else if (!strcmp(k, "--size")) o->size = parse_size(v);
 		else if (!strcmp(k, "--part")) o->part = parse_size(v);
+		else if (!strcmp(k, "--sub")) o->sub = parse_size(v);
 		else if (!strcmp(k, "--dir")) o->dir = v;
 		else bad("unknown flag ", k);
 	}
@@ -309,6 +320,8 @@ static void parse(struct opts *o, int argc, char **argv) {
 		bad("want 1-8 GPUs, 1-64 rounds, and at least 1 thread and 1 buffer", "");
 	if (o->part == 0 || o->part % 4096 || o->size == 0)
 		bad("want a part that is a multiple of 4 KiB and a size above 0", "");
+	if (o->sub % 4096 || o->sub > o->part)
+		bad("want a --sub that is a multiple of 4 KiB, at most the part", "");
 }
 
 int main(int argc, char **argv) {
@@ -332,8 +345,9 @@ int main(int argc, char **argv) {
 		r[WAKE][k] = round_of(gs, ws, &o, WAKE);
 		ratio[k] = r[WAKE][k] / r[READ][k];
 	}
-	printf("{\"gpus\": %d, \"size_bytes\": %zu, \"threads\": %d, \"part_bytes\": %zu, \"buffers\": %d, ",
-	       o.gpus, o.size, o.threads, o.part, o.buffers);
+	printf("{\"gpus\": %d, \"size_bytes\": %zu, \"threads\": %d, \"part_bytes\": %zu, \"sub_bytes\": %zu, ",
+	       o.gpus, o.size, o.threads, o.part, o.sub ? o.sub : o.part);
+	printf("\"buffers\": %d, ", o.buffers);
 	for (int m = READ; m <= H2D; m++) {
 		char key[32];
 		snprintf(key, sizeof key, "%s_gbps", mode_name[m]);
