@@ -45,9 +45,15 @@ type SleepOptions struct {
 	// the same.
 	FilePart    uint64
 	FileBuffers int
-	// FileRounds is how many rounds file mode runs (default 3, at most 50): each a raw write, a
-	// sleep of the set, a raw read, a wake and a raw read again, each phase after an fsync; the
-	// medians are reported, and each round's ratios too.
+	// Rounds is how many rounds of warm sleeps and wakes are timed (default 3, at most 50), each
+	// against raw transfers of the same bytes timed in the same round; the medians are reported,
+	// and each round's ratios too. Keep and discard: a raw copy out, a sleep, a raw copy in and a
+	// wake, every device at once. File: a raw write, a sleep, a raw read, a wake and a raw read
+	// again, each phase after an fsync.
+	Rounds int
+	// FileRounds is Rounds' older name, for file mode only.
+	//
+	// Deprecated: use Rounds.
 	FileRounds int
 	// Prepare pins the backup with Set.Prepare before the first sleep, as a service that knows it
 	// will sleep does at start (keep mode only): PrepareSeconds reports it, and the first sleep then
@@ -114,6 +120,14 @@ type SleepResult struct {
 	RepinSleepLimitSeconds float64 `json:"repin_sleep_limit_seconds"`
 	SleepVsRaw             float64 `json:"sleep_vs_raw"` // SleepGBps / RawD2HGBps
 	WakeVsRaw              float64 `json:"wake_vs_raw"`  // WakeGBps / RawH2DGBps
+	// Rounds is how many warm rounds ran (SleepOptions.Rounds). Keep and discard: SleepSeconds,
+	// WakeSeconds and the raw copy rates are the medians of the rounds, and each round's sleep ÷
+	// its raw copy out and wake ÷ its raw copy in are listed, in the order run, with their medians.
+	Rounds                 int       `json:"rounds"`
+	SleepVsRawRounds       []float64 `json:"sleep_vs_raw_rounds,omitempty"`
+	WakeVsRawRounds        []float64 `json:"wake_vs_raw_rounds,omitempty"`
+	SleepVsRawRoundsMedian float64   `json:"sleep_vs_raw_rounds_median,omitempty"`
+	WakeVsRawRoundsMedian  float64   `json:"wake_vs_raw_rounds_median,omitempty"`
 	// The warm wake (WakeSeconds) follows AsleepPauseSeconds asleep: the driver clears released
 	// memory in the background for some tens of milliseconds, and a wake meanwhile is slower. The
 	// wake right after a warm sleep, and its ratio to the raw H2D copy. Not in file mode, whose
@@ -139,7 +153,7 @@ type SleepResult struct {
 	// set does them (os.File.WriteAt / ReadAt of parts of FilePart bytes through the staging buffers
 	// the set's plan gives each goroutine, IOWorkersUsed goroutines for each device), each timed
 	// phase, raw or not, starting after an fsync so that no dirty pages are pending. Each of
-	// FileRounds rounds times a raw write, a sleep of the set, a raw read, a wake and a raw read
+	// Rounds rounds times a raw write, a sleep of the set, a raw read, a wake and a raw read
 	// again; a round's raw read is the mean of its two. The raw figures and, in file mode,
 	// SleepSeconds and WakeSeconds are the medians of the rounds.
 	File        string `json:"file,omitempty"`
@@ -151,7 +165,6 @@ type SleepResult struct {
 	// what the raw file figures use: the goroutines per device, and the most buffers one has.
 	IOWorkersUsed    int     `json:"io_workers_used,omitempty"`
 	FileBuffersUsed  int     `json:"file_buffers_used,omitempty"`
-	FileRounds       int     `json:"file_rounds,omitempty"`
 	RawFileWriteGBps float64 `json:"raw_file_write_gbps,omitempty"`
 	RawFileReadGBps  float64 `json:"raw_file_read_gbps,omitempty"`
 	SleepVsRawFile   float64 `json:"sleep_vs_raw_file,omitempty"`
@@ -219,7 +232,7 @@ func (o *SleepOptions) check() (offload.Policy, error) {
 	if err := o.checkFileParts(policy); err != nil {
 		return 0, err
 	}
-	if err := o.checkFileRounds(policy); err != nil {
+	if err := o.checkRounds(policy); err != nil {
 		return 0, err
 	}
 	if len(o.Devices) == 0 {
@@ -244,21 +257,30 @@ func (o *SleepOptions) checkIOWorkers(policy offload.Policy) error {
 	return checkFileCount("io-workers", &o.IOWorkers, maxIOWorkers, offload.DefaultIOWorkers, policy)
 }
 
-// maxFileRounds bounds FileRounds: each round writes the whole file to the disk twice.
-const maxFileRounds = 50
+// maxRounds bounds Rounds: each file round writes the whole file to the disk twice.
+const maxRounds = 50
 
-// defaultFileRounds: file speed on the measured host moved by 15% between runs (the page cache, and
-// memory the host provides as it is touched), so medians of interleaved rounds compare like with like.
-const defaultFileRounds = 3
+// defaultRounds: copy and file speeds on the measured hosts moved by up to a quarter between
+// phases of one run (the page cache, and memory the host provides as it is touched), so medians of
+// interleaved rounds compare like with like.
+const defaultRounds = 3
 
-// checkFileRounds checks FileRounds and sets its default (in file mode only: the other modes time
-// one round).
-func (o *SleepOptions) checkFileRounds(policy offload.Policy) error {
-	def := 0
-	if policy == offload.File {
-		def = defaultFileRounds
+// checkRounds checks Rounds (and its older name FileRounds, file mode only) and sets its default.
+func (o *SleepOptions) checkRounds(policy offload.Policy) error {
+	if o.FileRounds != 0 {
+		if err := checkFileCount("file-rounds", &o.FileRounds, maxRounds, defaultRounds, policy); err != nil {
+			return err
+		}
+		if o.Rounds != 0 && o.Rounds != o.FileRounds {
+			return fmt.Errorf("--rounds %d and --file-rounds %d: give one (--file-rounds is the older name): %w", o.Rounds, o.FileRounds, ErrInvalidOption)
+		}
+		o.Rounds = o.FileRounds
 	}
-	return checkFileCount("file-rounds", &o.FileRounds, maxFileRounds, def, policy)
+	if o.Rounds < 0 || o.Rounds > maxRounds {
+		return fmt.Errorf("--rounds %d: want 1 to %d: %w", o.Rounds, maxRounds, ErrInvalidOption)
+	}
+	o.Rounds = cmp.Or(o.Rounds, defaultRounds)
+	return nil
 }
 
 // checkFileCount checks a count that only file mode takes (1 to most, or 0 for def) and sets def.

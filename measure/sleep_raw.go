@@ -2,6 +2,7 @@ package measure
 
 import (
 	"errors"
+	"fmt"
 	"slices"
 	"sync"
 	"time"
@@ -45,43 +46,167 @@ func newRawHost(d *vmm.Device, size uint64) (*rawHost, error) {
 
 func (h *rawHost) close() error { return errors.Join(h.region.Close(), pinned.Unmap(h.mem)) }
 
-// measureRaw copies every buffer out and back in pieces, every device at once: all devices pin,
-// then all copy out (D2H) together, then all copy in (H2D) together. The aggregate rates are over
-// each phase's window, from its common start to the last device's finish; the per-device rates
-// are over each device's own copy time.
-func (r *sleepRun) measureRaw() (err error) {
+// rawCopies is what the raw copies need on each device: pinned host memory made the way offload
+// makes its slots (rawHost) and device memory of one piece (cuMemAlloc), which they copy out of and
+// into in turn. They never touch the set's buffers, so they can run between its sleeps and wakes.
+type rawCopies struct {
+	r     *sleepRun
+	hosts []*rawHost
+	devs  []*vmm.PlainBuffer
+}
+
+// newRawCopies pins each device's host memory twice, every device at once (RawPinGBps and
+// RawRepinGBps are the rates), and allocates its piece of device memory.
+func (r *sleepRun) newRawCopies() (rc *rawCopies, err error) {
 	piece, n := r.sleepPiece(), len(r.devs)
 	hostSize := rawHostSize(r.opts.Size, piece)
-	hosts := make([]*rawHost, n)
-	pin, repin, d2h, h2d := make([]float64, n), make([]float64, n), make([]float64, n), make([]float64, n)
-	defer func() {
-		for _, h := range hosts {
-			if h != nil {
-				err = errors.Join(err, h.close())
-			}
-		}
-	}()
-	copies := func(toHost bool, out []float64) func(int) error {
-		return func(i int) (err error) {
-			out[i], err = sleepRawCopy(r.devs[i], r.ptrs[i], r.opts.Size, piece, hosts[i].mem, toHost)
+	rc = &rawCopies{r: r, hosts: make([]*rawHost, n), devs: make([]*vmm.PlainBuffer, n)}
+	pin, repin := make([]float64, n), make([]float64, n)
+	if _, err = inStep(n, func(i int) (err error) {
+		if pin[i], repin[i], rc.hosts[i], err = pinTwice(r.devs[i], hostSize); err != nil {
 			return err
 		}
-	}
-	win, err := inStep(n, func(i int) (err error) {
-		pin[i], repin[i], hosts[i], err = pinTwice(r.devs[i], hostSize)
+		rc.devs[i], err = r.devs[i].AllocPlain(piece)
 		return err
-	}, copies(true, d2h), copies(false, h2d))
+	}); err != nil {
+		return nil, errors.Join(err, rc.close())
+	}
+	r.res.RawPinGBps = sleepGBps(hostSize*uint64(n), slices.Max(pin))
+	r.res.RawRepinGBps = sleepGBps(hostSize*uint64(n), slices.Max(repin))
+	return rc, nil
+}
+
+func (rc *rawCopies) close() error {
+	var errs []error
+	for i := range rc.hosts {
+		if rc.hosts[i] != nil {
+			errs = append(errs, rc.hosts[i].close())
+		}
+		errs = append(errs, rc.devs[i].Close())
+	}
+	return errors.Join(errs...)
+}
+
+// copyAll copies Size bytes on every device at once, out of the device (toHost) or into it: the
+// window from their common start to the last device's finish, and each device's own time.
+func (rc *rawCopies) copyAll(toHost bool) (window float64, each []float64, err error) {
+	r := rc.r
+	each = make([]float64, len(rc.hosts))
+	win, err := inStep(len(rc.hosts), func(i int) (err error) {
+		each[i], err = sleepRawCopy(r.devs[i], rc.devs[i].Ptr(), r.opts.Size, r.sleepPiece(), rc.hosts[i].mem, toHost)
+		return err
+	})
+	if err != nil {
+		return 0, nil, err
+	}
+	return win[0], each, nil
+}
+
+// rawTimes are the raw copies' times over one or more rounds: the windows of all devices out and in,
+// and each device's own.
+type rawTimes struct {
+	outs, ins       []float64
+	outEach, inEach [][]float64 // [round][device]
+}
+
+// add times one raw copy out (toHost) or in on every device at once.
+func (t *rawTimes) add(rc *rawCopies, toHost bool) error {
+	win, each, err := rc.copyAll(toHost)
+	if err != nil {
+		return fmt.Errorf("raw copies: %w", err)
+	}
+	if toHost {
+		t.outs, t.outEach = append(t.outs, win), append(t.outEach, each)
+	} else {
+		t.ins, t.inEach = append(t.ins, win), append(t.inEach, each)
+	}
+	return nil
+}
+
+// figures sets the raw copy rates from the medians of the rounds' times.
+func (t *rawTimes) figures(r *sleepRun) {
+	for i := range r.devs {
+		outs, ins := make([]float64, len(t.outEach)), make([]float64, len(t.inEach))
+		for k := range t.outEach {
+			outs[k] = t.outEach[k][i]
+		}
+		for k := range t.inEach {
+			ins[k] = t.inEach[k][i]
+		}
+		r.res.PerDevice[i].RawD2HGBps = sleepGBps(r.opts.Size, median(outs))
+		r.res.PerDevice[i].RawH2DGBps = sleepGBps(r.opts.Size, median(ins))
+	}
+	r.res.RawD2HGBps, r.res.RawH2DGBps = sleepGBps(r.res.TotalBytes, median(t.outs)), sleepGBps(r.res.TotalBytes, median(t.ins))
+}
+
+// measureRaw copies Size bytes out of and back into every device in pieces, every device at once:
+// all devices pin, then all copy out (D2H) together, then all copy in (H2D) together. The aggregate
+// rates are over each phase's window, from its common start to the last device's finish; the
+// per-device rates are over each device's own copy time.
+func (r *sleepRun) measureRaw() (err error) {
+	rc, err := r.newRawCopies()
 	if err != nil {
 		return err
 	}
-	for i := range r.devs {
-		r.res.PerDevice[i].RawD2HGBps = sleepGBps(r.opts.Size, d2h[i])
-		r.res.PerDevice[i].RawH2DGBps = sleepGBps(r.opts.Size, h2d[i])
+	defer func() { err = errors.Join(err, rc.close()) }()
+	var t rawTimes
+	if err := t.add(rc, true); err != nil {
+		return err
 	}
-	r.res.RawD2HGBps, r.res.RawH2DGBps = sleepGBps(r.res.TotalBytes, win[1]), sleepGBps(r.res.TotalBytes, win[2])
-	r.res.RawPinGBps = sleepGBps(hostSize*uint64(n), slices.Max(pin))
-	r.res.RawRepinGBps = sleepGBps(hostSize*uint64(n), slices.Max(repin))
+	if err := t.add(rc, false); err != nil {
+		return err
+	}
+	t.figures(r)
 	return nil
+}
+
+// measureWarmRounds times Rounds warm sleeps and wakes of the set, each against raw copies of as
+// many bytes in the same round, every device at once: a raw copy out, a sleep, asleepPause, a raw
+// copy in, a wake. The set's times and the raw rates reported are the rounds' medians, and each
+// round's ratios are listed.
+func (r *sleepRun) measureWarmRounds() (err error) {
+	rc, err := r.newRawCopies()
+	if err != nil {
+		return err
+	}
+	defer func() { err = errors.Join(err, rc.close()) }()
+	var t rawTimes
+	var sleeps, wakes []float64
+	total := r.res.TotalBytes
+	for range r.opts.Rounds {
+		if err := t.add(rc, true); err != nil {
+			return err
+		}
+		s, err := r.timed("sleep", total, r.set.Sleep)
+		if err != nil {
+			return err
+		}
+		time.Sleep(asleepPause)
+		if err := t.add(rc, false); err != nil {
+			return err
+		}
+		w, err := r.timed("wake", total, r.set.Wake)
+		if err != nil {
+			return err
+		}
+		sleeps, wakes = append(sleeps, s), append(wakes, w)
+	}
+	t.figures(r)
+	r.warmRoundFigures(t.outs, t.ins, sleeps, wakes)
+	return r.verify("after the warm rounds")
+}
+
+// warmRoundFigures sets the warm figures from the rounds' times: a ratio of rates is the inverse
+// ratio of times.
+func (r *sleepRun) warmRoundFigures(outs, ins, sleeps, wakes []float64) {
+	res := r.res
+	res.Rounds = len(sleeps)
+	for k := range sleeps {
+		res.SleepVsRawRounds = append(res.SleepVsRawRounds, sleepRatio(outs[k], sleeps[k]))
+		res.WakeVsRawRounds = append(res.WakeVsRawRounds, sleepRatio(ins[k], wakes[k]))
+	}
+	res.SleepVsRawRoundsMedian, res.WakeVsRawRoundsMedian = median(res.SleepVsRawRounds), median(res.WakeVsRawRounds)
+	res.SleepSeconds, res.WakeSeconds = median(sleeps), median(wakes)
 }
 
 // inStep runs each step for i in [0, n), each i on a goroutine of its own, step after step: no i
@@ -127,18 +252,18 @@ func pinTwice(d *vmm.Device, size uint64) (pin, repin float64, h *rawHost, err e
 	return pin, time.Since(start).Seconds(), h, nil
 }
 
-// sleepRawCopy times cuMemcpyDtoH (toHost) or cuMemcpyHtoD of size bytes at ptr in pieces, cycling
-// through host.
-func sleepRawCopy(d *vmm.Device, ptr driver.DevicePtr, size, piece uint64, host []byte, toHost bool) (float64, error) {
+// sleepRawCopy times cuMemcpyDtoH (toHost) or cuMemcpyHtoD of size bytes in pieces, between the
+// device memory at dev (one piece) and host, cycling through host.
+func sleepRawCopy(d *vmm.Device, dev driver.DevicePtr, size, piece uint64, host []byte, toHost bool) (float64, error) {
 	start := time.Now()
 	for off := uint64(0); off < size; off += piece {
 		n := min(piece, size-off)
 		h := host[off%uint64(len(host)):][:n]
 		var err error
 		if toHost {
-			err = d.CopyDtoH(h, ptr+driver.DevicePtr(off))
+			err = d.CopyDtoH(h, dev)
 		} else {
-			err = d.CopyHtoD(ptr+driver.DevicePtr(off), h)
+			err = d.CopyHtoD(dev, h)
 		}
 		if err != nil {
 			return 0, err

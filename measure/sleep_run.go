@@ -45,13 +45,7 @@ func (r *sleepRun) measureOffload() error {
 	if err := r.verify("after the first wake"); err != nil {
 		return err
 	}
-	if r.res.SleepSeconds, err = r.timed("sleep", total, r.set.Sleep); err != nil {
-		return err
-	}
-	if r.res.WakeSeconds, err = r.timedAfterPause("wake", total); err != nil {
-		return err
-	}
-	if err := r.verify("after the warm wake"); err != nil {
+	if err := r.measureWarm(); err != nil {
 		return err
 	}
 	if err := r.measureWakeAtOnce(); err != nil {
@@ -74,6 +68,24 @@ func (r *sleepRun) measureOffload() error {
 // (as fast as into chunks never released) when 50 ms passed after the release. A service stays
 // asleep far longer than that; WakeAtOnceSeconds is the wake right after the sleep.
 const asleepPause = 250 * time.Millisecond
+
+// measureWarm times the warm sleeps and wakes: in keep and discard mode Rounds rounds against raw
+// copies (measureWarmRounds); in file mode one sleep and one wake, the file rounds (after the
+// offload runs) giving the figures.
+func (r *sleepRun) measureWarm() error {
+	if r.file == nil {
+		return r.measureWarmRounds()
+	}
+	total := r.res.TotalBytes
+	var err error
+	if r.res.SleepSeconds, err = r.timed("sleep", total, r.set.Sleep); err != nil {
+		return err
+	}
+	if r.res.WakeSeconds, err = r.timedAfterPause("wake", total); err != nil {
+		return err
+	}
+	return r.verify("after the warm wake")
+}
 
 // timedAfterPause waits asleepPause, then times a wake of tags. Not in file mode, whose wakes
 // (the rounds' and the one device's) are each timed right after an fsync instead.
@@ -128,7 +140,7 @@ func (r *sleepRun) syncFile() error {
 
 // measureOneDevice sleeps the first device's buffer alone: cold (the pool emptied), then warm. In
 // file mode, like the all-device figures it is compared with, the warm sleep and wake are the
-// medians of FileRounds rounds, each phase timed right after an fsync with no pause.
+// medians of Rounds rounds, each phase timed right after an fsync with no pause.
 func (r *sleepRun) measureOneDevice() error {
 	tag := fmt.Sprintf("dev%d", r.opts.Devices[0])
 	size := r.opts.Size
@@ -142,7 +154,7 @@ func (r *sleepRun) measureOneDevice() error {
 	if _, err := r.timed("first wake, one device", size, r.set.Wake, tag); err != nil {
 		return err
 	}
-	rounds := max(r.opts.FileRounds, 1)
+	rounds := max(r.opts.Rounds, 1)
 	var sleeps, wakes []float64
 	for range rounds {
 		s, err := r.timed("sleep, one device", size, r.set.Sleep, tag)
@@ -175,16 +187,16 @@ func (r *sleepRun) freeAll() ([]uint64, error) {
 }
 
 // measureBaselines measures, after the offload runs: in file mode the rounds of raw file speed
-// against the set's, then (they overwrite the buffers) raw pinned copies on every device at once
-// and the usual backup on the first device.
+// against the set's, then raw pinned copies on every device at once (the other modes timed them in
+// their warm rounds); and the usual backup on the first device.
 func (r *sleepRun) measureBaselines() error {
 	if r.file != nil {
 		if err := r.measureFileRounds(); err != nil {
 			return fmt.Errorf("raw file: %w", err)
 		}
-	}
-	if err := r.measureRaw(); err != nil {
-		return fmt.Errorf("raw copies: %w", err)
+		if err := r.measureRaw(); err != nil {
+			return fmt.Errorf("raw copies: %w", err)
+		}
 	}
 	if err := r.measureUsual(); err != nil {
 		return fmt.Errorf("cuMemHostAlloc baseline: %w", err)
@@ -213,7 +225,7 @@ func (r *sleepRun) measureUsual() error {
 	return hb.Close()
 }
 
-// measureFileRounds runs FileRounds rounds over the set's file, each phase timed after an fsync:
+// measureFileRounds runs Rounds rounds over the set's file, each phase timed after an fsync:
 // a raw write of the same bytes the way the set writes them (parts of FilePart bytes, IOWorkers at
 // once), a sleep of the set (which writes the file again), a raw read, a wake of the set, and a
 // raw read again. Each sleep is compared with the raw write just before it, and each wake with the
@@ -223,7 +235,7 @@ func (r *sleepRun) measureUsual() error {
 func (r *sleepRun) measureFileRounds() error {
 	raw := r.newRawFile()
 	var writes, reads, sleeps, wakes, firsts []float64
-	for i := 0; i < r.opts.FileRounds; i++ {
+	for range r.opts.Rounds {
 		var t [5]float64
 		for j, ph := range []func() (float64, error){
 			raw.write,
@@ -252,7 +264,7 @@ func (r *sleepRun) measureFileRounds() error {
 // fileRoundFigures sets the file figures from the rounds' times.
 func (r *sleepRun) fileRoundFigures(writes, reads, sleeps, wakes []float64) {
 	total := r.res.TotalBytes
-	r.res.FileRounds = r.opts.FileRounds
+	r.res.Rounds = r.opts.Rounds
 	for i := range writes { // a ratio of rates is the inverse ratio of times
 		r.res.SleepVsRawFileRounds = append(r.res.SleepVsRawFileRounds, sleepRatio(writes[i], sleeps[i]))
 		r.res.WakeVsRawFileRounds = append(r.res.WakeVsRawFileRounds, sleepRatio(reads[i], wakes[i]))

@@ -30,6 +30,7 @@ func TestSleepOnTheSimulator(t *testing.T) {
 	require.Equal(t, 0.25, res.AsleepPauseSeconds)
 	require.Greater(t, res.WakeAtOnceSeconds, 0.0)
 	require.InDelta(t, res.WakeAtOnceGBps/res.RawH2DGBps, res.WakeAtOnceVsRaw, 1e-9)
+	requireWarmRounds(t, res, 3)
 
 	file := t.TempDir() + "/sleep.bin"
 	res, err = Sleep(SleepOptions{Env: Env{Backend: b}, Size: 8 << 20, Chunk: 4 << 20, SlotSize: 4 << 20, Mode: "file", File: file, IOWorkers: 3})
@@ -45,7 +46,8 @@ func TestSleepOnTheSimulator(t *testing.T) {
 	require.Greater(t, res.WakeVsFileLimit, 0.0)
 	require.Zero(t, res.AsleepPauseSeconds, "file mode's wakes follow an fsync")
 	require.Zero(t, res.WakeAtOnceSeconds)
-	require.Equal(t, 3, res.FileRounds, "the default")
+	require.Equal(t, 3, res.Rounds, "the default")
+	require.Empty(t, res.SleepVsRawRounds, "file mode's rounds are the file rounds")
 	require.Len(t, res.WakeVsRawFileRounds, 3)
 	for _, x := range append(res.WakeVsRawFileRounds, res.SleepVsRawFileRounds...) {
 		require.Greater(t, x, 0.0)
@@ -71,6 +73,9 @@ func TestSleepOnTheSimulator(t *testing.T) {
 		{Size: 8 << 20, FileRounds: 2},
 		{Size: 8 << 20, Mode: "file", FileRounds: -1},
 		{Size: 8 << 20, Mode: "file", FileRounds: 51},
+		{Size: 8 << 20, Rounds: -1},
+		{Size: 8 << 20, Rounds: 51},
+		{Size: 8 << 20, Mode: "file", Rounds: 2, FileRounds: 3},
 		{Size: 8 << 20, Mode: "file", Prepare: true},
 		{Size: 8 << 20, Mode: "discard", Prepare: true},
 	} {
@@ -80,6 +85,72 @@ func TestSleepOnTheSimulator(t *testing.T) {
 	}
 	_, err = Sleep(SleepOptions{Size: 8 << 20})
 	require.ErrorIs(t, err, ErrInvalidOption, "no backend")
+}
+
+// requireWarmRounds checks the warm figures of a keep or discard run of rounds rounds: each round's
+// ratios, their medians, and the ratios of the medians within the rounds' spread.
+func requireWarmRounds(t *testing.T, res *SleepResult, rounds int) {
+	t.Helper()
+	require.Equal(t, rounds, res.Rounds)
+	require.Len(t, res.SleepVsRawRounds, rounds)
+	require.Len(t, res.WakeVsRawRounds, rounds)
+	for _, x := range append(slices.Clone(res.SleepVsRawRounds), res.WakeVsRawRounds...) {
+		require.Positive(t, x)
+	}
+	require.Equal(t, median(res.SleepVsRawRounds), res.SleepVsRawRoundsMedian)
+	require.Equal(t, median(res.WakeVsRawRounds), res.WakeVsRawRoundsMedian)
+	for _, c := range []struct {
+		ratio  float64
+		rounds []float64
+	}{{res.SleepVsRaw, res.SleepVsRawRounds}, {res.WakeVsRaw, res.WakeVsRawRounds}} {
+		// With an odd number of rounds, some round is at or below both medians' sides: the ratio
+		// of the medians lies within the rounds' ratios.
+		require.GreaterOrEqual(t, c.ratio, slices.Min(c.rounds)*0.999)
+		require.LessOrEqual(t, c.ratio, slices.Max(c.rounds)*1.001)
+	}
+	for _, d := range res.PerDevice {
+		require.Positive(t, d.RawD2HGBps)
+		require.Positive(t, d.RawH2DGBps)
+	}
+}
+
+// TestSleepRounds: keep and discard time Rounds warm rounds, each against raw copies that leave
+// the set's buffers alone (every wake still verifies); --file-rounds is Rounds' older name in file
+// mode.
+func TestSleepRounds(t *testing.T) {
+	b, err := OpenSim(2)
+	require.NoError(t, err)
+	defer func() { require.NoError(t, b.Close()) }()
+	for _, mode := range []string{"keep", "discard"} {
+		res, err := Sleep(SleepOptions{Env: Env{Backend: b}, Size: 8 << 20, Devices: []int{0, 1}, Chunk: 4 << 20, SlotSize: 4 << 20, Mode: mode, Rounds: 5})
+		require.NoError(t, err, mode)
+		require.NoError(t, res.Check(), mode)
+		requireWarmRounds(t, res, 5)
+		var text bytes.Buffer
+		res.Text(&text)
+		require.Contains(t, text.String(), "each of 5 rounds", mode)
+	}
+	res, err := Sleep(SleepOptions{Env: Env{Backend: b}, Size: 8 << 20, Chunk: 4 << 20, SlotSize: 4 << 20, Mode: "file", FileRounds: 2})
+	require.NoError(t, err)
+	require.Equal(t, 2, res.Rounds)
+	require.Len(t, res.WakeVsRawFileRounds, 2)
+}
+
+// A raw copy that fails in a warm round, with the set asleep, fails the run by name and leaves the
+// simulator holding what a good run leaves.
+func TestSleepRoundFails(t *testing.T) {
+	b, err := OpenSim(1)
+	require.NoError(t, err)
+	defer func() { require.NoError(t, b.Close()) }()
+	opts := SleepOptions{Env: Env{Backend: b}, Size: 8 << 20, Chunk: 4 << 20, SlotSize: 4 << 20}
+	_, err = Sleep(opts)
+	require.NoError(t, err)
+	good := b.sim.Live()
+	b.sim.FailNth("cuMemcpyHtoD", 2, driver.ErrorOutOfMemory) // the second round's raw copy in
+	_, err = Sleep(opts)
+	require.ErrorIs(t, err, driver.ErrOutOfMemory)
+	require.ErrorContains(t, err, "raw copies")
+	require.Equal(t, good, b.sim.Live(), "after the failed run: %s", b.sim.Live())
 }
 
 // With Prepare the backup is pinned before the first sleep, and timed: on one device the first sleep

@@ -31,6 +31,10 @@ func (r *SleepResult) Text(w io.Writer) {
 		fmt.Fprintf(w, " after %.0f ms asleep; right after the sleep %.3f s (%.2fx)", r.AsleepPauseSeconds*1000, r.WakeAtOnceSeconds, r.WakeAtOnceVsRaw)
 	}
 	fmt.Fprintln(w)
+	if len(r.SleepVsRawRounds) > 0 {
+		fmt.Fprintf(w, "  each of %d rounds (medians above), sleep and wake against its raw copies out and in: %s (median %.2fx) and %s (median %.2fx)\n",
+			r.Rounds, roundList(r.SleepVsRawRounds), r.SleepVsRawRoundsMedian, roundList(r.WakeVsRawRounds), r.WakeVsRawRoundsMedian)
+	}
 	first := "first sleep of one device"
 	if r.PrepareSeconds > 0 && len(r.Devices) <= 1 {
 		first = "Set.Prepare and the first sleep"
@@ -43,7 +47,7 @@ func (r *SleepResult) Text(w io.Writer) {
 	}
 	if r.File != "" {
 		fmt.Fprintf(w, "  file %s, %d I/O goroutines per device (of %d asked), each through up to %d buffers of %s: raw write %.2f GB/s, read %.2f GB/s; sleep %.2fx, wake %.2fx of raw (medians of %d rounds)\n",
-			r.File, r.IOWorkersUsed, r.IOWorkers, r.FileBuffersUsed, units.FormatSize(r.FilePart), r.RawFileWriteGBps, r.RawFileReadGBps, r.SleepVsRawFile, r.WakeVsRawFile, r.FileRounds)
+			r.File, r.IOWorkersUsed, r.IOWorkers, r.FileBuffersUsed, units.FormatSize(r.FilePart), r.RawFileWriteGBps, r.RawFileReadGBps, r.SleepVsRawFile, r.WakeVsRawFile, r.Rounds)
 		fmt.Fprintf(w, "  each round, sleep and wake against its raw write and reads: %s (median %.2fx) and %s (median %.2fx); a wake's first copy queued after %.1f ms\n",
 			roundList(r.SleepVsRawFileRounds), r.SleepVsRawFileRoundsMedian, roundList(r.WakeVsRawFileRounds), r.WakeVsRawFileRoundsMedian, r.WakeFirstCopySeconds*1e3)
 		fmt.Fprintf(w, "  limits (the slower of the file and the copy engine): sleep %.2f GB/s (%.2fx), wake %.2f GB/s (%.2fx)\n",

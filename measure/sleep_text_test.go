@@ -23,7 +23,7 @@ func TestSleepText(t *testing.T) {
 		require.Contains(t, b.String(), c.want)
 	}
 	var b bytes.Buffer
-	(&SleepResult{Mode: "file", File: "f.bin", FileRounds: 3, WakeVsRawFileRounds: []float64{0.9, 0.95, 1.02}, WakeVsRawFileRoundsMedian: 0.95}).Text(&b)
+	(&SleepResult{Mode: "file", File: "f.bin", Rounds: 3, WakeVsRawFileRounds: []float64{0.9, 0.95, 1.02}, WakeVsRawFileRoundsMedian: 0.95}).Text(&b)
 	require.Contains(t, b.String(), "(medians of 3 rounds)")
 	require.Contains(t, b.String(), "0.90, 0.95, 1.02x (median 0.95x)")
 }

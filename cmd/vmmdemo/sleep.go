@@ -29,7 +29,8 @@ func runSleep(e *env, args []string) error {
 	ioWorkers := fs.Int("io-workers", 0, "--mode file: goroutines that move parts to or from the file, for the set and the raw figures (default 8)")
 	fs.Var(&part, "file-part", "--mode file: bytes each goroutine moves at once (default 4MiB, or --size or --slot when smaller)")
 	fileBuffers := fs.Int("file-buffers", 0, "--mode file: staging buffers each goroutine cycles through (default 2)")
-	fileRounds := fs.Int("file-rounds", 0, "--mode file: rounds of a raw write, a sleep, a raw read, a wake and a raw read, whose medians are reported (default 3)")
+	rounds := fs.Int("rounds", 0, "rounds of warm sleeps and wakes, each against raw transfers in the same round, whose medians are reported (default 3): keep and discard time a raw copy out, a sleep, a raw copy in and a wake; file a raw write, a sleep, a raw read, a wake and a raw read")
+	fileRounds := fs.Int("file-rounds", 0, "--mode file: the older name of --rounds")
 	prepare := fs.Bool("prepare", false, "--mode keep: pin the backup with Set.Prepare before the first sleep, as a service does at start, and report how long that took")
 	if err := parse(fs, args); err != nil {
 		return err
@@ -43,6 +44,6 @@ func runSleep(e *env, args []string) error {
 		}
 		return measure.Sleep(measure.SleepOptions{Env: me, Size: size.v, Devices: ordinals, Mode: *mode, File: *file,
 			Chunk: chunk.v, SlotSize: slot.v, IOWorkers: *ioWorkers, FilePart: part.v, FileBuffers: *fileBuffers,
-			FileRounds: *fileRounds, Prepare: *prepare})
+			Rounds: *rounds, FileRounds: *fileRounds, Prepare: *prepare})
 	})
 }

@@ -27,6 +27,8 @@ func TestSleepJSON(t *testing.T) {
 		{"--size", "8MiB", "--mode", "file", "--file", file, "--io-workers", "8"},
 		{"--size", "8MiB", "--mode", "file", "--file", file, "--file-part", "1MiB", "--file-buffers", "3"},
 		{"--size", "8MiB", "--mode", "file", "--file", file, "--file-rounds", "5"},
+		{"--size", "8MiB", "--mode", "file", "--file", file, "--rounds", "5"},
+		{"--size", "8MiB", "--chunk", "4MiB", "--slot", "4MiB", "--rounds", "4"},
 	} {
 		stdout, stderr, code := runSleepCmd(t, append(args, "--json")...)
 		require.Equal(t, 0, code, stderr)
@@ -43,10 +45,10 @@ func TestSleepJSON(t *testing.T) {
 			require.Contains(t, res, "raw_file_write_gbps")
 			require.Equal(t, 8.0, res["io_workers"], "the default, or --io-workers 8")
 			rounds := 3.0 // raw and set file speeds are medians of rounds
-			if slices.Contains(args, "--file-rounds") {
+			if slices.Contains(args, "--file-rounds") || slices.Contains(args, "--rounds") {
 				rounds = 5
 			}
-			require.Equal(t, rounds, res["file_rounds"])
+			require.Equal(t, rounds, res["rounds"])
 			require.Len(t, res["wake_vs_raw_file_rounds"], int(rounds), "each round's ratio")
 			require.Len(t, res["sleep_vs_raw_file_rounds"], int(rounds))
 			if slices.Contains(args, "--file-part") {
@@ -57,6 +59,14 @@ func TestSleepJSON(t *testing.T) {
 			st, err := os.Stat(file)
 			require.NoError(t, err, "--file is kept")
 			require.EqualValues(t, 8<<20, st.Size())
+		} else {
+			rounds := 3.0 // warm sleeps and wakes are medians of rounds against raw copies
+			if slices.Contains(args, "--rounds") {
+				rounds = 4
+			}
+			require.Equal(t, rounds, res["rounds"], args)
+			require.Len(t, res["sleep_vs_raw_rounds"], int(rounds), args)
+			require.Len(t, res["wake_vs_raw_rounds"], int(rounds), args)
 		}
 		if res["mode"] == "discard" {
 			require.Contains(t, res, "aggregate_sleep_x")
@@ -106,6 +116,9 @@ func TestSleepBadFlags(t *testing.T) {
 		{"--size", "8MiB", "--mode", "file", "--file-rounds", "-1"},
 		{"--size", "8MiB", "--mode", "file", "--file-rounds", "51"},
 		{"--size", "8MiB", "--file-rounds", "3"}, // not file mode
+		{"--size", "8MiB", "--rounds", "-1"},
+		{"--size", "8MiB", "--rounds", "51"},
+		{"--size", "8MiB", "--mode", "file", "--rounds", "2", "--file-rounds", "3"},
 	} {
 		_, stderr, code := runSleepCmd(t, args...)
 		require.NotEqual(t, 0, code, args)
