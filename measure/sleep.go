@@ -45,11 +45,11 @@ type SleepOptions struct {
 	// the same.
 	FilePart    uint64
 	FileBuffers int
-	// Rounds is how many rounds of warm sleeps and wakes are timed (default 3, at most 50), each
-	// against raw transfers of the same bytes timed in the same round; the medians are reported,
-	// and each round's ratios too. Keep and discard: a raw copy out, a sleep, a raw copy in and a
-	// wake, every device at once. File: a raw write, a sleep, a raw read, a wake and a raw read
-	// again, each phase after an fsync.
+	// Rounds is how many rounds of warm sleeps and wakes are timed (default 5, in file mode 3; at
+	// most 50), each against raw transfers of the same bytes timed in the same round; the medians
+	// are reported, and each round's ratios too. Keep and discard: a raw copy out, a sleep, a raw
+	// copy in and a wake, every device at once. File: a raw write, a sleep, a raw read, a wake and
+	// a raw read again, each phase after an fsync.
 	Rounds int
 	// FileRounds is Rounds' older name, for file mode only.
 	//
@@ -260,15 +260,19 @@ func (o *SleepOptions) checkIOWorkers(policy offload.Policy) error {
 // maxRounds bounds Rounds: each file round writes the whole file to the disk twice.
 const maxRounds = 50
 
-// defaultRounds: copy and file speeds on the measured hosts moved by up to a quarter between
-// phases of one run (the page cache, and memory the host provides as it is touched), so medians of
-// interleaved rounds compare like with like.
-const defaultRounds = 3
+// defaultRounds and defaultFileRounds: copy and file speeds on the measured hosts moved by up to
+// a quarter between phases of one run (the page cache, and memory the host provides as it is
+// touched), so medians of interleaved rounds compare like with like. A keep round of 16 GiB on each
+// of two GPUs takes about 1.5 s; a file round about a minute, where the file is on a disk.
+const (
+	defaultRounds     = 5
+	defaultFileRounds = 3
+)
 
 // checkRounds checks Rounds (and its older name FileRounds, file mode only) and sets its default.
 func (o *SleepOptions) checkRounds(policy offload.Policy) error {
 	if o.FileRounds != 0 {
-		if err := checkFileCount("file-rounds", &o.FileRounds, maxRounds, defaultRounds, policy); err != nil {
+		if err := checkFileCount("file-rounds", &o.FileRounds, maxRounds, defaultFileRounds, policy); err != nil {
 			return err
 		}
 		if o.Rounds != 0 && o.Rounds != o.FileRounds {
@@ -279,7 +283,11 @@ func (o *SleepOptions) checkRounds(policy offload.Policy) error {
 	if o.Rounds < 0 || o.Rounds > maxRounds {
 		return fmt.Errorf("--rounds %d: want 1 to %d: %w", o.Rounds, maxRounds, ErrInvalidOption)
 	}
-	o.Rounds = cmp.Or(o.Rounds, defaultRounds)
+	def := defaultRounds
+	if policy == offload.File {
+		def = defaultFileRounds
+	}
+	o.Rounds = cmp.Or(o.Rounds, def)
 	return nil
 }
 

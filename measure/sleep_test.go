@@ -30,7 +30,7 @@ func TestSleepOnTheSimulator(t *testing.T) {
 	require.Equal(t, 0.25, res.AsleepPauseSeconds)
 	require.Greater(t, res.WakeAtOnceSeconds, 0.0)
 	require.InDelta(t, res.WakeAtOnceGBps/res.RawH2DGBps, res.WakeAtOnceVsRaw, 1e-9)
-	requireWarmRounds(t, res, 3)
+	requireWarmRounds(t, res, 5) // the default
 
 	file := t.TempDir() + "/sleep.bin"
 	res, err = Sleep(SleepOptions{Env: Env{Backend: b}, Size: 8 << 20, Chunk: 4 << 20, SlotSize: 4 << 20, Mode: "file", File: file, IOWorkers: 3})

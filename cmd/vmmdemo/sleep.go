@@ -29,7 +29,7 @@ func runSleep(e *env, args []string) error {
 	ioWorkers := fs.Int("io-workers", 0, "--mode file: goroutines that move parts to or from the file, for the set and the raw figures (default 8)")
 	fs.Var(&part, "file-part", "--mode file: bytes each goroutine moves at once (default 4MiB, or --size or --slot when smaller)")
 	fileBuffers := fs.Int("file-buffers", 0, "--mode file: staging buffers each goroutine cycles through (default 2)")
-	rounds := fs.Int("rounds", 0, "rounds of warm sleeps and wakes, each against raw transfers in the same round, whose medians are reported (default 3): keep and discard time a raw copy out, a sleep, a raw copy in and a wake; file a raw write, a sleep, a raw read, a wake and a raw read")
+	rounds := fs.Int("rounds", 0, "rounds of warm sleeps and wakes, each against raw transfers in the same round, whose medians are reported (default 5, --mode file 3): keep and discard time a raw copy out, a sleep, a raw copy in and a wake; file a raw write, a sleep, a raw read, a wake and a raw read")
 	fileRounds := fs.Int("file-rounds", 0, "--mode file: the older name of --rounds")
 	prepare := fs.Bool("prepare", false, "--mode keep: pin the backup with Set.Prepare before the first sleep, as a service does at start, and report how long that took")
 	if err := parse(fs, args); err != nil {

@@ -60,7 +60,7 @@ func TestSleepJSON(t *testing.T) {
 			require.NoError(t, err, "--file is kept")
 			require.EqualValues(t, 8<<20, st.Size())
 		} else {
-			rounds := 3.0 // warm sleeps and wakes are medians of rounds against raw copies
+			rounds := 5.0 // warm sleeps and wakes are medians of rounds against raw copies
 			if slices.Contains(args, "--rounds") {
 				rounds = 4
 			}
