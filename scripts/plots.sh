@@ -12,7 +12,7 @@
 #   grow.json       vmmdemo grow --backend cuda --to 16GiB --step 256MiB --json
 #   broker.json     vmmdemo broker --backend cuda --size 8GiB --workers 4 --json
 #   sleep.json      vmmdemo sleep --backend cuda --size 16GiB --devices 0,1 --json
-#   sleep-file.json vmmdemo sleep --backend cuda --size 16GiB --devices 0,1 --mode file --file-rounds 7 --json
+#   sleep-file.json vmmdemo sleep --backend cuda --size 16GiB --devices 0,1 --mode file --rounds 7 --json
 # VMMDEMO names the vmmdemo binary to use; by default it is built from this checkout.
 set -euo pipefail
 if [ $# -lt 1 ] || [ $# -gt 2 ]; then

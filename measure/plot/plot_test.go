@@ -139,6 +139,33 @@ func TestDrawSleepFile(t *testing.T) {
 	require.Len(t, fig.Plots, 2)
 }
 
+// A keep result is drawn with each warm round's ratios against its raw copies, and without them
+// where an older release's result has none.
+func TestDrawSleepRounds(t *testing.T) {
+	data, err := os.ReadFile(filepath.Join("testdata", "sleep.json"))
+	require.NoError(t, err)
+	fig, err := plot.Draw(data)
+	require.NoError(t, err)
+	require.Len(t, fig.Plots, 3)
+	rounds := fig.Plots[2]
+	require.Equal(t, "each round (simulator)", rounds.Title.Text)
+	require.Equal(t, 5.5, rounds.X.Max, "five rounds")
+	var buf bytes.Buffer
+	require.NoError(t, fig.Write(&buf, "svg"))
+	texts := svgTexts(t, buf.Bytes())
+	require.Contains(t, texts, "sleep ÷ raw D2H")
+	require.Contains(t, texts, "wake ÷ raw H2D")
+
+	var r map[string]any
+	require.NoError(t, json.Unmarshal(data, &r))
+	delete(r, "sleep_vs_raw_rounds")
+	old, err := json.Marshal(r)
+	require.NoError(t, err)
+	fig, err = plot.Draw(old)
+	require.NoError(t, err)
+	require.Len(t, fig.Plots, 2)
+}
+
 // A sleep run with --prepare labels its first sleep as the one after Set.Prepare, and on one
 // device compares Prepare and the first sleep together with the usual backup.
 func TestDrawSleepPrepared(t *testing.T) {

@@ -27,11 +27,22 @@ type sleepResult struct {
 	RawFileReadGBps  float64   `json:"raw_file_read_gbps"`
 	SleepRounds      []float64 `json:"sleep_vs_raw_file_rounds"`
 	WakeRounds       []float64 `json:"wake_vs_raw_file_rounds"`
+	// keep and discard: each warm round's sleep and wake against its raw copies
+	SleepCopyRounds []float64 `json:"sleep_vs_raw_rounds"`
+	WakeCopyRounds  []float64 `json:"wake_vs_raw_rounds"`
+}
+
+// rounds are each round's ratios of a sleep result, and how to name them.
+type rounds struct {
+	sleep, wake         []float64
+	sleepName, wakeName string
+	yLabel              string
 }
 
 // drawSleep: warm sleep and wake GB/s, and the first sleep's (which pins its backup on the way),
-// against raw pinned copies of the same run; and the first sleep of one device against the usual
-// approach, cuMemHostAlloc of a backup then a copy. A file-mode result is drawn by drawSleepFile.
+// against raw pinned copies of the same run; the first sleep of one device against the usual
+// approach, cuMemHostAlloc of a backup then a copy; and, where the result has them, each warm
+// round's ratios. A file-mode result is drawn by drawSleepFile.
 func drawSleep(data []byte) ([]*plot.Plot, error) {
 	var r sleepResult
 	if err := json.Unmarshal(data, &r); err != nil {
@@ -71,7 +82,20 @@ func drawSleep(data []byte) ([]*plot.Plot, error) {
 		t.NominalX("back up and release")
 		out = append(out, t)
 	}
-	return out, nil
+	return withRounds(out, r, rounds{r.SleepCopyRounds, r.WakeCopyRounds, "sleep ÷ raw D2H", "wake ÷ raw H2D", "the set ÷ raw pinned copies"})
+}
+
+// withRounds appends the rounds' panel to out where the result lists a ratio of each kind for
+// every round.
+func withRounds(out []*plot.Plot, r sleepResult, rs rounds) ([]*plot.Plot, error) {
+	if len(rs.wake) == 0 || len(rs.wake) != len(rs.sleep) {
+		return out, nil
+	}
+	p, err := drawRounds(r, rs)
+	if err != nil {
+		return nil, err
+	}
+	return append(out, p), nil
 }
 
 // drawSleepFile: the sleep against the raw write and the wake against the raw read of the same
@@ -97,28 +121,21 @@ func drawSleepFile(r sleepResult) ([]*plot.Plot, error) {
 		p.NominalX(ph.group)
 		out = append(out, p)
 	}
-	if len(r.WakeRounds) == 0 || len(r.WakeRounds) != len(r.SleepRounds) {
-		return out, nil
-	}
-	rounds, err := drawFileRounds(r)
-	if err != nil {
-		return nil, err
-	}
-	return append(out, rounds), nil
+	return withRounds(out, r, rounds{r.SleepRounds, r.WakeRounds, "sleep ÷ raw write", "wake ÷ raw read", "the set ÷ raw file I/O"})
 }
 
-// drawFileRounds: each round's sleep ÷ raw write and wake ÷ raw read, against the round's number.
-func drawFileRounds(r sleepResult) (*plot.Plot, error) {
-	p := newPlot("each round"+onSim(r.Backend), "round", "the set ÷ raw file I/O")
+// drawRounds: each round's sleep and wake ratios, against the round's number.
+func drawRounds(r sleepResult, rs rounds) (*plot.Plot, error) {
+	p := newPlot("each round"+onSim(r.Backend), "round", rs.yLabel)
 	series := map[string]plotter.XYs{}
-	for name, xs := range map[string][]float64{"sleep ÷ raw write": r.SleepRounds, "wake ÷ raw read": r.WakeRounds} {
+	for name, xs := range map[string][]float64{rs.sleepName: rs.sleep, rs.wakeName: rs.wake} {
 		for i, x := range xs {
 			series[name] = append(series[name], plotter.XY{X: float64(i + 1), Y: x})
 		}
 	}
-	if err := lines(p, []string{"sleep ÷ raw write", "wake ÷ raw read"}, series); err != nil {
+	if err := lines(p, []string{rs.sleepName, rs.wakeName}, series); err != nil {
 		return nil, err
 	}
-	p.X.Min, p.X.Max = 0.5, float64(len(r.WakeRounds))+0.5
+	p.X.Min, p.X.Max = 0.5, float64(len(rs.wake))+0.5
 	return p, nil
 }
