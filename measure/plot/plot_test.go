@@ -129,14 +129,20 @@ func TestDrawSleepFile(t *testing.T) {
 	}
 
 	// A result of an older release, without rounds, is drawn without their panel.
+	require.Len(t, drawWithout(t, data, "wake_vs_raw_file_rounds").Plots, 2)
+}
+
+// drawWithout draws the result data with its key left out.
+func drawWithout(t *testing.T, data []byte, key string) *plot.Figure {
+	t.Helper()
 	var r map[string]any
 	require.NoError(t, json.Unmarshal(data, &r))
-	delete(r, "wake_vs_raw_file_rounds")
+	delete(r, key)
 	old, err := json.Marshal(r)
 	require.NoError(t, err)
-	fig, err = plot.Draw(old)
+	fig, err := plot.Draw(old)
 	require.NoError(t, err)
-	require.Len(t, fig.Plots, 2)
+	return fig
 }
 
 // A keep result is drawn with each warm round's ratios against its raw copies, and without them
@@ -155,15 +161,7 @@ func TestDrawSleepRounds(t *testing.T) {
 	texts := svgTexts(t, buf.Bytes())
 	require.Contains(t, texts, "sleep ÷ raw D2H")
 	require.Contains(t, texts, "wake ÷ raw H2D")
-
-	var r map[string]any
-	require.NoError(t, json.Unmarshal(data, &r))
-	delete(r, "sleep_vs_raw_rounds")
-	old, err := json.Marshal(r)
-	require.NoError(t, err)
-	fig, err = plot.Draw(old)
-	require.NoError(t, err)
-	require.Len(t, fig.Plots, 2)
+	require.Len(t, drawWithout(t, data, "sleep_vs_raw_rounds").Plots, 2)
 }
 
 // A sleep run with --prepare labels its first sleep as the one after Set.Prepare, and on one
