@@ -139,8 +139,9 @@ func (t *rawTimes) figures(r *sleepRun) {
 	r.res.RawD2HGBps, r.res.RawH2DGBps = sleepGBps(r.res.TotalBytes, median(t.outs)), sleepGBps(r.res.TotalBytes, median(t.ins))
 }
 
-// measureRaw copies Size bytes out of and back into every device in pieces, every device at once:
-// all devices pin, then all copy out (D2H) together, then all copy in (H2D) together. The aggregate
+// measureRaw times raw copies of Size bytes on every device at once, in pieces, between its pinned
+// host memory and its piece of device memory: all devices pin, then all copy out (D2H) together,
+// then all copy in (H2D) together. The aggregate
 // rates are over each phase's window, from its common start to the last device's finish; the
 // per-device rates are over each device's own copy time.
 func (r *sleepRun) measureRaw() (err error) {
