@@ -139,17 +139,26 @@ func TestSleepRounds(t *testing.T) {
 // A raw copy that fails in a warm round, with the set asleep, fails the run by name and leaves the
 // simulator holding what a good run leaves.
 func TestSleepRoundFails(t *testing.T) {
+	requireSleepFailsClean(t, false, "cuMemcpyHtoD", 2, "raw copies") // the second round's raw copy in
+}
+
+// requireSleepFailsClean runs Sleep on one simulated device (with Prepare as asked) once, then
+// again with the nth call of fn failing out of memory: the second run fails with an error that
+// wraps driver.ErrOutOfMemory and names phase, and leaves the simulator holding what the good run
+// left.
+func requireSleepFailsClean(t *testing.T, prepare bool, fn string, nth int, phase string) {
+	t.Helper()
 	b, err := OpenSim(1)
 	require.NoError(t, err)
 	defer func() { require.NoError(t, b.Close()) }()
-	opts := SleepOptions{Env: Env{Backend: b}, Size: 8 << 20, Chunk: 4 << 20, SlotSize: 4 << 20}
+	opts := SleepOptions{Env: Env{Backend: b}, Size: 8 << 20, Chunk: 4 << 20, SlotSize: 4 << 20, Prepare: prepare}
 	_, err = Sleep(opts)
 	require.NoError(t, err)
 	good := b.sim.Live()
-	b.sim.FailNth("cuMemcpyHtoD", 2, driver.ErrorOutOfMemory) // the second round's raw copy in
+	b.sim.FailNth(fn, nth, driver.ErrorOutOfMemory)
 	_, err = Sleep(opts)
 	require.ErrorIs(t, err, driver.ErrOutOfMemory)
-	require.ErrorContains(t, err, "raw copies")
+	require.ErrorContains(t, err, phase)
 	require.Equal(t, good, b.sim.Live(), "after the failed run: %s", b.sim.Live())
 }
 
@@ -182,18 +191,7 @@ func TestSleepPrepare(t *testing.T) {
 // leaves (the device's context, kernels, stream and their scratch buffer, until the backend closes):
 // no allocation, mapping or registration more.
 func TestSleepPrepareFails(t *testing.T) {
-	b, err := OpenSim(1)
-	require.NoError(t, err)
-	defer func() { require.NoError(t, b.Close()) }()
-	opts := SleepOptions{Env: Env{Backend: b}, Size: 8 << 20, Chunk: 4 << 20, SlotSize: 4 << 20, Prepare: true}
-	_, err = Sleep(opts)
-	require.NoError(t, err)
-	good := b.sim.Live()
-	b.sim.FailNth("cuMemHostRegister", 1, driver.ErrorOutOfMemory)
-	_, err = Sleep(opts)
-	require.ErrorIs(t, err, driver.ErrOutOfMemory)
-	require.ErrorContains(t, err, "prepare")
-	require.Equal(t, good, b.sim.Live(), "after the failed run: %s", b.sim.Live())
+	requireSleepFailsClean(t, true, "cuMemHostRegister", 1, "prepare")
 }
 
 // TestSleepFileInTempDir: --mode file without a File keeps its backup in Env.TempDir's directory
