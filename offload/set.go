@@ -92,9 +92,11 @@ type Options struct {
 	FileBuffers int
 }
 
-// DefaultIOWorkers is Options.IOWorkers' default. On the measured host, 8 goroutines woke 8 GiB
-// from a file in the page cache at 46-50 GB/s in most runs, near the copy engine's 55 GB/s (16 made
-// 51 GB/s), while the writes of a sleep stayed near 5-6 GB/s with any count.
+// DefaultIOWorkers is Options.IOWorkers' default, per device. On the measured host, 8 goroutines
+// woke 8 GiB from a file in the page cache at 46-50 GB/s in most runs, near the copy engine's 55
+// GB/s (16 made 51 GB/s), while the writes of a sleep stayed near 5-6 GB/s with any count. With two
+// GPUs at once, 16 per device woke a fifth slower than 8: the reads and the copies share the host's
+// memory (docs/offload-runs.md).
 const DefaultIOWorkers = 8
 
 // DefaultSlotSize is Options.SlotSize's default.
