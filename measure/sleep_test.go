@@ -136,6 +136,22 @@ func TestSleepRounds(t *testing.T) {
 	require.Len(t, res.WakeVsRawFileRounds, 2)
 }
 
+// In file mode a run wakes the set only where a figure needs it: the first wake, the one after
+// TrimPool, and each round's (each wake creates the buffer's two chunks again).
+func TestSleepFileWakes(t *testing.T) {
+	b, err := OpenSim(1)
+	require.NoError(t, err)
+	defer func() { require.NoError(t, b.Close()) }()
+	for _, rounds := range []int{1, 3} {
+		before := b.sim.Calls("cuMemCreate")
+		res, err := Sleep(SleepOptions{Env: Env{Backend: b}, Size: 8 << 20, Chunk: 4 << 20, SlotSize: 4 << 20, Mode: "file", Rounds: rounds})
+		require.NoError(t, err)
+		require.True(t, res.Verified)
+		wakes := 2 + rounds
+		require.Equal(t, 2+2*wakes, b.sim.Calls("cuMemCreate")-before, "the buffer's chunks, then %d wakes of them", wakes)
+	}
+}
+
 // A raw copy that fails in a warm round, with the set asleep, fails the run by name and leaves the
 // simulator holding what a good run leaves.
 func TestSleepRoundFails(t *testing.T) {
