@@ -139,62 +139,65 @@ func (t *rawTimes) figures(r *sleepRun) {
 	r.res.RawD2HGBps, r.res.RawH2DGBps = sleepGBps(r.res.TotalBytes, median(t.outs)), sleepGBps(r.res.TotalBytes, median(t.ins))
 }
 
-// measureRaw times raw copies of Size bytes on every device at once, in pieces, between its pinned
-// host memory and its piece of device memory: all devices pin, then all copy out (D2H) together,
-// then all copy in (H2D) together. The aggregate
-// rates are over each phase's window, from its common start to the last device's finish; the
-// per-device rates are over each device's own copy time.
-func (r *sleepRun) measureRaw() (err error) {
+// withRawCopies makes the raw copies' memory on every device, runs fn with it and the times it
+// adds, sets the raw copy rates from those times, and frees the memory.
+func (r *sleepRun) withRawCopies(fn func(rc *rawCopies, t *rawTimes) error) (err error) {
 	rc, err := r.newRawCopies()
 	if err != nil {
 		return err
 	}
 	defer func() { err = errors.Join(err, rc.close()) }()
 	var t rawTimes
-	if err := t.add(rc, true); err != nil {
-		return err
-	}
-	if err := t.add(rc, false); err != nil {
+	if err := fn(rc, &t); err != nil {
 		return err
 	}
 	t.figures(r)
 	return nil
 }
 
+// measureRaw times raw copies of Size bytes on every device at once, in pieces, between its pinned
+// host memory and its piece of device memory: all devices pin, then all copy out (D2H) together,
+// then all copy in (H2D) together. The aggregate rates are over each phase's window, from its
+// common start to the last device's finish; the per-device rates are over each device's own copy
+// time.
+func (r *sleepRun) measureRaw() error {
+	return r.withRawCopies(func(rc *rawCopies, t *rawTimes) error {
+		if err := t.add(rc, true); err != nil {
+			return err
+		}
+		return t.add(rc, false)
+	})
+}
+
 // measureWarmRounds times Rounds warm sleeps and wakes of the set, each against raw copies of as
 // many bytes in the same round, every device at once: a raw copy out, a sleep, asleepPause, a raw
 // copy in, a wake. The set's times and the raw rates reported are the rounds' medians, and each
 // round's ratios are listed.
-func (r *sleepRun) measureWarmRounds() (err error) {
-	rc, err := r.newRawCopies()
-	if err != nil {
-		return err
-	}
-	defer func() { err = errors.Join(err, rc.close()) }()
-	var t rawTimes
-	var sleeps, wakes []float64
-	total := r.res.TotalBytes
-	for range r.opts.Rounds {
-		if err := t.add(rc, true); err != nil {
-			return err
+func (r *sleepRun) measureWarmRounds() error {
+	return r.withRawCopies(func(rc *rawCopies, t *rawTimes) error {
+		var sleeps, wakes []float64
+		total := r.res.TotalBytes
+		for range r.opts.Rounds {
+			if err := t.add(rc, true); err != nil {
+				return err
+			}
+			s, err := r.timed("sleep", total, r.set.Sleep)
+			if err != nil {
+				return err
+			}
+			time.Sleep(asleepPause)
+			if err := t.add(rc, false); err != nil {
+				return err
+			}
+			w, err := r.timed("wake", total, r.set.Wake)
+			if err != nil {
+				return err
+			}
+			sleeps, wakes = append(sleeps, s), append(wakes, w)
 		}
-		s, err := r.timed("sleep", total, r.set.Sleep)
-		if err != nil {
-			return err
-		}
-		time.Sleep(asleepPause)
-		if err := t.add(rc, false); err != nil {
-			return err
-		}
-		w, err := r.timed("wake", total, r.set.Wake)
-		if err != nil {
-			return err
-		}
-		sleeps, wakes = append(sleeps, s), append(wakes, w)
-	}
-	t.figures(r)
-	r.warmRoundFigures(t.outs, t.ins, sleeps, wakes)
-	return r.verify("after the warm rounds")
+		r.warmRoundFigures(t.outs, t.ins, sleeps, wakes)
+		return r.verify("after the warm rounds")
+	})
 }
 
 // warmRoundFigures sets the warm figures from the rounds' times: a ratio of rates is the inverse
