@@ -70,6 +70,22 @@ func runPeer(t *testing.T, bin string, args ...string) (int, string, string) {
 	return runPeerEnv(t, bin, nil, args...)
 }
 
+// badArgs is a command line a C program must refuse, and what its error must say.
+type badArgs struct {
+	args []string
+	want string
+}
+
+// requireRefuses runs bin with each command line of cases: each must exit with 2 and say its want.
+func requireRefuses(t *testing.T, bin string, cases []badArgs) {
+	t.Helper()
+	for _, c := range cases {
+		code, _, stderr := runPeer(t, bin, c.args...)
+		require.Equal(t, 2, code, "%v: %s", c.args, stderr)
+		require.Contains(t, stderr, c.want, "%v", c.args)
+	}
+}
+
 // runPeerEnv is runPeer with env added to the test's environment.
 func runPeerEnv(t *testing.T, bin string, env []string, args ...string) (int, string, string) {
 	t.Helper()
@@ -89,20 +105,13 @@ func runPeerEnv(t *testing.T, bin string, env []string, args ...string) (int, st
 // GPU from its file and finds the device's bytes equal to the file's.
 func TestFileWakePeer(t *testing.T) {
 	bin := buildFileWakePeer(t)
-	for _, c := range []struct {
-		args []string
-		want string
-	}{
+	requireRefuses(t, bin, []badArgs{
 		{[]string{"--gpus", "0"}, "want 1-8 GPUs"},
 		{[]string{"--part", "1000"}, "multiple of 4 KiB"},
 		{[]string{"--size", "1XiB"}, "not 1XiB"},
 		{[]string{"--bogus", "1"}, "unknown flag --bogus"},
 		{[]string{"--gpus"}, "every flag takes a value: --gpus"},
-	} {
-		code, _, stderr := runPeer(t, bin, c.args...)
-		require.Equal(t, 2, code, "%v: %s", c.args, stderr)
-		require.Contains(t, stderr, c.want, "%v", c.args)
-	}
+	})
 	code, stdout, stderr := runPeer(t, bin, "--gpus", "1", "--size", "64MiB", "--rounds", "2", "--dir", t.TempDir())
 	if code != 0 && strings.Contains(stderr, "libcuda.so.1") && !testutil.RequireGPU() {
 		t.Skipf("the peer needs the CUDA driver (set CUVMM_REQUIRE_GPU=1 to fail instead): %s", stderr)
@@ -159,21 +168,14 @@ type firstPinResult struct {
 func TestFirstPinProbe(t *testing.T) {
 	bin := filepath.Join(t.TempDir(), "first_pin")
 	compileC(t, "-O2", "-Wall", "-Wextra", "-Werror", "-o", bin, firstPinProbe, "-ldl", "-lpthread")
-	for _, c := range []struct {
-		args []string
-		want string
-	}{
+	requireRefuses(t, bin, []badArgs{
 		{[]string{"--gpus", "x"}, "--gpus wants 0-64, not x"},
 		{[]string{"--threads", "0"}, "--threads wants 1-256, not 0"},
 		{[]string{"--passes", "101"}, "--passes wants 1-100, not 101"},
 		{[]string{"--size", "1XiB"}, "--size wants a positive size such as 16GiB, not 1XiB"},
 		{[]string{"--bogus", "1"}, "unknown flag --bogus"},
 		{[]string{"--gpus"}, "every flag takes a value: --gpus"},
-	} {
-		code, _, stderr := runPeer(t, bin, c.args...)
-		require.Equal(t, 2, code, "%v: %s", c.args, stderr)
-		require.Contains(t, stderr, c.want, "%v", c.args)
-	}
+	})
 	run := func(env []string, gpus string) firstPinResult {
 		code, stdout, stderr := runPeerEnv(t, bin, env, "--size", "8MiB", "--threads", "3", "--passes", "2", "--gpus", gpus)
 		require.Equal(t, 0, code, "%s", stderr)
