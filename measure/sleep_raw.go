@@ -16,9 +16,9 @@ import (
 func (r *sleepRun) sleepPiece() uint64 { return min(r.opts.SlotSize, r.opts.Size) }
 
 // rawHostLimit bounds the pinned memory each device's raw copies cycle through. Through 2 GiB
-// the raw copies of two H100s ran 3-8 % faster than through 16 GiB, as much as a sleep of 16 GiB
-// fills (docs/offload-runs.md): the smaller working set is the stricter baseline, and it does not
-// pin as much again as the backups.
+// the raw copies of two H100s ran about 3 % faster (1-9 % run by run) than through 16 GiB, as much
+// as a sleep of 16 GiB fills (docs/offload-runs.md): the smaller working set is the stricter
+// baseline, and it does not pin as much again as the backups.
 const rawHostLimit = 2 << 30
 
 // rawHostSize is the raw copies' host memory on each device: the buffer, up to rawHostLimit, in
