@@ -6,6 +6,8 @@ import (
 	"strings"
 
 	"github.com/prometheus/client_golang/prometheus"
+	promtest "github.com/prometheus/client_golang/prometheus/testutil"
+	"github.com/prometheus/common/expfmt"
 
 	"github.com/cuvmm/cuvmm/driver/sim"
 	"github.com/cuvmm/cuvmm/growbuf"
@@ -67,28 +69,23 @@ func ExampleNewSet() {
 	set := offload.NewSet(sys, offload.Options{SlotSize: 32 << 20})
 	defer set.Close()
 	_ = set.Add("weights", buf, offload.Keep, offload.EntryOptions{})
-	reg := prometheus.NewRegistry()
-	reg.MustRegister(metrics.NewSet(set, "model", metrics.Options{}))
+	c := metrics.NewSet(set, "model", metrics.Options{})
 	_ = set.Sleep(context.Background())
 
-	fams, _ := reg.Gather()
-	for _, f := range fams {
-		for _, m := range f.GetMetric() {
-			var labels []string
-			for _, l := range m.GetLabel() {
-				labels = append(labels, l.GetName()+"="+l.GetValue())
-			}
-			v := m.GetGauge().GetValue() + m.GetCounter().GetValue()
-			switch f.GetName() {
-			case "cuvmm_offload_buffer_asleep", "cuvmm_offload_asleep_bytes", "cuvmm_offload_calls_total":
-				fmt.Printf("%s{%s} %g\n", f.GetName(), strings.Join(labels, ","), v)
-			}
-		}
-	}
+	// What a scrape shows (prometheus' testutil formats it as the exposition text a server sends).
+	text, _ := promtest.CollectAndFormat(c, expfmt.TypeTextPlain,
+		"cuvmm_offload_buffer_asleep", "cuvmm_offload_asleep_bytes", "cuvmm_offload_calls_total")
+	fmt.Print(string(text))
 	_ = set.Wake(context.Background())
 	// Output:
-	// cuvmm_offload_asleep_bytes{set=model} 6.7108864e+07
-	// cuvmm_offload_buffer_asleep{policy=keep,set=model,tag=weights} 1
-	// cuvmm_offload_calls_total{op=sleep,set=model} 1
-	// cuvmm_offload_calls_total{op=wake,set=model} 0
+	// # HELP cuvmm_offload_asleep_bytes GPU memory of the sleeping buffers, given back to the driver.
+	// # TYPE cuvmm_offload_asleep_bytes gauge
+	// cuvmm_offload_asleep_bytes{set="model"} 6.7108864e+07
+	// # HELP cuvmm_offload_buffer_asleep 1 while the buffer sleeps (its GPU memory given back), else 0.
+	// # TYPE cuvmm_offload_buffer_asleep gauge
+	// cuvmm_offload_buffer_asleep{policy="keep",set="model",tag="weights"} 1
+	// # HELP cuvmm_offload_calls_total Sleeps and wakes that slept or woke at least one buffer.
+	// # TYPE cuvmm_offload_calls_total counter
+	// cuvmm_offload_calls_total{op="sleep",set="model"} 1
+	// cuvmm_offload_calls_total{op="wake",set="model"} 0
 }
