@@ -146,9 +146,8 @@ func (r *sleepRun) measureOneDevice() error {
 	if _, err := r.timed("first wake, one device", size, r.set.Wake, tag); err != nil {
 		return err
 	}
-	rounds := max(r.opts.Rounds, 1)
 	var sleeps, wakes []float64
-	for range rounds {
+	for range r.opts.Rounds { // at least 1: SleepOptions.check set it
 		s, err := r.timed("sleep, one device", size, r.set.Sleep, tag)
 		if err != nil {
 			return err
