@@ -108,6 +108,8 @@ func TestFileWakePeer(t *testing.T) {
 	requireRefuses(t, bin, []badArgs{
 		{[]string{"--gpus", "0"}, "want 1-8 GPUs"},
 		{[]string{"--part", "1000"}, "multiple of 4 KiB"},
+		{[]string{"--sub", "1000"}, "want a --sub that is a multiple of 4 KiB, at most the part"},
+		{[]string{"--part", "4MiB", "--sub", "8MiB"}, "want a --sub that is a multiple of 4 KiB, at most the part"},
 		{[]string{"--size", "1XiB"}, "not 1XiB"},
 		{[]string{"--bogus", "1"}, "unknown flag --bogus"},
 		{[]string{"--gpus"}, "every flag takes a value: --gpus"},
