@@ -249,16 +249,19 @@ func (r *reader) finish(h Header, payload []byte) (Frame, error) {
 }
 
 // fill reads into b[got:] from conn until at least need bytes of b are in, collecting the
-// descriptors that arrive with any of them, and returns how many are. Once a frame has started (its
-// first byte is in), the deadline becomes the message timeout. b[base:] is the part named what, for
-// errors; base 0 is the start of a frame.
+// descriptors that arrive with the frame's first bytes, and returns how many are. Descriptors that
+// arrive with any later bytes are closed and refused at once: the format attaches them to the
+// header, so a peer cannot make a reader hold more than one message's worth by sending a frame in
+// many pieces. Once a frame has started (its first byte is in), the deadline becomes the message
+// timeout. b[base:] is the part named what, for errors; base 0 is the start of a frame.
 func (r *reader) fill(conn *net.UnixConn, b []byte, got, need, base int, what string, lim readLimits) (int, error) {
 	atStart := base == 0
 	for got < need {
+		firstRead := atStart && got == 0
 		n, oobn, flags, _, err := conn.ReadMsgUnix(b[got:], r.oob)
 		n, oobn = max(n, 0), max(oobn, 0)
 		if oobn > 0 {
-			if perr := collectRights(r.oob[:oobn], &r.fds); perr != nil && err == nil {
+			if perr := r.takeRights(r.oob[:oobn], firstRead); perr != nil && err == nil {
 				err = perr
 			}
 		}
@@ -277,6 +280,17 @@ func (r *reader) fill(conn *net.UnixConn, b []byte, got, need, base int, what st
 		}
 	}
 	return got, nil
+}
+
+// takeRights collects the descriptors of oob; after a frame's first bytes any descriptor is a
+// protocol error (the caller's clean-up closes what was collected).
+func (r *reader) takeRights(oob []byte, firstRead bool) error {
+	had := len(r.fds)
+	err := collectRights(oob, &r.fds)
+	if err == nil && !firstRead && len(r.fds) > had {
+		err = fmt.Errorf("%w: %d descriptors arrived after the frame's first bytes (closed): they must come with the header", ErrProtocol, len(r.fds)-had)
+	}
+	return err
 }
 
 func readError(err error, got, want int, what string, none bool, lim readLimits) error {

@@ -5,6 +5,7 @@ import (
 	"io"
 	"os"
 	"testing"
+	"time"
 
 	"github.com/stretchr/testify/require"
 	"golang.org/x/sys/unix"
@@ -125,4 +126,33 @@ func TestWriteRefusals(t *testing.T) {
 	_, _, _, err := ReadMessage(nil)
 	require.ErrorIs(t, err, ErrProtocol)
 	require.True(t, errors.Is(ErrMessageTooLarge, ErrProtocol))
+}
+
+// A peer that sends a frame in pieces, each carrying descriptors, is refused at its second piece:
+// the reader never holds more than one message's descriptors from it, and closes them all.
+func TestFrameDescriptorsAfterTheFirstBytes(t *testing.T) {
+	r, w, err := os.Pipe()
+	require.NoError(t, err)
+	defer r.Close()
+	defer w.Close()
+	fds := make([]int, MaxFDs)
+	for i := range fds {
+		fds[i] = int(r.Fd())
+	}
+	before := openFDs(t)
+	x, y := socketPair(t)
+	hdr := make([]byte, HeaderSize+8)
+	Header{Kind: 5, Length: 8}.Put(hdr)
+	for i := 0; i < 4; i++ { // the rest of the frame never comes
+		_, _, err := x.WriteMsgUnix(hdr[i:i+1], unix.UnixRights(fds...), nil)
+		require.NoError(t, err)
+	}
+	require.NoError(t, y.SetReadDeadline(time.Now().Add(5*time.Second)))
+	f, err := NewConn(y, unix.Ucred{}).Read()
+	require.ErrorIs(t, err, ErrProtocol, "refused at once, not after waiting for the rest")
+	require.ErrorContains(t, err, "after the frame's first bytes")
+	require.Nil(t, f.Files)
+	x.Close()
+	y.Close()
+	require.Equal(t, before, openFDs(t), "every received descriptor closed")
 }
