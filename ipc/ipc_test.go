@@ -85,6 +85,7 @@ func TestShareDeviceMemory(t *testing.T) {
 		require.NoError(t, buf.Close())
 		require.NoError(t, buf.Close(), "Close is idempotent")
 		require.ErrorIs(t, buf.SetAccess(vmm.ReadWrite(dev)), vmm.ErrClosed)
+		require.Empty(t, buf.Chunks(), "a closed buffer lists no allocations")
 		var nilBuf *ipc.Buffer
 		require.NoError(t, nilBuf.Close())
 	})

@@ -159,8 +159,14 @@ func (b *Buffer) Len() uint64 { return b.desc.Len }
 // Cap is the mapped capacity, the descriptor's size: every chunk lies inside [0, Cap).
 func (b *Buffer) Cap() uint64 { return b.desc.Size }
 
-// Chunks are the imported allocations at their offsets. They belong to the buffer.
+// Chunks are the imported allocations at their offsets. They belong to the buffer. A closed buffer
+// has none (so that callers such as package nccl refuse it).
 func (b *Buffer) Chunks() []vmm.Chunk {
+	b.own.Lock()
+	defer b.own.Unlock()
+	if b.own.Closed() {
+		return nil
+	}
 	out := make([]vmm.Chunk, len(b.allocs))
 	for i, a := range b.allocs {
 		out[i] = vmm.Chunk{Offset: b.desc.Chunks[i].Offset, Allocation: a}

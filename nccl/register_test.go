@@ -12,6 +12,7 @@ import (
 
 	"github.com/cuvmm/cuvmm/growbuf"
 	"github.com/cuvmm/cuvmm/internal/testutil"
+	"github.com/cuvmm/cuvmm/ipc"
 	"github.com/cuvmm/cuvmm/nccl"
 	"github.com/cuvmm/cuvmm/nccl/ncclsim"
 	"github.com/cuvmm/cuvmm/vmm"
@@ -328,6 +329,27 @@ func TestRegistrationChunksDuringAbort(t *testing.T) {
 		close(stop)
 		<-read // the reads raced the abort (the race detector checks them); now, after it:
 		require.Zero(t, reg.Chunks(), "the aborted communicator released the registration")
+		require.NoError(t, reg.Close())
+		require.NoError(t, c.Close())
+	}, testutil.SimOnly())
+}
+
+// A buffer received from another process (ipc.Buffer) and closed lists no chunks, so Register
+// refuses it as it refuses a closed growbuf.Buffer, rather than registering a freed range.
+func TestRegisterClosedReceivedBuffer(t *testing.T) {
+	testutil.Run(t, func(t *testing.T, b *testutil.Backend) {
+		lib := library(t, b)
+		dev := b.Device(t, 0)
+		src := buffer(t, dev, 4*mib, 2*mib)
+		e, err := ipc.Export(src)
+		require.NoError(t, err)
+		defer e.Close()
+		rb, err := ipc.Open(dev, &ipc.Received{Desc: e.Desc, Files: e.Files})
+		require.NoError(t, err)
+		require.NoError(t, rb.Close())
+		c := soloComm(t, b, lib)
+		reg, err := c.Register(deadline(t, 10*time.Second), rb)
+		require.ErrorIs(t, err, nccl.ErrInvalidValue)
 		require.NoError(t, reg.Close())
 		require.NoError(t, c.Close())
 	}, testutil.SimOnly())
