@@ -473,6 +473,33 @@ func TestKeep(t *testing.T) {
 	}, testutil.SimOnly())
 }
 
+// A kept object whose clean-up still fails holds System.Close back (ErrInUse, naming it), so that it
+// keeps a context to be retried with; once it succeeds, Close does.
+func TestCloseWaitsForAFailingKeptObject(t *testing.T) {
+	s := sim.New()
+	defer s.Close()
+	sys, err := vmm.Open(s)
+	require.NoError(t, err)
+	_, err = sys.Device(0)
+	require.NoError(t, err)
+	busy := true
+	_ = sys.Keep("host resource", func() error {
+		if busy {
+			return errors.New("still busy")
+		}
+		return nil
+	})
+	err = sys.Close()
+	require.ErrorIs(t, err, vmm.ErrInUse)
+	require.ErrorContains(t, err, "host resource")
+	require.Equal(t, []string{"host resource"}, sys.Orphans())
+	_, err = sys.Device(0)
+	require.NoError(t, err, "the System stays open")
+	busy = false
+	require.NoError(t, sys.Close())
+	require.Empty(t, sys.Orphans())
+}
+
 func TestOpenFails(t *testing.T) {
 	_, err := vmm.Open(nil)
 	require.ErrorIs(t, err, vmm.ErrInvalidValue)

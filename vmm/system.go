@@ -146,7 +146,8 @@ func (s *System) anyDevice() (*Device, error) {
 
 // Close releases the primary contexts of the open devices. It first retries the clean-ups that
 // failed during undos (Orphans). It fails with ErrInUse, releasing nothing and naming what remains
-// per device, while any device still owns allocations, reservations, streams or other objects.
+// per device, while any device still owns allocations, reservations, streams or other objects, or
+// while a failed clean-up still fails (so that it keeps a context to be retried with).
 // Calls in flight on other goroutines finish before the check; later calls fail with ErrClosed.
 func (s *System) Close() error {
 	if s == nil {
@@ -165,7 +166,11 @@ func (s *System) Close() error {
 	defer s.gate.Unlock()
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	if left := s.remaining(); left != "" {
+	if left := s.remaining(); left != "" || retryErr != nil {
+		if left == "" {
+			// Kept objects (Keep) have no device owner but still need a context to be freed.
+			left = fmt.Sprintf("failed clean-ups %q", s.Orphans())
+		}
 		err := fmt.Errorf("vmm: close system: still owned: %s: %w", left, ErrInUse)
 		if retryErr != nil {
 			err = fmt.Errorf("%w (retrying failed clean-ups: %w)", err, retryErr)
