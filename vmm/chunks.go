@@ -129,8 +129,11 @@ func UndoClose(o Closer) error {
 	if sys == nil {
 		return fmt.Errorf("undo: %w", err)
 	}
-	if m, ok := o.(*Mapping); ok {
-		m.orphan.Store(true)
+	switch x := o.(type) {
+	case *Mapping:
+		x.orphan.Store(true)
+	case *Reservation:
+		return errors.Join(fmt.Errorf("undo: %w", err), sys.adoptReservation(x))
 	}
 	return errors.Join(fmt.Errorf("undo: %w", err), sys.adopt(describe(o), ownerOf(o), o.Close))
 }

@@ -57,9 +57,10 @@ func (d *Device) create(o *lifetime.Owner, kind string, fn func(api driver.API) 
 // adoptee is an object whose clean-up failed during an undo: the System keeps it and retries its
 // Close in System.Close, so that no failure leaves an object no API can free.
 type adoptee struct {
-	what  string
-	own   *lifetime.Owner // nil when unknown
-	close func() error
+	what   string
+	own    *lifetime.Owner // nil when unknown
+	close  func() error
+	lo, hi driver.DevicePtr // the addresses it holds, for a reservation (else empty)
 }
 
 func (a adoptee) done() bool { return a.own != nil && a.own.IsClosed() }
@@ -67,10 +68,36 @@ func (a adoptee) done() bool { return a.own != nil && a.own.IsClosed() }
 // adopt hands an object whose clean-up failed to the System. what names it; close is its idempotent
 // Close. The returned error names it for the caller's error message.
 func (s *System) adopt(what string, own *lifetime.Owner, close func() error) error {
+	return s.keepAdoptee(adoptee{what: what, own: own, close: close})
+}
+
+// adoptReservation hands the System a reservation whose free failed, remembering its addresses so
+// that a Reserve hinted there retries it first (retryIn).
+func (s *System) adoptReservation(r *Reservation) error {
+	return s.keepAdoptee(adoptee{what: r.String(), own: &r.own, close: r.Close, lo: r.ptr, hi: r.End()})
+}
+
+func (s *System) keepAdoptee(a adoptee) error {
 	s.adoptMu.Lock()
-	s.adopted = append(s.adopted, adoptee{what, own, close})
+	s.adopted = append(s.adopted, a)
 	s.adoptMu.Unlock()
-	return fmt.Errorf("vmm: %s is kept by the System, and its Close retries freeing it", what)
+	return fmt.Errorf("vmm: %s is kept by the System, and its Close retries freeing it", a.what)
+}
+
+// retryIn retries freeing the adopted reservations that hold addresses in [lo, hi): one left there
+// by a failed undo is in the way of a Reserve hinted at lo (a buffer growing in place, say).
+func (s *System) retryIn(lo, hi driver.DevicePtr) {
+	s.adoptMu.Lock()
+	var in []adoptee
+	for _, a := range s.adopted {
+		if a.lo < hi && lo < a.hi {
+			in = append(in, a)
+		}
+	}
+	s.adoptMu.Unlock()
+	for _, a := range in {
+		_ = a.close() // still failing: it stays adopted, and the Reserve is not granted the hint
+	}
 }
 
 // retryAdopted closes the adopted objects, pass after pass while a pass frees something (a mapping

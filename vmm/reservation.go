@@ -128,6 +128,9 @@ func (s *System) Reserve(size uint64, opts ReserveOptions) (*Reservation, error)
 	if uint64(opts.Hint)%g != 0 {
 		return nil, fmt.Errorf("vmm: reserve %s: hint %#x is not a multiple of the granularity %s: %w", units.FormatSize(rounded), opts.Hint, units.FormatSize(g), ErrInvalidValue)
 	}
+	if opts.Hint != 0 {
+		s.retryIn(opts.Hint, opts.Hint+driver.DevicePtr(rounded))
+	}
 	r := &Reservation{dev: d, size: rounded, gran: g, mappings: map[uint64]*Mapping{}}
 	err = d.create(&r.own, "reservation", func(api driver.API) error {
 		var err error
@@ -144,7 +147,7 @@ func (s *System) Reserve(size uint64, opts ReserveOptions) (*Reservation, error)
 		err := fmt.Errorf("vmm: reserve %s (hint %#x): %w: got %#x", units.FormatSize(rounded), opts.Hint, ErrHintNotGranted, uint64(r.ptr))
 		if ferr := r.Close(); ferr != nil {
 			// The misplaced range stays owned: the System retries freeing it.
-			err = errors.Join(err, fmt.Errorf("freeing the misplaced range: %w", ferr), s.adopt(r.String(), &r.own, r.Close))
+			err = errors.Join(err, fmt.Errorf("freeing the misplaced range: %w", ferr), s.adoptReservation(r))
 		}
 		return nil, err
 	}
@@ -197,6 +200,29 @@ func (r *Reservation) overlapping(off, size uint64) *Mapping {
 	return nil
 }
 
+// inTheWay returns a mapping that overlaps [off, off+size), after retrying to close the ones there
+// that a failed undo left (System.Orphans): they are in the way of a new mapping, and of nothing
+// else. The error is the retry's, when such a mapping still fails to close. The caller holds r's lock.
+func (r *Reservation) inTheWay(off, size uint64) (*Mapping, error) {
+	for {
+		m := r.overlapping(off, size)
+		if m == nil || !m.orphan.Load() {
+			return m, nil
+		}
+		if err := m.closeLocked(); err != nil {
+			return m, fmt.Errorf("left by a failed undo, and closing it failed again: %w", err)
+		}
+	}
+}
+
+// overlapError names the mapping m in the way of op at off; cause is inTheWay's error.
+func (r *Reservation) overlapError(op string, off uint64, m *Mapping, cause error) error {
+	if cause != nil {
+		return fmt.Errorf("vmm: %s at offset %#x of %s: overlaps the mapping at offset %#x (%w): %w", op, off, r, m.off, cause, ErrInvalidValue)
+	}
+	return fmt.Errorf("vmm: %s at offset %#x of %s: overlaps the mapping at offset %#x: %w", op, off, r, m.off, ErrInvalidValue)
+}
+
 // Map maps the whole allocation a at offset off (cuMemMap). The mapping has no access until
 // SetAccess; use MapAccess to do both atomically. The allocation must not be closed before the
 // mapping.
@@ -219,8 +245,8 @@ func (r *Reservation) MapAccess(off uint64, a *Allocation, access ...Access) (*M
 	if err := r.checkRange("map "+a.String(), off, a.size); err != nil {
 		return nil, err
 	}
-	if m := r.overlapping(off, a.size); m != nil {
-		return nil, fmt.Errorf("vmm: map %s at offset %#x of %s: overlaps the mapping at offset %#x: %w", a, off, r, m.off, ErrInvalidValue)
+	if m, err := r.inTheWay(off, a.size); m != nil {
+		return nil, r.overlapError("map "+a.String(), off, m, err)
 	}
 	var m *Mapping
 	err := a.withHandle("map", func(h driver.MemHandle) error {
@@ -306,8 +332,8 @@ func (r *Reservation) MapNew(off, size uint64, d *Device, opts AllocOptions, acc
 	if err := r.checkRange("map new", off, size); err != nil {
 		return nil, err
 	}
-	if m := r.overlapping(off, size); m != nil {
-		return nil, fmt.Errorf("vmm: map new %s at offset %#x of %s: overlaps the mapping at offset %#x: %w", units.FormatSize(size), off, r, m.off, ErrInvalidValue)
+	if m, err := r.inTheWay(off, size); m != nil {
+		return nil, r.overlapError("map new "+units.FormatSize(size), off, m, err)
 	}
 	ptr := r.ptr + driver.DevicePtr(off)
 	var a *Allocation
