@@ -38,8 +38,9 @@ func (p *Pool) AllocTag(size uint64, s *vmm.Stream, tag string) (*Block, error) 
 			return nil, fmt.Errorf("pool: allocate %s: %w", units.FormatSize(size), err)
 		}
 	}
-	b := &Block{Ptr: p.res.Ptr() + driver.DevicePtr(off), Size: size, Tag: tag, pool: p, off: off, span: span, small: small}
-	p.live++
+	p.serial++
+	b := &Block{Ptr: p.res.Ptr() + driver.DevicePtr(off), Size: size, Tag: tag, pool: p, id: p.serial, off: off, span: span, small: small}
+	p.blocks[off] = liveBlock{id: p.serial, size: size, span: span, tag: tag}
 	p.inUseBytes += size
 	p.stats.Allocs++
 	p.stats.Allocated += span
@@ -190,51 +191,79 @@ func (p *Pool) borrow(st *streamState, small bool, span uint64) (uint64, bool, e
 // grow maps pages for a request: one more small page, or a fresh range of span bytes for a large
 // block.
 func (p *Pool) grow(st *streamState, small bool, span uint64) (uint64, error) {
-	if small {
-		r := p.smallVA.bestFit(p.pageSize)
-		if r == nil {
-			return 0, fmt.Errorf("the small pages' address range is full: %w", errNoMemory)
-		}
-		off := r.off
-		p.smallVA.take(r, off, p.pageSize)
-		if _, err := p.mapRange(off, 1); err != nil {
-			p.smallVA.add(off, p.pageSize)
-			return 0, err
-		}
-		p.smallFree.add(off, p.pageSize)
-		p.smallIdle[off] = true
-		got, _ := p.fastFit(st, true, span)
-		return got, nil
+	if !small {
+		return p.growLarge(span)
 	}
+	r := p.smallVA.bestFit(p.pageSize)
+	if r == nil {
+		return 0, fmt.Errorf("the small pages' address range is full: %w", errNoMemory)
+	}
+	off := r.off
+	p.smallVA.take(r, off, p.pageSize)
+	if _, err := p.mapRange(off, 1, nil); err != nil {
+		p.giveBack(off, p.pageSize)
+		return 0, err
+	}
+	p.smallFree.add(off, p.pageSize)
+	p.smallIdle[off] = true
+	got, _ := p.fastFit(st, true, span)
+	return got, nil
+}
+
+// growLarge maps a fresh range of span bytes for a large block: an unmapped range, or else one
+// cleared of the idle pages that cut the address space into shorter pieces (clearRange).
+func (p *Pool) growLarge(span uint64) (uint64, error) {
+	var given []*vmm.Allocation
 	r := p.unmapped.bestFit(span)
 	if r == nil {
-		return 0, fmt.Errorf("no free address range of %s in the reservation: %w", units.FormatSize(span), errNoMemory)
+		var err error
+		if given, err = p.clearRange(span); err != nil {
+			return 0, err
+		}
+		r = p.unmapped.bestFit(span)
 	}
 	off := r.off
 	p.unmapped.take(r, off, span)
-	mapped, err := p.mapRange(off, span/p.pageSize)
+	mapped, err := p.mapRange(off, span/p.pageSize, given)
 	if err != nil {
-		// Pages mapped before the failure stay as cache; the rest of the range is free address space.
+		// Pages mapped with access before the failure stay as cache; the rest of the range is free
+		// address space, but for pages left mapped without access (p.stranded).
 		p.cached.add(off, mapped*p.pageSize)
-		p.unmapped.add(off+mapped*p.pageSize, span-mapped*p.pageSize)
+		p.giveBack(off+mapped*p.pageSize, span-mapped*p.pageSize)
 		return 0, err
 	}
 	return off, nil
+}
+
+// giveBack returns the pages of [off, off+n) that are not mapped to the free address space of their
+// area (small or large). Pages still mapped there (p.stranded) stay out of it until they are dropped.
+func (p *Pool) giveBack(off, n uint64) {
+	for o := off; o < off+n; o += p.pageSize {
+		if p.pages[o] != nil {
+			continue
+		}
+		if o < p.smallEnd {
+			p.smallVA.add(o, p.pageSize)
+		} else {
+			p.unmapped.add(o, p.pageSize)
+		}
+	}
 }
 
 // oom is the error of a request that cannot be served.
 func (p *Pool) oom(span uint64, why error) error {
 	mapped := uint64(len(p.pages)) * p.pageSize
 	return fmt.Errorf("%s needed: %s allocated in %d blocks, %s cached (%s of it pending frees, %s idle), %s free under the limit of %s (%v): %w",
-		units.FormatSize(span), units.FormatSize(p.stats.Allocated), p.live, units.FormatSize(mapped-p.stats.Allocated),
+		units.FormatSize(span), units.FormatSize(p.stats.Allocated), len(p.blocks), units.FormatSize(mapped-p.stats.Allocated),
 		units.FormatSize(p.pendingBytes()), units.FormatSize(p.idleBytes()), units.FormatSize(p.opts.Limit-mapped),
 		units.FormatSize(p.opts.Limit), why, driver.ErrOutOfMemory)
 }
 
 // Free returns b to the pool, ordered on stream s (nil: the legacy default stream): work queued on s
 // before the call may still use the memory; requests on s may reuse it at once, requests on other
-// streams once s has passed this point. Freeing a block twice, a block of another pool, or on a stream
-// of another device fails with vmm.ErrInvalidValue and changes nothing.
+// streams once s has passed this point. Freeing a block twice (also through a copy of the Block, or
+// a Block kept after its memory was handed out again), a block of another pool, or on a stream of
+// another device fails with vmm.ErrInvalidValue and changes nothing.
 func (p *Pool) Free(b *Block, s *vmm.Stream) error {
 	if p == nil || b == nil {
 		return fmt.Errorf("pool: free: nil pool or block: %w", vmm.ErrInvalidValue)
@@ -250,23 +279,23 @@ func (p *Pool) Free(b *Block, s *vmm.Stream) error {
 	if err := p.usable("free"); err != nil {
 		return err
 	}
-	if b.freed {
-		return fmt.Errorf("pool: free %s: freed twice: %w", b, vmm.ErrInvalidValue)
+	lb, ok := p.blocks[b.off]
+	if !ok || lb.id != b.id {
+		return fmt.Errorf("pool: free %s: freed twice: it is not a live block of the pool: %w", b, vmm.ErrInvalidValue)
 	}
-	b.freed = true
+	delete(p.blocks, b.off)
 	st := p.stream(s)
 	if b.small {
-		st.small.add(b.off, b.span)
+		st.small.add(b.off, lb.span)
 	} else {
-		st.large.add(b.off, b.span)
+		st.large.add(b.off, lb.span)
 	}
-	p.live--
-	p.inUseBytes -= b.Size
+	p.inUseBytes -= lb.size
 	p.stats.Frees++
-	p.stats.Allocated -= b.span
-	if b.Tag != "" {
-		if p.tags[b.Tag] -= b.Size; p.tags[b.Tag] == 0 {
-			delete(p.tags, b.Tag)
+	p.stats.Allocated -= lb.span
+	if lb.tag != "" {
+		if p.tags[lb.tag] -= lb.size; p.tags[lb.tag] == 0 {
+			delete(p.tags, lb.tag)
 		}
 	}
 	if err := p.highWater(); err != nil {

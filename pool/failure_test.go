@@ -1,6 +1,7 @@
 package pool_test
 
 import (
+	"fmt"
 	"testing"
 
 	"github.com/stretchr/testify/require"
@@ -174,6 +175,82 @@ func TestFailedStitchIsNotCountedAndLeaksNothing(t *testing.T) {
 		for _, blk := range append(kept, big) {
 			require.NoError(t, p.Free(blk, nil))
 		}
+		closeGivesAllBack(t, p, d, before)
+	}, testutil.SimOnly(), simMemory)
+}
+
+// When granting access to a fresh range fails and undoing its mapping fails too, the pages stay mapped
+// but out of use: later requests of both kinds are served from other pages and address ranges, and
+// Trim (or Sleep) unmaps and releases them once the driver works again, so that Close gives
+// everything back.
+func TestGrowSetAccessAndUnmapFailureKeepsThePagesOutOfUse(t *testing.T) {
+	testutil.Run(t, func(t *testing.T, b *testutil.Backend) {
+		for _, tc := range []struct {
+			size  uint64
+			sleep bool
+		}{{4 * mib, false}, {1000, false}, {4 * mib, true}} {
+			size := tc.size
+			t.Run(fmt.Sprintf("size=%d,sleep=%v", size, tc.sleep), func(t *testing.T) {
+				d := b.Device(t, 0)
+				before := freeMemory(t, d)
+				p, err := pool.New(d, pool.Options{Limit: 16 * mib})
+				require.NoError(t, err)
+				b.Sim.FailNth("cuMemSetAccess", 1, driver.ErrorUnknown)
+				b.Sim.FailNth("cuMemUnmap", 1, driver.ErrorUnknown)
+				_, err = p.Alloc(size, nil)
+				require.ErrorIs(t, err, driver.ErrorUnknown)
+				stranded := p.Stats().Mapped
+				require.NotZero(t, stranded, "the pages could not be unmapped")
+				var blocks []*pool.Block
+				for i := 0; i < 3; i++ {
+					blk, err := p.Alloc(size, nil)
+					require.NoError(t, err, "request %d after the failure", i)
+					usable(t, d, blk)
+					blocks = append(blocks, blk)
+				}
+				for _, blk := range blocks {
+					require.NoError(t, p.Free(blk, nil))
+				}
+				if tc.sleep {
+					require.NoError(t, p.Sleep())
+					require.Zero(t, p.Stats().Mapped, "the stranded pages are released")
+					require.NoError(t, p.Wake())
+				} else {
+					n, err := p.Trim()
+					require.NoError(t, err)
+					require.GreaterOrEqual(t, n, stranded, "the stranded pages are released")
+				}
+				require.Zero(t, p.Stats().Mapped)
+				allocFree(t, p, 16*mib, nil)
+				closeGivesAllBack(t, p, d, before)
+			})
+		}
+	}, testutil.SimOnly(), simMemory)
+}
+
+// A request whose range must first be cleared of idle pages fails cleanly when unmapping them fails:
+// nothing changes, and the same request succeeds once the driver works again.
+func TestClearRangeUnmapFailureChangesNothing(t *testing.T) {
+	testutil.Run(t, func(t *testing.T, b *testutil.Backend) {
+		d := b.Device(t, 0)
+		before := freeMemory(t, d)
+		p, err := pool.New(d, pool.Options{Limit: 64 * mib, HighWater: ^uint64(0)})
+		require.NoError(t, err)
+		allocFree(t, p, 32*mib, nil)
+		allocFree(t, p, 48*mib, nil) // idle pages now cut the address range short of 64 MiB
+		st := p.Stats()
+		b.Sim.FailNth("cuMemUnmap", 1, driver.ErrorUnknown)
+		_, err = p.Alloc(64*mib, nil)
+		require.ErrorIs(t, err, driver.ErrorUnknown)
+		require.Contains(t, err.Error(), "clear an address range")
+		after := p.Stats()
+		require.Equal(t, st.Mapped, after.Mapped)
+		require.Equal(t, st.Cached, after.Cached)
+		require.Equal(t, st.TrimmedBytes, after.TrimmedBytes)
+		blk, err := p.Alloc(64*mib, nil)
+		require.NoError(t, err)
+		usable(t, d, blk)
+		require.NoError(t, p.Free(blk, nil))
 		closeGivesAllBack(t, p, d, before)
 	}, testutil.SimOnly(), simMemory)
 }

@@ -12,52 +12,29 @@ import (
 	"github.com/cuvmm/cuvmm/vmm"
 )
 
-// mapRange backs the n unmapped pages at off with physical memory: idle pages moved from elsewhere
-// first (stitching, unless turned off), then new pages up to the limit, then one cuMemSetAccess over
-// the whole range. It returns how many pages at off are mapped, with access, when it fails (those
-// stay mapped as cache); it fails with errNoMemory before changing anything when the pages cannot be
-// found.
-func (p *Pool) mapRange(off, n uint64) (uint64, error) {
-	mappedPages := uint64(len(p.pages))
-	headroom := uint64(0)
-	if limitPages := p.opts.Limit / p.pageSize; limitPages > mappedPages {
-		headroom = limitPages - mappedPages
-	}
-	var idle uint64
-	if !p.opts.NoStitch {
-		idle = p.idleBytes() / p.pageSize
-	}
-	if idle+headroom < n {
-		return 0, fmt.Errorf("%d pages needed, %d idle to stitch, %d more allowed by the limit: %w", n, idle, headroom, errNoMemory)
+// mapRange backs the n unmapped pages at off with physical memory: the given pages (unmapped
+// allocations the caller hands over), then idle pages moved from elsewhere (stitching, unless turned
+// off), then new pages up to the limit, then one cuMemSetAccess over the whole range. When it fails
+// it returns how many pages at off are mapped with access (those stay mapped as cache) and releases
+// the pages it took but did not map; pages whose access and unmapping both failed stay mapped on
+// p.stranded. It fails with errNoMemory before changing anything (but releasing the given pages) when
+// the pages cannot be found.
+func (p *Pool) mapRange(off, n uint64, given []*vmm.Allocation) (uint64, error) {
+	if err := p.backable(n, uint64(len(given))); err != nil {
+		_, rerr := p.release(given)
+		return 0, errors.Join(err, rerr)
 	}
 	t0 := time.Now()
 	defer p.driverTime(t0)
-	moved, err := p.takeIdle(min(n, idle))
-	var done uint64
-	used := 0 // moved pages consumed: mapped, or released by a failed map
-	for err == nil && done < n {
-		var a *vmm.Allocation
-		if used < len(moved) {
-			a = moved[used]
-			used++
-		} else if a, err = p.dev.Allocate(p.pageSize, vmm.AllocOptions{}); err != nil {
-			if errors.Is(err, driver.ErrOutOfMemory) {
-				err = fmt.Errorf("%w: %w", errNoMemory, err)
-			}
-			break
-		} else {
-			p.stats.NewPages++
-		}
-		if err = p.mapPage(off+done*p.pageSize, a); err == nil {
-			done++
-		}
-	}
+	taken, err := p.takeIdle(min(n-uint64(len(given)), p.stitchable()))
+	moved := append(given, taken...)
+	done, used, err := p.mapPages(off, n, moved, err)
 	if _, rerr := p.release(moved[used:]); rerr != nil { // taken but not mapped: released
 		err = errors.Join(err, rerr)
 	}
 	if done > 0 {
 		if aerr := p.res.SetAccess(off, done*p.pageSize, p.access...); aerr != nil {
-			return 0, errors.Join(err, aerr, p.dropPages(off, done))
+			return 0, errors.Join(err, aerr, p.strand(off, done))
 		}
 	}
 	if err == nil && len(moved) > 0 {
@@ -66,6 +43,93 @@ func (p *Pool) mapRange(off, n uint64) (uint64, error) {
 	}
 	p.stats.PeakMapped = max(p.stats.PeakMapped, uint64(len(p.pages))*p.pageSize)
 	return done, err
+}
+
+// backable fails with errNoMemory unless n pages can be found: the given ones (unmapped, held by the
+// caller), idle ones to stitch, and new ones under the limit, which counts the given ones as held.
+func (p *Pool) backable(n, given uint64) error {
+	held := uint64(len(p.pages)) + given
+	headroom := uint64(0)
+	if limitPages := p.opts.Limit / p.pageSize; limitPages > held {
+		headroom = limitPages - held
+	}
+	idle := p.stitchable()
+	if given+idle+headroom < n {
+		return fmt.Errorf("%d pages needed, %d idle to stitch, %d more allowed by the limit: %w", n, given+idle, headroom, errNoMemory)
+	}
+	return nil
+}
+
+// stitchable is how many idle pages a request may move from elsewhere: none without stitching.
+func (p *Pool) stitchable() uint64 {
+	if p.opts.NoStitch {
+		return 0
+	}
+	return p.idleBytes() / p.pageSize
+}
+
+// mapPages maps pages at off, one after the other, until n are mapped or one fails (at once when err
+// is set): the moved ones first, then new ones. It returns how many it mapped and how many of moved it
+// consumed (mapped, or released by a failed map).
+func (p *Pool) mapPages(off, n uint64, moved []*vmm.Allocation, err error) (done uint64, used int, _ error) {
+	for err == nil && done < n {
+		var a *vmm.Allocation
+		if used < len(moved) {
+			a = moved[used]
+			used++
+		} else if a, err = p.newPage(); err != nil {
+			break
+		}
+		if err = p.mapPage(off+done*p.pageSize, a); err == nil {
+			done++
+		}
+	}
+	return done, used, err
+}
+
+// newPage creates one page (cuMemCreate); the driver's lack of memory wraps errNoMemory.
+func (p *Pool) newPage() (*vmm.Allocation, error) {
+	a, err := p.dev.Allocate(p.pageSize, vmm.AllocOptions{})
+	if err != nil {
+		if errors.Is(err, driver.ErrOutOfMemory) {
+			err = fmt.Errorf("%w: %w", errNoMemory, err)
+		}
+		return nil, err
+	}
+	p.stats.NewPages++
+	return a, nil
+}
+
+// strand undoes the mapping of the t pages at off after granting access to them failed. When the
+// unmap fails too, they stay mapped without access and out of use on p.stranded, where Trim, Close
+// and Sleep retry dropping them; their address range is free again only then.
+func (p *Pool) strand(off, t uint64) error {
+	err := p.dropPages(off, t)
+	if p.pages[off] != nil {
+		p.stranded.add(off, t*p.pageSize)
+		err = fmt.Errorf("%s at offset %#x stay mapped without access until a Trim can unmap them: %w", units.FormatSize(t*p.pageSize), off, err)
+	}
+	return err
+}
+
+// dropStranded unmaps and releases the stranded pages and gives their address range back. It
+// returns the bytes released; a page whose release fails waits on p.unreleased.
+func (p *Pool) dropStranded() (uint64, error) {
+	var released uint64
+	var errs []error
+	for _, r := range p.stranded.runs() {
+		as, err := p.unmapPages(r.off, r.n/p.pageSize)
+		if err != nil {
+			errs = append(errs, fmt.Errorf("unmap %s left mapped without access: %w", units.FormatSize(r.n), err))
+			continue
+		}
+		p.stranded.take(p.stranded.byStart[r.off], r.off, r.n)
+		p.giveBack(r.off, r.n)
+		n, err := p.release(as)
+		released += n
+		errs = append(errs, err)
+	}
+	return released, errors.Join(errs...)
 }
 
 // mapPage maps a (one page) at off without access; a is released when that fails.
@@ -253,16 +317,19 @@ func (p *Pool) trimmed(n uint64) {
 	}
 }
 
-// releaseAll retries the releases that failed before, then releases every idle page (unless the
-// pool is asleep: it has none), and returns the bytes released (Trim, Close).
+// releaseAll retries the releases that failed before and the pages left mapped without access, then
+// releases every idle page (unless the pool is asleep: it has none), and returns the bytes released
+// (Trim, Close).
 func (p *Pool) releaseAll() (uint64, error) {
 	n, err := p.retryReleases()
+	s, serr := p.dropStranded()
+	n += s
 	p.trimmed(n)
 	if p.asleep {
-		return n, err
+		return n, errors.Join(err, serr)
 	}
 	m, ierr := p.releaseIdle(0)
-	return n + m, errors.Join(err, ierr)
+	return n + m, errors.Join(err, serr, ierr)
 }
 
 // Trim waits for pending frees (their events, not the device), then unmaps and releases every idle

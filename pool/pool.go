@@ -24,6 +24,7 @@ package pool
 import (
 	"errors"
 	"fmt"
+	"math"
 	"time"
 
 	"github.com/cuvmm/cuvmm/driver"
@@ -74,10 +75,10 @@ type Block struct {
 	Tag  string // the accounting tag given to AllocTag, or ""
 
 	pool  *Pool
+	id    uint64 // the pool's serial number of the allocation: copies share it, a stale block's is gone
 	off   uint64
 	span  uint64
 	small bool
-	freed bool // under the pool's lock
 }
 
 // Span is the bytes the block occupies: Size rounded up to 512 bytes (small blocks) or to the page.
@@ -85,6 +86,14 @@ func (b *Block) Span() uint64 { return b.span }
 
 func (b *Block) String() string {
 	return fmt.Sprintf("block of %s at %#x", units.FormatSize(b.Size), uint64(b.Ptr))
+}
+
+// liveBlock is the pool's record of a block it handed out, by offset. Free trusts it, not the
+// caller's Block, whose exported fields could have been changed and which may be a copy.
+type liveBlock struct {
+	id         uint64
+	size, span uint64
+	tag        string
 }
 
 // page is one physical page mapped in the reservation.
@@ -114,10 +123,12 @@ type Pool struct {
 	streams    map[*vmm.Stream]*streamState
 	sealed     []*batch // oldest first
 	spare      []*vmm.Event
-	live       int
-	slept      []uint64          // page offsets released by Sleep
-	unreleased []*vmm.Allocation // unmapped pages whose release failed: Trim and Close retry them
-	none       *rangeSet         // always empty: the open frees of a stream that has none
+	blocks     map[uint64]liveBlock // live blocks by offset
+	serial     uint64               // the id of the last block handed out
+	stranded   *rangeSet            // mapped pages without access that could not be unmapped: Trim, Close and Sleep retry
+	slept      []uint64             // page offsets released by Sleep
+	unreleased []*vmm.Allocation    // unmapped pages whose release failed: Trim and Close retry them
+	none       *rangeSet            // always empty: the open frees of a stream that has none
 	tags       map[string]uint64
 	stats      Stats
 	inUseBytes uint64 // sum of Size of live blocks
@@ -148,8 +159,9 @@ func New(dev *vmm.Device, opts Options) (*Pool, error) {
 	p := &Pool{
 		dev: dev, opts: opts, res: res, access: access, pageSize: g, smallEnd: smallEnd,
 		pages: map[uint64]*page{}, smallFree: newRangeSet(g), smallUse: map[uint64]uint64{}, smallIdle: map[uint64]bool{},
-		smallVA: newRangeSet(0), cached: newRangeSet(0), unmapped: newRangeSet(0),
+		smallVA: newRangeSet(0), cached: newRangeSet(0), unmapped: newRangeSet(0), stranded: newRangeSet(0),
 		streams: map[*vmm.Stream]*streamState{}, none: newRangeSet(0), tags: map[string]uint64{},
+		blocks: map[uint64]liveBlock{},
 	}
 	p.smallVA.add(0, smallEnd)
 	p.unmapped.add(smallEnd, res.Size()-smallEnd)
@@ -173,6 +185,9 @@ func (o *Options) fill(dev *vmm.Device, g uint64) error {
 		return fmt.Errorf("pool: new: limit below one page (%s): %w", units.FormatSize(g), vmm.ErrInvalidValue)
 	}
 	if o.Reserve == 0 {
+		if o.Limit > math.MaxUint64/3 {
+			return fmt.Errorf("pool: new: limit %s is too large: the default reserve of three times it overflows 64 bits (set Reserve): %w", units.FormatSize(o.Limit), vmm.ErrInvalidValue)
+		}
 		o.Reserve = 3 * o.Limit
 	}
 	if o.Reserve < 3*g || o.Reserve/3 < g {
@@ -218,8 +233,8 @@ func (p *Pool) Close() error {
 	if p.own.Closed() {
 		return nil
 	}
-	if p.live > 0 {
-		return fmt.Errorf("pool: close: %d blocks (%s) are still allocated: %w", p.live, units.FormatSize(p.stats.Allocated), vmm.ErrInUse)
+	if len(p.blocks) > 0 {
+		return fmt.Errorf("pool: close: %d blocks (%s) are still allocated: %w", len(p.blocks), units.FormatSize(p.stats.Allocated), vmm.ErrInUse)
 	}
 	var errs []error
 	if err := p.drain(true); err != nil {

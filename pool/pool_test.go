@@ -3,6 +3,7 @@ package pool_test
 import (
 	"bytes"
 	"fmt"
+	"math"
 	"math/rand/v2"
 	"sort"
 	"sync"
@@ -268,6 +269,71 @@ func TestBadInput(t *testing.T) {
 	}, simMemory)
 }
 
+// The pool, not the Block value, knows which blocks are live: a copy of a block freed already, or a
+// stale block whose range was handed out again, is refused and changes nothing, so no two later
+// blocks share memory.
+func TestFreeOfACopiedOrStaleBlockIsRefused(t *testing.T) {
+	testutil.Run(t, func(t *testing.T, b *testutil.Backend) {
+		p, _ := newPool(t, b, pool.Options{Limit: 16 * mib})
+		refused := func(blk *pool.Block) {
+			t.Helper()
+			before := p.Stats()
+			err := p.Free(blk, nil)
+			require.ErrorIs(t, err, vmm.ErrInvalidValue)
+			require.Contains(t, err.Error(), "freed twice")
+			require.Equal(t, before, p.Stats(), "a refused free changes nothing")
+		}
+		for _, size := range []uint64{1000, 4 * mib} {
+			blk, err := p.AllocTag(size, nil, "kv")
+			require.NoError(t, err)
+			cp := *blk
+			require.NoError(t, p.Free(blk, nil))
+			refused(&cp)
+			cp2 := *blk
+			cp2.Size, cp2.Tag = 1, "other"
+			refused(&cp2)
+
+			x, err := p.AllocTag(size, nil, "kv")
+			require.NoError(t, err)
+			refused(blk) // stale: x may have its range
+			y, err := p.Alloc(size, nil)
+			require.NoError(t, err)
+			var reg liveSet
+			require.NoError(t, reg.add(x))
+			require.NoError(t, reg.add(y), "two live blocks never share memory")
+			xc := *x
+			require.NoError(t, p.Free(&xc, nil), "a copy of a live block frees it")
+			refused(x)
+			require.NoError(t, p.Free(y, nil))
+			st := p.Stats()
+			require.Zero(t, st.Blocks)
+			require.Zero(t, st.Allocated)
+			require.Zero(t, st.InUse)
+			require.Empty(t, st.Tags)
+		}
+	}, simMemory)
+}
+
+// A limit whose default reservation (three times it) does not fit in 64 bits is refused rather than
+// wrapped around to a tiny reservation.
+func TestNewRefusesALimitWhoseReserveOverflows(t *testing.T) {
+	testutil.Run(t, func(t *testing.T, b *testutil.Backend) {
+		d := b.Device(t, 0)
+		g, err := d.DeviceGranularity()
+		require.NoError(t, err)
+		for _, limit := range []uint64{(math.MaxUint64/3/g + 16) * g, math.MaxUint64} {
+			p, err := pool.New(d, pool.Options{Limit: limit})
+			if err == nil {
+				t.Errorf("limit %#x: New made a pool with a reservation of %#x", limit, p.Reservation().Size())
+				require.NoError(t, p.Close())
+				continue
+			}
+			require.ErrorIs(t, err, vmm.ErrInvalidValue)
+			require.Contains(t, err.Error(), "overflows")
+		}
+	}, simMemory)
+}
+
 func TestStreamOfAnotherDevice(t *testing.T) {
 	testutil.Run(t, func(t *testing.T, b *testutil.Backend) {
 		p, _ := newPool(t, b, pool.Options{Limit: 16 * mib})
@@ -316,6 +382,24 @@ func TestSleepKeepsAddresses(t *testing.T) {
 		check(t, d, blk, want)
 		require.Equal(t, ch.Ptr(), p.Chunked().Ptr())
 		require.ErrorIs(t, p.Wake(), vmm.ErrInvalidValue)
+		require.NoError(t, p.Free(blk, nil))
+	}, simMemory)
+}
+
+// While the pool sleeps nothing is mapped, so nothing is free: the free parts of a small page whose
+// memory Sleep gave back are no mapped range.
+func TestStatsWhileAsleepShowNothingFree(t *testing.T) {
+	testutil.Run(t, func(t *testing.T, b *testutil.Backend) {
+		p, _ := newPool(t, b, pool.Options{Limit: 16 * mib})
+		blk, err := p.Alloc(1000, nil)
+		require.NoError(t, err)
+		require.Equal(t, 2*mib-1024, p.Stats().LargestFree)
+		require.NoError(t, p.Sleep())
+		st := p.Stats()
+		require.Zero(t, st.LargestFree)
+		require.Zero(t, st.Fragmentation)
+		require.NoError(t, p.Wake())
+		require.Equal(t, 2*mib-1024, p.Stats().LargestFree)
 		require.NoError(t, p.Free(blk, nil))
 	}, simMemory)
 }

@@ -71,6 +71,9 @@ func (p *Pool) Sleep() error {
 	if _, err := p.releaseIdle(0); err != nil {
 		return fmt.Errorf("pool: sleep: %w", err)
 	}
+	if _, err := p.dropStranded(); err != nil {
+		return fmt.Errorf("pool: sleep: %w", err)
+	}
 	if n, err := p.sleepPages(); err != nil {
 		return fmt.Errorf("pool: sleep: %w, but %d of its pages were not given back: %w", ErrAsleep, n, err)
 	}

@@ -53,15 +53,26 @@ func (p *Pool) Stats() Stats {
 		s.Cached = s.Mapped - s.Allocated
 	}
 	s.Pending = p.pendingBytes()
-	s.Blocks = p.live
+	s.Blocks = len(p.blocks)
+	s.LargestFree, s.Fragmentation = p.freeShape()
+	s.Tags = maps.Clone(p.tags)
+	return s
+}
+
+// freeShape is the largest mapped range free for every stream and the fragmentation of such ranges.
+// Asleep, nothing is mapped, so nothing is free: the free parts of the small pages under live blocks
+// have no memory until Wake.
+func (p *Pool) freeShape() (largest uint64, fragmentation float64) {
+	if p.asleep {
+		return 0, 0
+	}
 	for _, set := range []*rangeSet{p.cached, p.smallFree} {
 		if r := set.largest(); r != nil {
-			s.LargestFree = max(s.LargestFree, r.n)
+			largest = max(largest, r.n)
 		}
 	}
 	if ready := p.cached.total + p.smallFree.total; ready > 0 {
-		s.Fragmentation = 1 - float64(s.LargestFree)/float64(ready)
+		fragmentation = 1 - float64(largest)/float64(ready)
 	}
-	s.Tags = maps.Clone(p.tags)
-	return s
+	return largest, fragmentation
 }
