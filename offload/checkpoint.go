@@ -5,7 +5,6 @@ import (
 	"context"
 	"encoding/binary"
 	"encoding/json"
-	"errors"
 	"fmt"
 	"hash/crc32"
 	"io"
@@ -103,6 +102,41 @@ func describeAsleep(e *entry) ckEntry {
 	return ce
 }
 
+// end is where the entry's last chunk ends: the size of the range its buffer needs.
+func (ce ckEntry) end() uint64 {
+	var end uint64
+	for _, c := range ce.Chunks {
+		end = max(end, c.Offset+c.Size)
+	}
+	return end
+}
+
+// size is the sum of the entry's chunks.
+func (ce ckEntry) size() uint64 {
+	var n uint64
+	for _, c := range ce.Chunks {
+		n += c.Size
+	}
+	return n
+}
+
+// check refuses an entry that no buffer could have written: no chunks, an empty chunk or one past
+// the end of the address space, or a length in use beyond the end of its chunks.
+func (ce ckEntry) check() error {
+	if len(ce.Chunks) == 0 {
+		return fmt.Errorf("offload: checkpoint entry %q: no chunks: %w", ce.Tag, ErrBadCheckpoint)
+	}
+	for i, c := range ce.Chunks {
+		if c.Size == 0 || c.Offset+c.Size < c.Offset {
+			return fmt.Errorf("offload: checkpoint entry %q: chunk %d of %d bytes at offset %#x: %w", ce.Tag, i, c.Size, c.Offset, ErrBadCheckpoint)
+		}
+	}
+	if end := ce.end(); ce.Len > end {
+		return fmt.Errorf("offload: checkpoint entry %q: length %d is beyond its chunks, which end at %d: %w", ce.Tag, ce.Len, end, ErrBadCheckpoint)
+	}
+	return nil
+}
+
 func chunkRecord(a *vmm.Allocation, off uint64, acc []vmm.Access) ckChunk {
 	p := a.Properties()
 	cc := ckChunk{Offset: off, Size: a.Size(), Device: a.Device().Ordinal(), LocationType: int32(p.Location.Type),
@@ -198,39 +232,48 @@ func (s *Set) saveChunks(ctx context.Context, w io.Writer, refs []chunkRef) erro
 	if err != nil {
 		return err
 	}
-	defer s.pool.put(stage)
+	defer s.pool.put(stage) // every copy into it has finished: saveAwake waits or drains
 	for _, r := range refs {
-		cs := r.state()
-		if r.e.asleep {
-			if err := saveBackup(w, cs, prog); err != nil {
-				return fmt.Errorf("write %s chunk %d: %w", r.e, r.i, err)
-			}
-			continue
+		if !r.e.asleep {
+			err = s.saveAwake(ctx, w, r, stage, prog)
+		} else if err = saveBackup(w, r.state(), prog); err != nil {
+			err = fmt.Errorf("write %s chunk %d: %w", r.e, r.i, err)
 		}
-		st, err := s.stream(cs.alloc.Device())
 		if err != nil {
 			return err
 		}
-		crc := uint32(0)
-		for off := uint64(0); off < cs.size; off += stage.size {
-			n := min(stage.size, cs.size-off)
-			if err := errors.Join(cs.alloc.Device().CopyAsync(stage.ptr(0), cs.ptr+ptrOff(off), n, st), st.Synchronize()); err != nil {
-				return fmt.Errorf("copy %s chunk %d: %w", r.e, r.i, err)
-			}
-			crc = crc32.Update(crc, castagnoli, stage.mem[:n])
-			if _, err := w.Write(stage.mem[:n]); err != nil {
-				return fmt.Errorf("write %s chunk %d: %w", r.e, r.i, err)
-			}
-			prog.add(n)
-			if err := ctx.Err(); err != nil {
-				return err
-			}
+	}
+	return nil
+}
+
+// saveAwake copies an awake chunk to w through stage, a slot at a time, then writes its checksum.
+// No copy is left running into stage when it returns, even on failure (copyWait drains).
+func (s *Set) saveAwake(ctx context.Context, w io.Writer, r chunkRef, stage *slot, prog *progress) error {
+	cs := r.state()
+	d := cs.alloc.Device()
+	st, err := s.stream(d)
+	if err != nil {
+		return err
+	}
+	crc := uint32(0)
+	for off := uint64(0); off < cs.size; off += stage.size {
+		n := min(stage.size, cs.size-off)
+		if err := copyWait(d, stage.ptr(0), cs.ptr+ptrOff(off), n, st); err != nil {
+			return fmt.Errorf("copy %s chunk %d: %w", r.e, r.i, err)
 		}
-		var sum [4]byte
-		binary.LittleEndian.PutUint32(sum[:], crc)
-		if _, err := w.Write(sum[:]); err != nil {
+		crc = crc32.Update(crc, castagnoli, stage.mem[:n])
+		if _, err := w.Write(stage.mem[:n]); err != nil {
+			return fmt.Errorf("write %s chunk %d: %w", r.e, r.i, err)
+		}
+		prog.add(n)
+		if err := ctx.Err(); err != nil {
 			return err
 		}
+	}
+	var sum [4]byte
+	binary.LittleEndian.PutUint32(sum[:], crc)
+	if _, err := w.Write(sum[:]); err != nil {
+		return fmt.Errorf("write %s chunk %d: %w", r.e, r.i, err)
 	}
 	return nil
 }
@@ -259,7 +302,7 @@ func (s *Set) staging(ctx context.Context, d *vmm.Device) (*slot, error) {
 	return f.take()
 }
 
-// readHeader reads and checks a checkpoint's header.
+// readHeader reads and checks a checkpoint's header and the layout of each of its entries.
 func readHeader(r io.Reader) (*ckHeader, error) {
 	var fixed [16]byte
 	if _, err := io.ReadFull(r, fixed[:]); err != nil {
@@ -285,6 +328,11 @@ func readHeader(r io.Reader) (*ckHeader, error) {
 	var hdr ckHeader
 	if err := json.Unmarshal(js[:n], &hdr); err != nil {
 		return nil, fmt.Errorf("offload: checkpoint header: %w: %w", ErrBadCheckpoint, err)
+	}
+	for _, ce := range hdr.Entries {
+		if err := ce.check(); err != nil {
+			return nil, err
+		}
 	}
 	return &hdr, nil
 }
@@ -314,14 +362,15 @@ func (c *chunkReader) check(what string) error {
 	return nil
 }
 
-// readChunk reads a chunk into dst pieces (slices of pinned memory, in order) and verifies its
-// checksum; the error names the chunk.
-func readChunk(r io.Reader, dst [][]byte, what string) error {
+// readChunk reads a chunk into dst pieces (slices of pinned memory, in order), reporting each to
+// prog, and verifies its checksum; the error names the chunk.
+func readChunk(r io.Reader, dst [][]byte, what string, prog *progress) error {
 	c := &chunkReader{r: r}
 	for _, b := range dst {
 		if err := c.read(b, what); err != nil {
 			return err
 		}
+		prog.add(uint64(len(b)))
 	}
 	return c.check(what)
 }

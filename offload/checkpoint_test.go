@@ -2,6 +2,9 @@ package offload_test
 
 import (
 	"bytes"
+	"encoding/binary"
+	"encoding/json"
+	"hash/crc32"
 	"testing"
 
 	"github.com/stretchr/testify/require"
@@ -114,5 +117,91 @@ func TestLoad(t *testing.T) {
 		require.NoError(t, set.Close())
 		require.NoError(t, bufs[0].Close())
 		require.NoError(t, bufs[0].Close())
+	})
+}
+
+// TestCheckpointProgress: Options.Progress is called during Save, Restore and Load too, and each
+// ends at the bytes of the buffers.
+func TestCheckpointProgress(t *testing.T) {
+	testutil.Run(t, func(t *testing.T, b *testutil.Backend) {
+		d := b.Device(t, 0)
+		var last, total uint64
+		calls := 0
+		opts := offload.Options{SlotSize: 2 * mib, Progress: func(done, all uint64) { calls, last, total = calls+1, done, all }}
+		buf := newBuf(t, d, 6*mib, 2*mib, 61, nil)
+		set := newSet(t, b, opts)
+		require.NoError(t, set.Add("w", buf, offload.Keep, offload.EntryOptions{}))
+		requireProgress := func(op string, fn func()) {
+			t.Helper()
+			calls, last, total = 0, 0, 0
+			fn()
+			require.Positive(t, calls, "%s reports progress", op)
+			require.Equal(t, uint64(6*mib), total, op)
+			require.Equal(t, uint64(6*mib), last, "%s ends at the bytes of the buffers", op)
+		}
+		var ck bytes.Buffer
+		requireProgress("Save", func() { require.NoError(t, set.Save(bg, &ck)) })
+		requireProgress("Restore", func() { require.NoError(t, set.Restore(bg, bytes.NewReader(ck.Bytes()))) })
+		require.NoError(t, set.Remove("w"))
+		require.NoError(t, buf.Close())
+		requireProgress("Load", func() {
+			set, bufs, err := offload.Load(bg, b.Sys, bytes.NewReader(ck.Bytes()), opts)
+			require.NoError(t, err)
+			require.NoError(t, set.Close())
+			require.NoError(t, bufs[0].Close())
+		})
+	})
+}
+
+// rewriteHeader returns checkpoint ck with its header changed by edit (on the JSON, numbers kept
+// exact) and its length and checksum recomputed, so that only the change is wrong.
+func rewriteHeader(t *testing.T, ck []byte, edit func(h map[string]any)) []byte {
+	t.Helper()
+	n := binary.LittleEndian.Uint32(ck[12:16])
+	dec := json.NewDecoder(bytes.NewReader(ck[16 : 16+n]))
+	dec.UseNumber()
+	var h map[string]any
+	require.NoError(t, dec.Decode(&h))
+	edit(h)
+	js, err := json.Marshal(h)
+	require.NoError(t, err)
+	out := bytes.Clone(ck[:16])
+	binary.LittleEndian.PutUint32(out[12:], uint32(len(js)))
+	out = append(out, js...)
+	out = binary.LittleEndian.AppendUint32(out, crc32.Checksum(js, crc32.MakeTable(crc32.Castagnoli)))
+	return append(out, ck[16+n+4:]...)
+}
+
+// TestCheckpointLengthBeyondChunks: a checkpoint whose header says a buffer holds more bytes than
+// its chunks (2^60 for 4 MiB) is refused by Load and Restore, naming the buffer, before anything
+// is made or changed.
+func TestCheckpointLengthBeyondChunks(t *testing.T) {
+	testutil.Run(t, func(t *testing.T, b *testutil.Backend) {
+		d := b.Device(t, 0)
+		buf := newBuf(t, d, 4*mib, 2*mib, 71, nil)
+		set := newSet(t, b, offload.Options{SlotSize: 2 * mib})
+		require.NoError(t, set.Add("w", buf, offload.Keep, offload.EntryOptions{}))
+		var ck bytes.Buffer
+		require.NoError(t, set.Save(bg, &ck))
+		bad := rewriteHeader(t, ck.Bytes(), func(h map[string]any) {
+			h["entries"].([]any)[0].(map[string]any)["len"] = json.Number("1152921504606846976")
+		})
+		before := free(t, d)
+		_, bufs, err := offload.Load(bg, b.Sys, bytes.NewReader(bad), offload.Options{SlotSize: 2 * mib})
+		require.ErrorIs(t, err, offload.ErrBadCheckpoint)
+		require.ErrorContains(t, err, `"w"`)
+		require.ErrorContains(t, err, "length 1152921504606846976")
+		require.Nil(t, bufs)
+		requireFreeAbout(t, b, before, free(t, d), "nothing made")
+
+		require.NoError(t, d.Fill(buf.Ptr(), 4*mib, 0, 72))
+		err = set.Restore(bg, bytes.NewReader(bad))
+		require.ErrorIs(t, err, offload.ErrBadCheckpoint)
+		require.ErrorContains(t, err, `"w"`)
+		requirePattern(t, d, buf.Ptr(), 4*mib, 72)
+
+		same := rewriteHeader(t, ck.Bytes(), func(map[string]any) {})
+		require.NoError(t, set.Restore(bg, bytes.NewReader(same)), "a header rewritten unchanged is good")
+		requirePattern(t, d, buf.Ptr(), 4*mib, 71)
 	})
 }

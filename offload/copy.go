@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 
+	"github.com/cuvmm/cuvmm/driver"
 	"github.com/cuvmm/cuvmm/vmm"
 )
 
@@ -54,6 +55,16 @@ func closeRetry(c interface{ Close() error }) error {
 // drain waits for the stream after a failure, so that no copy still runs into memory about to be
 // reused or freed; its error is secondary to the one being returned.
 func drain(st *vmm.Stream) { _ = st.Synchronize() }
+
+// copyWait copies n bytes from src to dst on st and waits for the copy. When either fails it
+// drains st before returning, so that the caller may reuse or pool the memory at once.
+func copyWait(d *vmm.Device, dst, src driver.DevicePtr, n uint64, st *vmm.Stream) error {
+	if err := errors.Join(d.CopyAsync(dst, src, n, st), st.Synchronize()); err != nil {
+		drain(st)
+		return err
+	}
+	return nil
+}
 
 // keepOut copies a Keep unit's chunks into slots taken from the pool (pinned on the way when the
 // pool has too few), recording where each piece went; share devices do the same at once.

@@ -15,8 +15,9 @@ import (
 // one chunk per saved chunk with the same properties, device and access, filled with the saved bytes
 // after checking each checksum. It returns a set holding them (Keep and Discard as saved; File
 // buffers come back as Keep, since the file is the checkpoint) and the buffers, which the caller
-// closes after the set. On any error, a truncated or corrupted checkpoint included, everything made
-// is released: nothing is left mapped.
+// closes after the set. Options.Progress is called as the bytes reach the GPU. On any error, a
+// truncated or corrupted checkpoint included, everything made is released: nothing is left mapped,
+// and what fails to be freed is handed to sys, which frees it in its Close (vmm.UndoClose).
 func Load(ctx context.Context, sys *vmm.System, r io.Reader, opts Options) (*Set, []*Restored, error) {
 	if sys == nil {
 		return nil, nil, fmt.Errorf("offload: load: nil system: %w", ErrInvalidValue)
@@ -30,7 +31,7 @@ func Load(ctx context.Context, sys *vmm.System, r io.Reader, opts Options) (*Set
 	fail := func(err error) (*Set, []*Restored, error) {
 		errs := []error{err, set.Close()}
 		for _, b := range bufs {
-			errs = append(errs, b.Close())
+			errs = append(errs, b.undo())
 		}
 		return nil, nil, errors.Join(errs...)
 	}
@@ -40,38 +41,38 @@ func Load(ctx context.Context, sys *vmm.System, r io.Reader, opts Options) (*Set
 			return fail(err)
 		}
 		bufs = append(bufs, b)
-		policy, err := ParsePolicy(ce.Policy)
-		if err != nil {
-			return fail(fmt.Errorf("offload: checkpoint entry %q: %w: %w", ce.Tag, ErrBadCheckpoint, err))
-		}
-		if policy == File {
-			policy = Keep
-		}
-		if err := set.Add(ce.Tag, b, policy, EntryOptions{}); err != nil {
+		if err := addLoaded(set, ce, b); err != nil {
 			return fail(err)
 		}
 	}
+	prog := &progress{fn: set.opts.Progress}
+	for _, ce := range hdr.Entries {
+		prog.total += ce.size()
+	}
 	for i, ce := range hdr.Entries {
-		if err := set.fill(ctx, r, ce, bufs[i]); err != nil {
+		if err := set.fill(ctx, r, ce, bufs[i], prog); err != nil {
 			return fail(err)
 		}
 	}
 	return set, bufs, nil
 }
 
-// recreate reserves the entry's range (at its saved address when granted) and maps its chunks.
+// addLoaded adds a recreated buffer to set under its saved tag and policy (File becomes Keep).
+func addLoaded(set *Set, ce ckEntry, b *Restored) error {
+	policy, err := ParsePolicy(ce.Policy)
+	if err != nil {
+		return fmt.Errorf("offload: checkpoint entry %q: %w: %w", ce.Tag, ErrBadCheckpoint, err)
+	}
+	if policy == File {
+		policy = Keep
+	}
+	return set.Add(ce.Tag, b, policy, EntryOptions{})
+}
+
+// recreate reserves the entry's range (at its saved address when granted) and maps its chunks. The
+// entry's layout was checked by readHeader.
 func recreate(sys *vmm.System, ce ckEntry) (*Restored, error) {
-	var end uint64
-	for _, c := range ce.Chunks {
-		if c.Size == 0 || c.Offset+c.Size < c.Offset {
-			return nil, fmt.Errorf("offload: load %q: bad chunk of %d bytes at %#x: %w", ce.Tag, c.Size, c.Offset, ErrBadCheckpoint)
-		}
-		end = max(end, c.Offset+c.Size)
-	}
-	if end == 0 {
-		return nil, fmt.Errorf("offload: load %q: no chunks: %w", ce.Tag, ErrBadCheckpoint)
-	}
-	res, err := sys.Reserve(end, vmm.ReserveOptions{Hint: driver.DevicePtr(ce.Ptr)})
+	res, err := sys.Reserve(ce.end(), vmm.ReserveOptions{Hint: driver.DevicePtr(ce.Ptr)})
 	if err != nil {
 		return nil, fmt.Errorf("offload: load %q: %w", ce.Tag, err)
 	}
@@ -82,26 +83,27 @@ func recreate(sys *vmm.System, ce ckEntry) (*Restored, error) {
 		if err == nil {
 			var m *vmm.Mapping
 			m, err = res.MapNew(c.Offset, c.Size, d, c.allocOptions(), c.access()...)
-			b.maps = append(b.maps, m)
+			if err == nil {
+				b.maps = append(b.maps, m)
+			}
 		}
 		if err != nil {
-			b.maps = b.maps[:i]
-			return nil, errors.Join(fmt.Errorf("offload: load %s: %w", chunkName(ce.Tag, i, c), err), b.Close())
+			return nil, errors.Join(fmt.Errorf("offload: load %s: %w", chunkName(ce.Tag, i, c), err), b.undo())
 		}
 	}
 	return b, nil
 }
 
 // fill streams an entry's chunks from r into b through one staging slot, checking each checksum.
-func (s *Set) fill(ctx context.Context, r io.Reader, ce ckEntry, b *Restored) error {
+func (s *Set) fill(ctx context.Context, r io.Reader, ce ckEntry, b *Restored, prog *progress) error {
 	for i, c := range ce.Chunks {
 		a := b.maps[i].Allocation()
 		stage, err := s.staging(ctx, a.Device())
 		if err != nil {
 			return err
 		}
-		err = s.fillChunk(r, ce.Tag, i, c, b.Ptr()+driver.DevicePtr(c.Offset), a.Device(), stage)
-		s.pool.put(stage)
+		err = s.fillChunk(r, ce.Tag, i, c, b.Ptr()+driver.DevicePtr(c.Offset), a.Device(), stage, prog)
+		s.pool.put(stage) // no copy from it is left running: fillChunk waits or drains
 		if err != nil {
 			return err
 		}
@@ -112,7 +114,7 @@ func (s *Set) fill(ctx context.Context, r io.Reader, ce ckEntry, b *Restored) er
 	return nil
 }
 
-func (s *Set) fillChunk(r io.Reader, tag string, i int, c ckChunk, ptr driver.DevicePtr, d *vmm.Device, stage *slot) error {
+func (s *Set) fillChunk(r io.Reader, tag string, i int, c ckChunk, ptr driver.DevicePtr, d *vmm.Device, stage *slot, prog *progress) error {
 	st, err := s.stream(d)
 	if err != nil {
 		return err
@@ -126,9 +128,10 @@ func (s *Set) fillChunk(r io.Reader, tag string, i int, c ckChunk, ptr driver.De
 		if err := crcReader.read(stage.mem[:n], chunkName(tag, i, c)); err != nil {
 			return err
 		}
-		if err := errors.Join(d.CopyAsync(ptr+driver.DevicePtr(off), stage.ptr(0), n, st), st.Synchronize()); err != nil {
+		if err := copyWait(d, ptr+driver.DevicePtr(off), stage.ptr(0), n, st); err != nil {
 			return fmt.Errorf("offload: load %s: %w", chunkName(tag, i, c), err)
 		}
+		prog.add(n)
 	}
 	return crcReader.check(chunkName(tag, i, c))
 }

@@ -46,24 +46,38 @@ func (s *Set) Restore(ctx context.Context, r io.Reader) error {
 			}
 		}
 	}()
-	if err := s.stageAll(ctx, r, hdr, units); err != nil {
+	prog := &progress{fn: s.opts.Progress}
+	for _, ref := range refs {
+		prog.total += ref.state().size
+	}
+	if err := s.stageAll(ctx, r, hdr, units, prog); err != nil {
 		return err
 	}
 	streams, err := s.streamsFor(units)
 	if err != nil {
 		return err
 	}
-	return perDevice(ctx, units, func(ctx context.Context, d *vmm.Device, us []*unit) error {
-		for _, u := range us {
-			for _, pc := range u.pieces {
-				if err := d.CopyAsync(pc.dev(), u.slots[pc.slot].ptr(pc.slotOff), pc.n, streams[d]); err != nil {
-					drain(streams[d])
-					return fmt.Errorf("offload: restore %s: %w", u.e, err)
-				}
+	return perDevice(ctx, units, func(_ context.Context, d *vmm.Device, us []*unit) error {
+		return restoreDevice(d, streams[d], us)
+	})
+}
+
+// restoreDevice copies the staged units of d to the device and waits. On failure it drains st, so
+// that no copy still reads a slot once the slots go back to the pool.
+func restoreDevice(d *vmm.Device, st *vmm.Stream, us []*unit) error {
+	for _, u := range us {
+		for _, pc := range u.pieces {
+			if err := d.CopyAsync(pc.dev(), u.slots[pc.slot].ptr(pc.slotOff), pc.n, st); err != nil {
+				drain(st)
+				return fmt.Errorf("offload: restore %s: %w", u.e, err)
 			}
 		}
-		return streams[d].Synchronize()
-	})
+	}
+	if err := st.Synchronize(); err != nil {
+		drain(st)
+		return fmt.Errorf("offload: restore: wait for the copies to %s: %w", d, err)
+	}
+	return nil
 }
 
 // match finds the set's entry for every entry of the checkpoint and checks the layout; it records
@@ -98,7 +112,7 @@ func (s *Set) match(hdr *ckHeader) ([]chunkRef, error) {
 
 // stageAll reads every chunk of the checkpoint into slots (u.slots, in the pieces' layout) and
 // verifies the checksums. The chunks come in header order, which is the refs' order.
-func (s *Set) stageAll(ctx context.Context, r io.Reader, hdr *ckHeader, units map[*vmm.Device][]*unit) (err error) {
+func (s *Set) stageAll(ctx context.Context, r io.Reader, hdr *ckHeader, units map[*vmm.Device][]*unit, prog *progress) (err error) {
 	byRef := map[refKey][][]byte{}
 	for d, us := range units {
 		for _, u := range us {
@@ -125,7 +139,7 @@ func (s *Set) stageAll(ctx context.Context, r io.Reader, hdr *ckHeader, units ma
 	}
 	for _, ce := range hdr.Entries {
 		for i, cc := range ce.Chunks {
-			if err := readChunk(r, byRef[refKey{ce.Tag, i}], chunkName(ce.Tag, i, cc)); err != nil {
+			if err := readChunk(r, byRef[refKey{ce.Tag, i}], chunkName(ce.Tag, i, cc), prog); err != nil {
 				return err
 			}
 			if err := ctx.Err(); err != nil {
@@ -171,6 +185,17 @@ func (b *Restored) Chunks() []vmm.Chunk {
 		out[i] = vmm.Chunk{Offset: m.Offset(), Allocation: m.Allocation()}
 	}
 	return out
+}
+
+// undo is teardown for a failed Load: what cannot be closed goes to the System, which retries it
+// in its Close, since no Restored is returned to own it.
+func (b *Restored) undo() error {
+	var errs []error
+	for i := len(b.maps) - 1; i >= 0; i-- {
+		errs = append(errs, vmm.UndoClose(b.maps[i]))
+	}
+	b.maps = nil
+	return errors.Join(append(errs, vmm.UndoClose(b.res))...)
 }
 
 // Close unmaps and releases the chunks and frees the reservation. Idempotent, nil-safe.

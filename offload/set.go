@@ -77,7 +77,9 @@ type Options struct {
 	// a sleep smaller than one slot uses a smaller one.
 	SlotSize uint64
 	// Progress, when set, is called with the bytes copied so far and the total, during Sleep, Wake,
-	// Save and Restore (from several goroutines, never at once).
+	// Save, Restore and Load (from several goroutines, never at once). Restore counts a byte when it
+	// has been read from the checkpoint into pinned memory: it checks every checksum before copying
+	// any byte to a GPU, and those copies, at the copy engine's speed, end the call.
 	Progress func(done, total uint64)
 	// IOWorkers is how many goroutines move a File buffer's bytes between the file and pinned
 	// staging memory, each a part (FilePart) at a time, taking the next part as soon as it is done
@@ -418,8 +420,9 @@ func (s *Set) onChunkClosed(e *entry) func() {
 
 // Close frees the pooled slots and the copy streams. It fails with an error wrapping vmm.ErrInUse,
 // freeing nothing, while a buffer of the set sleeps: wake it, or close the buffer (which frees its
-// backup), first, so that no content is dropped by accident. The buffers stay the caller's. Close is
-// idempotent and safe on nil.
+// backup), first, so that no content is dropped by accident. The buffers stay the caller's. A copy
+// stream that fails to be destroyed is handed to the System, whose Close frees it (vmm.UndoClose).
+// Close is idempotent and safe on nil.
 func (s *Set) Close() error {
 	if s == nil {
 		return nil
@@ -438,10 +441,10 @@ func (s *Set) Close() error {
 	}
 	errs := []error{s.pool.trim()}
 	for d, st := range s.streams {
-		errs = append(errs, st.Close())
+		errs = append(errs, vmm.UndoClose(st)) // a stream that fails to go is the System's to free
 		delete(s.streams, d)
 	}
-	// Nothing is left to retry: the slots and streams that failed to free are dropped either way.
+	// Nothing is left to retry here: slots that failed to free are dropped, streams handed on.
 	s.own.Shut()
 	if err := errors.Join(errs...); err != nil {
 		return fmt.Errorf("offload: close: %w", err)
