@@ -22,8 +22,9 @@ type regionImpl interface {
 	setAccess(r *Region, acc []vmm.Access) error
 	// chunks lists the allocations (vmm.Chunked), if any.
 	chunks() []vmm.Chunk
-	// share sends the region on conn after hdr (Share).
-	share(r *Region, conn *net.UnixConn, hdr []byte) error
+	// prepareShare duplicates what Share sends (the chunks' or the memfd's descriptors), so that the
+	// writes can run without the region's lock.
+	prepareShare(r *Region) (outgoing, error)
 	// release frees what the region holds, in teardown order; what it could not free it keeps, so
 	// that a later call retries.
 	release(r *Region) error
@@ -50,9 +51,7 @@ func (h *hostNUMARegion) chunks() []vmm.Chunk {
 	return out
 }
 
-func (h *hostNUMARegion) share(r *Region, conn *net.UnixConn, hdr []byte) error {
-	return shareChunks(r, conn, hdr)
-}
+func (h *hostNUMARegion) prepareShare(r *Region) (outgoing, error) { return exportChunks(r) }
 
 func (h *hostNUMARegion) release(*Region) error {
 	for len(h.maps) > 0 {
@@ -81,9 +80,7 @@ func (h *importedHostNUMARegion) setAccess(_ *Region, acc []vmm.Access) error {
 
 func (h *importedHostNUMARegion) chunks() []vmm.Chunk { return h.buf.Chunks() }
 
-func (h *importedHostNUMARegion) share(r *Region, conn *net.UnixConn, hdr []byte) error {
-	return shareChunks(r, conn, hdr)
-}
+func (h *importedHostNUMARegion) prepareShare(r *Region) (outgoing, error) { return exportChunks(r) }
 
 func (h *importedHostNUMARegion) release(*Region) error {
 	if h.buf == nil {
@@ -96,18 +93,44 @@ func (h *importedHostNUMARegion) release(*Region) error {
 	return nil
 }
 
-// shareChunks sends a HostNUMA region's chunks (ipc.Export, ipc.Send) after the header.
-func shareChunks(r *Region, conn *net.UnixConn, hdr []byte) error {
+// outgoing is what Share sends, with descriptors of its own: the region may close while it is
+// written.
+type outgoing interface {
+	// send writes the header message, then what follows it.
+	send(conn *net.UnixConn, hdr []byte) error
+	// Close closes the descriptors (the peer has its own once they are sent).
+	Close() error
+}
+
+// exportedChunks is a HostNUMA region's chunks, exported (ipc.Export).
+type exportedChunks struct{ e *ipc.Exported }
+
+func exportChunks(r *Region) (outgoing, error) {
 	e, err := ipc.Export(r)
 	if err != nil {
-		return err
+		return nil, err
 	}
-	defer e.Close()
+	return exportedChunks{e}, nil
+}
+
+// send writes the header, then the chunks as an ipc buffer (ipc.Send).
+func (x exportedChunks) send(conn *net.UnixConn, hdr []byte) error {
 	if err := ipc.WriteMessage(conn, KindRegion, hdr, nil); err != nil {
 		return err
 	}
-	return ipc.Send(conn, e)
+	return ipc.Send(conn, x.e)
 }
+
+func (x exportedChunks) Close() error { return x.e.Close() }
+
+// dupMemfd is a duplicate of a SharedMemory region's memfd, sent with the header.
+type dupMemfd struct{ f *os.File }
+
+func (x dupMemfd) send(conn *net.UnixConn, hdr []byte) error {
+	return ipc.WriteMessage(conn, KindRegion, hdr, []*os.File{x.f})
+}
+
+func (x dupMemfd) Close() error { return x.f.Close() }
 
 // registration is the cuMemHostRegister part that SharedMemory and Registered regions share.
 type registration struct{ reg *vmm.HostRegistration }
@@ -173,8 +196,12 @@ type sharedMemoryRegion struct {
 	memfd *os.File
 }
 
-func (s *sharedMemoryRegion) share(r *Region, conn *net.UnixConn, hdr []byte) error {
-	return ipc.WriteMessage(conn, KindRegion, hdr, []*os.File{s.memfd})
+func (s *sharedMemoryRegion) prepareShare(*Region) (outgoing, error) {
+	fd, err := unix.FcntlInt(s.memfd.Fd(), unix.F_DUPFD_CLOEXEC, 0)
+	if err != nil {
+		return nil, fmt.Errorf("duplicate the memfd: %w", err)
+	}
+	return dupMemfd{os.NewFile(uintptr(fd), s.memfd.Name())}, nil
 }
 
 func (s *sharedMemoryRegion) release(r *Region) error {
@@ -200,8 +227,8 @@ func (s *sharedMemoryRegion) release(r *Region) error {
 // registeredRegion is memory the caller owns, registered.
 type registeredRegion struct{ registration }
 
-func (g *registeredRegion) share(*Region, *net.UnixConn, []byte) error {
-	return fmt.Errorf("memory the caller registered has no file descriptor to pass (use New): %w", ErrNotSupported)
+func (g *registeredRegion) prepareShare(*Region) (outgoing, error) {
+	return nil, fmt.Errorf("memory the caller registered has no file descriptor to pass (use New): %w", ErrNotSupported)
 }
 
 func (g *registeredRegion) release(r *Region) error { return g.unregister(r) }

@@ -64,6 +64,10 @@ var (
 	// ErrNotRegistered: the memory is not (or no longer) registered with the driver
 	// (CUDA_ERROR_HOST_MEMORY_NOT_REGISTERED, 713).
 	ErrNotRegistered = errors.New("pinned: host memory not registered")
+	// ErrStreamNotDrained: a Stager's copy stream could not be synchronized after a transfer, so a
+	// copy may still be queued into or out of its buffers; it keeps them out of the pool until a
+	// later synchronization succeeds (the next transfer, or Close).
+	ErrStreamNotDrained = errors.New("pinned: the copy stream could not be drained")
 )
 
 // PageTableDivisor turns bytes of host memory visible to a GPU into the GPU memory its page tables

@@ -36,7 +36,7 @@ type Region struct {
 	impl     regionImpl // what the kind does its own way (kinds.go)
 
 	// closed follows own's closed state, read without the lock by the copies (checkRange), so that
-	// a Share writing to a slow peer under the lock holds up no copy.
+	// they never wait on the lock.
 	closed atomic.Bool
 
 	own     lifetime.Owner             // its lock guards the fields below; closed once Close freed all

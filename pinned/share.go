@@ -29,21 +29,32 @@ const regionHeaderSize = 16
 // its chunks' file descriptors (ipc.Export, ipc.Send); a SharedMemory region as its memfd. Memory the
 // caller registered (Registered) has no file to send: ErrNotSupported. The region stays the
 // sender's; the peer's view stays valid after the sender closes it (the memory lives until the last
-// process lets go). Writes on conn must not run concurrently. A Close waits for a Share in progress
-// (bound its writes with a deadline on conn); copies do not.
+// process lets go). Writes on conn must not run concurrently. Share holds the region's lock only to
+// duplicate the descriptors it sends, not while it writes them: a peer that does not read holds up
+// that Share alone (bound its writes with a deadline on conn), never another Share or a Close.
 func (r *Region) Share(conn *net.UnixConn) error {
-	r.own.Lock()
-	defer r.own.Unlock()
-	if r.own.Closed() {
-		return fmt.Errorf("pinned: share %s: %w", r, ErrClosed)
+	out, err := r.prepareShare()
+	if err != nil {
+		return fmt.Errorf("pinned: share %s: %w", r, err)
 	}
+	defer out.Close()
 	hdr := make([]byte, regionHeaderSize)
 	binary.LittleEndian.PutUint32(hdr[0:], uint32(r.kind))
 	binary.LittleEndian.PutUint64(hdr[8:], r.size)
-	if err := r.impl.share(r, conn, hdr); err != nil {
+	if err := out.send(conn, hdr); err != nil {
 		return fmt.Errorf("pinned: share %s: %w", r, err)
 	}
 	return nil
+}
+
+// prepareShare duplicates, under the region's lock, the descriptors Share sends.
+func (r *Region) prepareShare() (outgoing, error) {
+	r.own.Lock()
+	defer r.own.Unlock()
+	if r.own.Closed() {
+		return nil, ErrClosed
+	}
+	return r.impl.prepareShare(r)
 }
 
 // OpenOptions is the opener's choice of access for Receive.
@@ -156,6 +167,9 @@ func receiveHostNUMA(conn *net.UnixConn, dev *vmm.Device, size uint64, grants []
 	if rcv.Desc.Size != size {
 		return nil, fmt.Errorf("pinned: receive host-NUMA region: the header says %s, the descriptor %s: %w", units.FormatSize(size), units.FormatSize(rcv.Desc.Size), ipc.ErrProtocol)
 	}
+	if err := checkCovered(&rcv.Desc); err != nil {
+		return nil, fmt.Errorf("pinned: receive host-NUMA region of %s: %w", units.FormatSize(size), err)
+	}
 	access := hostNUMAAccess(grants, readOnly)
 	buf, err := ipc.Open(dev, rcv, access...)
 	if err != nil {
@@ -169,6 +183,23 @@ func receiveHostNUMA(conn *net.UnixConn, dev *vmm.Device, size uint64, grants []
 	r.mem = vmm.HostView(buf.Ptr(), size)
 	lifetime.Track(r, &r.own)
 	return r, nil
+}
+
+// checkCovered requires a region's chunks to map every byte of [0, d.Size), back to back: Bytes
+// covers the whole size, and touching a hole would kill the process. (ipc's Validate has already
+// checked that they are in order, do not overlap and lie inside the size.)
+func checkCovered(d *ipc.Descriptor) error {
+	var end uint64
+	for i, c := range d.Chunks {
+		if c.Offset != end {
+			return fmt.Errorf("chunk %d of %d starts at %#x, leaving a hole after %#x: %w", i, len(d.Chunks), c.Offset, end, ipc.ErrProtocol)
+		}
+		end = c.Offset + c.Size
+	}
+	if end != d.Size {
+		return fmt.Errorf("the chunks end at %#x, leaving a hole up to the size %#x: %w", end, d.Size, ipc.ErrProtocol)
+	}
+	return nil
 }
 
 // openSharedMemory maps a received memfd (taking f over) and registers it when devices are granted.

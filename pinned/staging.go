@@ -27,7 +27,14 @@ type Stager struct {
 
 	own     lifetime.Owner // its lock is held for a whole transfer; closed once Close freed all
 	closing bool           // Close was called: transfers are refused
+	// held are buffers of a transfer whose stream could not be drained: a copy may still be queued
+	// into or out of them, so they stay out of the pool until a synchronization succeeds (reclaim).
+	held []*Buffer
 }
+
+// drainAttempts is how many times a stager synchronizes its stream at the end of a transfer before
+// it gives up and holds the buffers.
+const drainAttempts = 3
 
 // StagerOptions tunes NewStager.
 type StagerOptions struct {
@@ -137,12 +144,19 @@ func (s *Stager) ChunkSize() uint64 { return s.pool.BufferSize() }
 // Stream is the stager's copy stream.
 func (s *Stager) Stream() *vmm.Stream { return s.stream }
 
-// begin locks the stager for a transfer and takes its buffers.
+// begin locks the stager for a transfer and takes its buffers (first those a failed drain held, once
+// the stream drains).
 func (s *Stager) begin(ctx context.Context, op string) ([]*Buffer, error) {
 	s.own.Lock()
 	if s.closing || s.own.Closed() {
 		s.own.Unlock()
 		return nil, fmt.Errorf("pinned: %s: stager: %w", op, ErrClosed)
+	}
+	// A synchronization that failed before one succeeded belongs to the transfer that held the
+	// buffers, which reported its own; only a stream still not drained stops this one.
+	if err := s.reclaim(); errors.Is(err, ErrStreamNotDrained) {
+		s.own.Unlock()
+		return nil, fmt.Errorf("pinned: %s: %w", op, err)
 	}
 	bufs, err := s.pool.getN(ctx, s.nbuf)
 	if err != nil {
@@ -153,17 +167,52 @@ func (s *Stager) begin(ctx context.Context, op string) ([]*Buffer, error) {
 }
 
 // end drains the stream (nothing may still be copying into or out of a buffer), gives the buffers
-// back and unlocks the stager.
+// back and unlocks the stager. A stream that cannot be drained keeps the buffers held (reclaim).
 func (s *Stager) end(bufs []*Buffer, err error) error {
-	if serr := s.stream.Synchronize(); serr != nil {
-		err = errors.Join(err, fmt.Errorf("pinned: drain the copy stream: %w", serr))
+	s.held = append(s.held, bufs...)
+	if rerr := s.reclaim(); rerr != nil {
+		err = errors.Join(err, rerr)
 	}
-	for _, b := range bufs {
+	s.own.Unlock()
+	return err
+}
+
+// drain synchronizes the stream, up to drainAttempts times, until every copy queued on it is
+// complete. A failed synchronization is still reported: it may be the error of a queued copy.
+func (s *Stager) drain() error {
+	var errs []error
+	for range drainAttempts {
+		err := s.stream.Synchronize()
+		if err == nil {
+			break
+		}
+		errs = append(errs, err)
+	}
+	if len(errs) == drainAttempts {
+		return fmt.Errorf("pinned: drain the copy stream: %w: %w", errors.Join(errs...), ErrStreamNotDrained)
+	}
+	if len(errs) > 0 {
+		return fmt.Errorf("pinned: drain the copy stream (synchronized on attempt %d): %w", len(errs)+1, errors.Join(errs...))
+	}
+	return nil
+}
+
+// reclaim gives the held buffers back to the pool once the stream drains; the caller holds the
+// stager's lock. Its error wraps ErrStreamNotDrained while they stay held.
+func (s *Stager) reclaim() error {
+	if len(s.held) == 0 {
+		return nil
+	}
+	err := s.drain()
+	if errors.Is(err, ErrStreamNotDrained) {
+		return fmt.Errorf("%w (%d buffers of %s held until it drains)", err, len(s.held), s.pool)
+	}
+	for _, b := range s.held {
 		if perr := s.pool.Put(b); perr != nil {
 			err = errors.Join(err, perr)
 		}
 	}
-	s.own.Unlock()
+	s.held = nil
 	return err
 }
 
@@ -171,6 +220,7 @@ func (s *Stager) end(bufs []*Buffer, err error) error {
 // chunk by chunk: the copy of chunk i+1 runs while chunk i is written. It returns the bytes written.
 // When w fails (or writes short, io.ErrShortWrite) or ctx is done, no further copy is queued, the
 // stream drains, the buffers go back to the pool, and the error is returned with the bytes written.
+// A stream that cannot be drained keeps the buffers out of the pool (ErrStreamNotDrained).
 func (s *Stager) DeviceToWriter(ctx context.Context, w io.Writer, src driver.DevicePtr, n uint64) (written int64, err error) {
 	const op = "stage device to writer"
 	if w == nil {
@@ -234,7 +284,8 @@ func (s *Stager) DeviceToWriter(ctx context.Context, w io.Writer, src driver.Dev
 // ReaderToDevice reads n bytes from r into device memory at dst (reachable by the stager's device),
 // chunk by chunk: chunk i+1 is read while chunk i is copied. It returns the bytes read. A reader that
 // ends early gives an error wrapping io.ErrUnexpectedEOF, after the bytes it gave are copied; a reader
-// error or ctx ends the transfer the same way. The stream drains before ReaderToDevice returns.
+// error or ctx ends the transfer the same way. The stream drains before ReaderToDevice returns (or
+// the buffers stay held: ErrStreamNotDrained).
 func (s *Stager) ReaderToDevice(ctx context.Context, dst driver.DevicePtr, r io.Reader, n uint64) (read int64, err error) {
 	const op = "stage reader to device"
 	if r == nil {
@@ -305,9 +356,11 @@ func (s *Stager) free() error {
 	return errors.Join(errs...)
 }
 
-// Close waits for a running transfer, then destroys the stream and events and closes the stager's
-// own pool (a pool given in the options stays open). Idempotent, nil-safe; when a step fails the
-// stager keeps what it could not free and a later Close retries.
+// Close waits for a running transfer, gives back the buffers a failed drain held once the stream
+// drains (while it cannot, Close fails with an error wrapping ErrStreamNotDrained and frees nothing),
+// then destroys the stream and events and closes the stager's own pool (a pool given in the options
+// stays open). Idempotent, nil-safe; when a step fails the stager keeps what it could not free and a
+// later Close retries.
 func (s *Stager) Close() error {
 	if s == nil {
 		return nil
@@ -318,6 +371,9 @@ func (s *Stager) Close() error {
 		return nil
 	}
 	s.closing = true
+	if err := s.reclaim(); errors.Is(err, ErrStreamNotDrained) {
+		return fmt.Errorf("pinned: close stager: %w", err)
+	}
 	if err := s.free(); err != nil {
 		return err
 	}

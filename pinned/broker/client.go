@@ -434,8 +434,9 @@ func (b *Buffer) Close() error {
 // Register shares buf with the broker: every chunk is exported as a file descriptor (ipc.Export, so
 // every allocation must have been created with driver.HandleTypePosixFD) and sent; the broker imports
 // and maps it for the chunks' device, which must be one of the devices it serves. The buffer must not
-// change (grow, shrink, close) while registered. A worker has at most Options.MaxBuffers buffers
-// (ErrLimit). When ctx ends before the answer, the buffer is unregistered once the answer comes.
+// change (grow, shrink, close) while registered. A worker has at most Options.MaxBuffers buffers,
+// taking at most Options.MaxRegisteredBytes of address space (ErrLimit); a buffer whose Len runs
+// past its last chunk is refused (ErrOutOfRange). When ctx ends before the answer, the buffer is unregistered once the answer comes.
 func (c *Client) Register(ctx context.Context, buf vmm.Chunked) (*Buffer, error) {
 	if c.own.IsClosed() {
 		return nil, fmt.Errorf("broker: register: %w", ErrClosed)

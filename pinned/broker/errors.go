@@ -18,11 +18,13 @@ var (
 	// serves new connections; register the buffers again).
 	ErrBrokerGone = errors.New("broker: connection to the broker lost")
 	// ErrOutOfRange: a copy's host range lies outside the worker's grant (or the region), or its
-	// buffer range outside the buffer or over a hole between its chunks.
+	// buffer range outside the buffer or over a hole between its chunks; or a buffer to register
+	// claims address space past its last chunk.
 	ErrOutOfRange = errors.New("broker: range out of bounds")
 	// ErrUnknownBuffer: a buffer id this worker has not registered (or has unregistered).
 	ErrUnknownBuffer = errors.New("broker: unknown buffer id")
-	// ErrLimit: the worker already has Options.MaxBuffers buffers registered.
+	// ErrLimit: the worker already has Options.MaxBuffers buffers registered, or a new one would take
+	// its buffers past Options.MaxRegisteredBytes of address space.
 	ErrLimit = errors.New("broker: per-worker limit reached")
 	// ErrDeviceNotServed: the buffer's memory is on a device the broker does not copy on (see
 	// Options.Devices), or the region is not visible to it.

@@ -53,6 +53,13 @@ type Options struct {
 	Grant func(peer unix.Ucred) (Grant, error)
 	// MaxBuffers is the most buffers one worker may have registered at once (default 1024).
 	MaxBuffers int
+	// MaxRegisteredBytes is the most address space the broker reserves for one worker's registered
+	// buffers, each counted at its descriptor's size, holes between chunks included (default
+	// DefaultMaxRegisteredBytes; negative: no cap). It keeps workers from exhausting the broker's
+	// address space (a GPU's is 128 TiB) by registering large or sparse buffers, or one buffer many
+	// times: MaxConnsPerUID × MaxRegisteredBytes is what one uid can take. Raise it for workers
+	// whose buffers span more.
+	MaxRegisteredBytes int64
 	// MaxInFlight is the most copies of one worker the broker runs or queues at once (default 64);
 	// beyond it the broker stops reading that worker's requests until one completes.
 	MaxInFlight int
@@ -88,6 +95,11 @@ type Options struct {
 	Logf func(format string, args ...any)
 }
 
+// DefaultMaxRegisteredBytes is Options.MaxRegisteredBytes's default: 1 TiB, more than the memory
+// of eight H200s, so that the default 64 connections of one uid take at most half of a GPU's
+// 128 TiB of address space.
+const DefaultMaxRegisteredBytes = 1 << 40
+
 // DefaultSpinMax is Options.SpinMax's default: a copy of 4 MiB takes about 80 µs on a 50 GB/s
 // link, long enough that the wake-up of a sleeping thread hardly shows, and a 1 MiB copy, for which it
 // would, still spins.
@@ -122,6 +134,7 @@ type Server struct {
 	// no connection starts serving after; a second Close only retries the streams.
 	own     lifetime.Owner
 	workers map[*worker]struct{}
+	quit    chan struct{} // closed when Close begins: retired streams stop retrying (see retire)
 
 	inFlight                                              atomic.Int64
 	refused, copies, bytes, failed, drained, nbufs, drops atomic.Uint64
@@ -142,20 +155,28 @@ type copyStream struct {
 }
 
 // wait waits for the copy of n bytes just queued on the stream: spinning up to spinMax bytes, else
-// sleeping on the event. When the event fails, it waits for the stream instead, so that no copy
-// still runs once the stream and the buffer are handed back.
+// sleeping on the event. When it fails the copy may still be queued: see Server.settle.
 func (c *copyStream) wait(n uint64, spinMax int64) error {
 	if spinMax >= 0 && n <= uint64(spinMax) {
 		return c.st.Synchronize()
 	}
-	err := c.done.Record(c.st)
-	if err == nil {
-		err = c.done.Synchronize()
+	if err := c.done.Record(c.st); err != nil {
+		return err
 	}
+	return c.done.Synchronize()
+}
+
+// newCopyStream makes a non-blocking stream and its blocking event on d; on error nothing is left.
+func newCopyStream(d *vmm.Device) (*copyStream, error) {
+	st, err := d.CreateStream(vmm.StreamOptions{NonBlocking: true})
 	if err != nil {
-		return errors.Join(err, c.st.Synchronize())
+		return nil, err
 	}
-	return nil
+	done, err := d.NewBlockingEvent()
+	if err != nil {
+		return nil, errors.Join(err, st.Close())
+	}
+	return &copyStream{st: st, done: done}, nil
 }
 
 // close destroys the event and the stream (vmm owners: nil-safe, nothing on a second Close, and
@@ -184,7 +205,8 @@ func Listen(region *pinned.Region, path string, opts Options) (*Server, error) {
 	if err != nil {
 		return nil, err
 	}
-	s := &Server{region: region, path: path, opts: opts, lanes: map[int]*lane{}, workers: map[*worker]struct{}{}}
+	s := &Server{region: region, path: path, opts: opts, lanes: map[int]*lane{}, workers: map[*worker]struct{}{},
+		quit: make(chan struct{})}
 	if err := s.openLanes(devs); err != nil {
 		return nil, errors.Join(err, s.undoLanes())
 	}
@@ -211,6 +233,9 @@ func (o *Options) defaults() error {
 	}
 	if o.MaxInFlight == 0 {
 		o.MaxInFlight = 64
+	}
+	if o.MaxRegisteredBytes == 0 {
+		o.MaxRegisteredBytes = DefaultMaxRegisteredBytes
 	}
 	if o.InlineMax == 0 {
 		o.InlineMax = 64 << 10
@@ -272,15 +297,11 @@ func (s *Server) openLanes(devs []*vmm.Device) error {
 		l := &lane{dev: d, free: make(chan *copyStream, s.opts.StreamsPerDevice)}
 		s.lanes[d.Ordinal()] = l
 		for i := 0; i < s.opts.StreamsPerDevice; i++ {
-			c := &copyStream{}
-			l.streams = append(l.streams, c)
-			var err error
-			if c.st, err = d.NewStream(true); err == nil {
-				c.done, err = d.NewBlockingEvent()
-			}
+			c, err := newCopyStream(d)
 			if err != nil {
 				return fmt.Errorf("broker: listen: %w", err)
 			}
+			l.streams = append(l.streams, c)
 			l.free <- c
 		}
 		if d.Ordinal() < 64 {
@@ -395,6 +416,7 @@ func (s *Server) Close() error {
 		}
 		return nil
 	}
+	close(s.quit)
 	var errs []error
 	if err := s.ln.Close(); err != nil {
 		errs = append(errs, fmt.Errorf("broker: %w", err))
@@ -416,9 +438,10 @@ type worker struct {
 
 	pbuf [ResponseSize + MaxText]byte // response payloads; guarded by conn's write lock
 
-	mu     sync.Mutex
-	bufs   map[uint32]*regBuffer
-	nextID uint32
+	mu       sync.Mutex
+	bufs     map[uint32]*regBuffer
+	nextID   uint32
+	reserved uint64 // address space of the buffers in bufs (Options.MaxRegisteredBytes)
 
 	sem  chan struct{} // one slot per copy in flight
 	jobs sync.WaitGroup
@@ -431,8 +454,12 @@ type regBuffer struct {
 	lane    *lane
 	ptr     driver.DevicePtr
 	length  uint64
+	size    uint64   // the address space reserved for it: its descriptor's size
 	extents []extent // runs of adjacent chunks, in offset order
 	users   sync.WaitGroup
+	// stuck: a copy into the buffer may still be queued on a stream that could not be drained by
+	// the time the server closed (see retire); release keeps it mapped.
+	stuck atomic.Bool
 }
 
 type extent struct{ off, end uint64 }
@@ -695,8 +722,8 @@ func (w *worker) startCopy(req request) {
 	go func() { w.runCopy(req, b, <-b.lane.free) }()
 }
 
-// runCopy queues the copy on the stream, waits for it (see Options.SpinMax), gives the stream back
-// and answers.
+// runCopy queues the copy on the stream, waits for it (see Options.SpinMax), gives the stream and
+// the buffer back (after a failure, once the stream is drained: settle) and answers.
 func (w *worker) runCopy(req request, b *regBuffer, cs *copyStream) {
 	region, st := w.s.region, cs.st
 	t0 := time.Now()
@@ -711,8 +738,12 @@ func (w *worker) runCopy(req request, b *regBuffer, cs *copyStream) {
 		err = cs.wait(req.length, w.s.opts.SpinMax)
 	}
 	took := time.Since(t0)
-	b.lane.free <- cs
-	b.users.Done()
+	if err == nil {
+		b.lane.free <- cs
+		b.users.Done()
+	} else if serr := w.s.settle(b, cs); serr != nil {
+		err = fmt.Errorf("%w; %w", err, serr)
+	}
 	// Not in flight once answered: a client that saw the answer must not find it in Stats.
 	w.s.inFlight.Add(-1)
 	if err != nil {
@@ -751,7 +782,7 @@ func (w *worker) register(req request) error {
 		w.replyErr(OpRegister, req.id, fmt.Errorf("broker: register %s: %v: %w", &rcv.Desc, err, ErrInternal))
 		return nil
 	}
-	b := &regBuffer{buf: buf, lane: l, ptr: buf.Ptr(), length: buf.Cap()}
+	b := &regBuffer{buf: buf, lane: l, ptr: buf.Ptr(), length: buf.Cap(), size: rcv.Desc.Size}
 	for _, c := range rcv.Desc.Chunks {
 		if k := len(b.extents); k > 0 && b.extents[k-1].end == c.Offset {
 			b.extents[k-1].end += c.Size
@@ -778,13 +809,10 @@ func (w *worker) receiveBuffer() (*ipc.Received, error) {
 	return rcv, err
 }
 
-// laneFor checks the worker's limit and the buffer's location and finds the device's lane.
+// laneFor checks the worker's limits and the buffer's location and finds the device's lane.
 func (w *worker) laneFor(d *ipc.Descriptor) (*lane, error) {
-	w.mu.Lock()
-	n := len(w.bufs)
-	w.mu.Unlock()
-	if n >= w.s.opts.MaxBuffers {
-		return nil, fmt.Errorf("broker: %d buffers registered (Options.MaxBuffers): %w", n, ErrLimit)
+	if err := w.admit(d); err != nil {
+		return nil, err
 	}
 	loc := d.Chunks[0].Location
 	for _, c := range d.Chunks {
@@ -802,9 +830,33 @@ func (w *worker) laneFor(d *ipc.Descriptor) (*lane, error) {
 	return l, nil
 }
 
+// admit checks a buffer against the worker's limits: its count of buffers and the address space
+// they take. A descriptor may not claim address space past its last chunk: mapped by nothing, it is
+// of no use to a copy, and Open would reserve all of it. (Chunks are multiples of the granularity,
+// so the last chunk's end is already rounded to it.)
+func (w *worker) admit(d *ipc.Descriptor) error {
+	last := d.Chunks[len(d.Chunks)-1]
+	if end := last.Offset + last.Size; d.Size > end {
+		return fmt.Errorf("broker: register %s: its chunks end at %s, the broker reserves no address space past a buffer's last chunk: %w",
+			d, units.FormatSize(end), ErrOutOfRange)
+	}
+	w.mu.Lock()
+	n, reserved := len(w.bufs), w.reserved
+	w.mu.Unlock()
+	if n >= w.s.opts.MaxBuffers {
+		return fmt.Errorf("broker: %d buffers registered (Options.MaxBuffers): %w", n, ErrLimit)
+	}
+	if limit := w.s.opts.MaxRegisteredBytes; limit >= 0 && (d.Size > uint64(limit) || reserved > uint64(limit)-d.Size) {
+		return fmt.Errorf("broker: register %s: this worker's buffers already take %s of address space, the most is %s (Options.MaxRegisteredBytes): %w",
+			d, units.FormatSize(reserved), units.FormatSize(uint64(limit)), ErrLimit)
+	}
+	return nil
+}
+
 // add gives b the worker's next free id and records it.
 func (w *worker) add(b *regBuffer) {
 	w.mu.Lock()
+	w.reserved += b.size
 	for {
 		w.nextID++
 		if w.nextID != 0 && w.bufs[w.nextID] == nil {
@@ -839,8 +891,14 @@ func (w *worker) unregister(req request) {
 // that nothing is lost; the buffer no longer counts in Stats.Buffers either way.
 func (w *worker) release(b *regBuffer) error {
 	b.users.Wait()
-	err := b.buf.Close()
 	w.s.nbufs.Add(^uint64(0))
+	w.mu.Lock()
+	w.reserved -= b.size
+	w.mu.Unlock()
+	if b.stuck.Load() {
+		return w.keepStuck(b)
+	}
+	err := b.buf.Close()
 	if err != nil {
 		kept := b.buf.Device().System().Keep(fmt.Sprintf("broker buffer %d of worker pid %d (%s)", b.id, w.cred.Pid, b.buf), b.buf.Close)
 		err = fmt.Errorf("%w (%v)", err, kept)

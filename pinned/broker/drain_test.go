@@ -1,0 +1,96 @@
+package broker
+
+import (
+	"testing"
+
+	"github.com/stretchr/testify/require"
+
+	"github.com/cuvmm/cuvmm/driver"
+	"github.com/cuvmm/cuvmm/internal/testutil"
+	"github.com/cuvmm/cuvmm/pinned"
+)
+
+// failSyncs makes the next n cuStreamSynchronize calls fail.
+func failSyncs(b *testutil.Backend, n int) {
+	for range n {
+		b.Sim.FailNth("cuStreamSynchronize", 1, driver.ErrorUnknown)
+	}
+}
+
+// A copy whose wait fails is answered ErrInternal, but its stream and buffer go back only once the
+// stream is drained: the buffer cannot be unmapped under the copy, and the next request on that
+// stream (another worker's) does not inherit the copy's failure.
+func TestFailedCopyWaitDrainsStreamBeforeReuse(t *testing.T) {
+	testutil.Run(t, func(t *testing.T, b *testutil.Backend) {
+		ctx := testCtx(t)
+		dev := b.Device(t, 0)
+		region := newRegion(t, dev, 4*mib, pinned.Options{})
+		_, path := startServer(t, region, Options{StreamsPerDevice: 1})
+		c1, c2 := dial(t, path), dial(t, path)
+		rb1, err := c1.Register(ctx, newDevBuffer(t, dev, 1, 2*mib))
+		require.NoError(t, err)
+		rb2, err := c2.Register(ctx, newDevBuffer(t, dev, 1, 2*mib))
+		require.NoError(t, err)
+		failSyncs(b, 1)
+		require.ErrorIs(t, c1.Copy(ctx, Request{Buffer: rb1.ID(), Dir: ToDevice, Length: 4096}), ErrInternal)
+		require.NoError(t, rb1.Close())
+		err = c2.Copy(ctx, Request{Buffer: rb2.ID(), Dir: ToDevice, HostOffset: mib, Length: 4096})
+		require.NoError(t, err, "worker 2's copy failed because of worker 1's copy, still queued into a released buffer")
+		require.NoError(t, rb2.Close())
+	}, testutil.SimOnly())
+}
+
+// A stream that cannot be drained is retired: a new stream serves the lane at once, and the buffer
+// stays mapped until the retired stream drains, so the queued copy lands before an unregister
+// unmaps it.
+func TestUndrainableCopyStreamIsRetiredAndHoldsBuffer(t *testing.T) {
+	testutil.Run(t, func(t *testing.T, b *testutil.Backend) {
+		ctx := testCtx(t)
+		dev := b.Device(t, 0)
+		region := newRegion(t, dev, 4*mib, pinned.Options{})
+		srv, path := startServer(t, region, Options{StreamsPerDevice: 1})
+		c1, c2 := dial(t, path), dial(t, path)
+		buf1 := newDevBuffer(t, dev, 1, 2*mib)
+		require.NoError(t, dev.Fill(buf1.Ptr(), 2*mib, 0, 5))
+		rb1, err := c1.Register(ctx, buf1)
+		require.NoError(t, err)
+		rb2, err := c2.Register(ctx, newDevBuffer(t, dev, 1, 2*mib))
+		require.NoError(t, err)
+		failSyncs(b, 1+drainAttempts)
+		err = c1.Copy(ctx, Request{Buffer: rb1.ID(), Dir: ToHost, Length: mib})
+		require.ErrorIs(t, err, ErrInternal)
+		require.ErrorContains(t, err, "retired")
+		require.NoError(t, c2.Copy(ctx, Request{Buffer: rb2.ID(), Dir: ToDevice, HostOffset: 2 * mib, Length: 4096}),
+			"the lane's only stream was retired and not replaced")
+		require.NoError(t, rb1.Close())
+		require.Zero(t, badHost(region.Bytes()[:mib], 0, 5), "the retired stream's copy did not land before the buffer was unmapped")
+		require.NoError(t, rb2.Close())
+		eventually(t, "the retired stream destroyed", func() bool {
+			srv.own.Lock()
+			defer srv.own.Unlock()
+			return len(srv.lanes[dev.Ordinal()].streams) == 1
+		})
+	}, testutil.SimOnly())
+}
+
+// A stream still not drained when the server closes leaves its buffer mapped: the System keeps it
+// and frees it after a device synchronization succeeds.
+func TestStreamUndrainedAtCloseKeepsBufferMapped(t *testing.T) {
+	testutil.Run(t, func(t *testing.T, b *testutil.Backend) {
+		ctx := testCtx(t)
+		dev := b.Device(t, 0)
+		region := newRegion(t, dev, 4*mib, pinned.Options{})
+		srv, path := startServer(t, region, Options{StreamsPerDevice: 1})
+		c := dial(t, path)
+		rb, err := c.Register(ctx, newDevBuffer(t, dev, 1, 2*mib))
+		require.NoError(t, err)
+		failSyncs(b, 1+drainAttempts+1000)
+		require.ErrorIs(t, c.Copy(ctx, Request{Buffer: rb.ID(), Dir: ToHost, Length: mib}), ErrInternal)
+		require.NoError(t, srv.Close())
+		require.Zero(t, srv.Stats().Buffers)
+		require.Len(t, dev.System().Orphans(), 1, "the buffer a copy may still target was unmapped")
+		b.Sim.ClearFaults()
+		require.NoError(t, dev.System().RetryOrphans())
+		require.Empty(t, dev.System().Orphans())
+	}, testutil.SimOnly())
+}
