@@ -100,6 +100,7 @@ import "C"
 
 import (
 	"fmt"
+	"math"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -325,6 +326,9 @@ func (l *cudaLib) DeviceGet(ordinal int) (Device, error) {
 	fn := l.fn[symDeviceGet]
 	if fn == nil {
 		return 0, l.missing[symDeviceGet]
+	}
+	if ordinal < 0 || ordinal > math.MaxInt32 {
+		return 0, ErrorInvalidDevice // as the driver answers: C.int would wrap it to another device
 	}
 	var d C.int
 	if err := result(C.cuvmm_DeviceGet(fn, &d, C.int(ordinal))); err != nil {
@@ -636,6 +640,9 @@ func (l *cudaLib) MemImportFromShareableHandle(fd int, typ HandleType) (MemHandl
 	}
 	if typ&HandleTypeFabric != 0 {
 		return 0, fmt.Errorf("driver: MemImportFromShareableHandle: a %v handle is not a file descriptor: %w", typ, ErrInvalidValue)
+	}
+	if fd < 0 || fd > math.MaxInt32 {
+		return 0, ErrorInvalidValue // no such descriptor: C.int would wrap it to another one
 	}
 	var h C.ulonglong
 	if err := result(C.cuvmm_MemImportFromFD(fn, &h, C.int(fd), C.int(typ))); err != nil {

@@ -355,7 +355,7 @@ static inline int cuvmm_DeviceGetDefaultMemPool(void *fn, uintptr_t *pool, int d
 // are cuuint64_t. The value always crosses as a 64-bit integer.
 static inline int cuvmm_MemPoolSetAttribute(void *fn, uintptr_t pool, int attr, unsigned long long value) {
 	if (attr >= 1 && attr <= 3) {
-		int v = (int)value;
+		int v = value != 0; // a boolean: any non-zero value is true, never wrapped to 0
 		return ((CUresult_(*)(void *, int, void *))fn)((void *)pool, attr, &v);
 	}
 	unsigned long long v = value;

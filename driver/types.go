@@ -7,7 +7,10 @@
 // versioned symbols are listed in symbols.go.
 package driver
 
-import "fmt"
+import (
+	"fmt"
+	"math"
+)
 
 // Device is a CUdevice: a device handle returned by DeviceGet (on every known driver, the ordinal).
 type Device int32
@@ -133,8 +136,14 @@ func DeviceLocation(dev Device) Location { return Location{Type: LocationDevice,
 // allocations.
 func HostLocation() Location { return Location{Type: LocationHost} }
 
-// HostNUMALocation is host memory on NUMA node node.
-func HostNUMALocation(node int) Location { return Location{Type: LocationHostNUMA, ID: int32(node)} }
+// HostNUMALocation is host memory on NUMA node node. A node outside int32 gives ID -1, which the
+// driver refuses, rather than wrapping to another node.
+func HostNUMALocation(node int) Location {
+	if node < math.MinInt32 || node > math.MaxInt32 {
+		node = -1
+	}
+	return Location{Type: LocationHostNUMA, ID: int32(node)}
+}
 
 // CompressionType is the allocFlags.compressionType byte.
 type CompressionType uint8
