@@ -107,7 +107,7 @@ func (o *BandwidthOptions) defaults() ([]uint64, error) {
 		return nil, fmt.Errorf("--iters must be ≥ 0 and --staging-buffers ≥ 2: %w", ErrInvalidOption)
 	}
 	if o.NoStaging && (o.Staging != 0 || o.StagingChunk != 0 || o.StagingSpin) {
-		return nil, fmt.Errorf("--no-staging skips the staging measurement that --staging, --staging-chunk and --staging-spin set up: leave them out: %w", ErrInvalidOption)
+		return nil, fmt.Errorf("--no-staging skips the staging measurement that --staging, --staging-chunk, --staging-buffers and --staging-spin set up: leave them out: %w", ErrInvalidOption)
 	}
 	sim := o.Backend.Sim()
 	if o.MaxSize == 0 {

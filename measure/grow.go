@@ -84,6 +84,10 @@ func Grow(opts GrowOptions) (*GrowResult, error) {
 	if err != nil {
 		return nil, err
 	}
+	if opts.To > dev.TotalMemory() { // also keeps growbuf's rounding of To from overflowing
+		return nil, fmt.Errorf("--to %s: more than device %d's memory (%s): %w",
+			units.FormatSize(opts.To), opts.Device, units.FormatSize(dev.TotalMemory()), ErrInvalidOption)
+	}
 	policy, err := growPolicy(dev, opts.Chunk, opts.Step)
 	if err != nil {
 		return nil, err

@@ -41,6 +41,8 @@ type PoolOptions struct {
 	Streams int
 	// Memory is the memory the trace is sized against and the cuvmm pools' limit; 0 means the
 	// device's free memory when the measurement starts (on the simulator, at most PoolSimMemory).
+	// It must be at least PoolMinMemory, and with FillFraction 0 at least the trace's largest
+	// request.
 	Memory uint64
 	// FillFraction scales the trace so that its peak in use is this fraction of Memory; 0 keeps the
 	// trace's sizes.
@@ -198,17 +200,12 @@ func (o *PoolOptions) poolDefaults() (*vmm.Device, error) {
 	if o.CacheIters < 0 {
 		return nil, fmt.Errorf("--cache-iters %d: want at least 1 (0: the default): %w", o.CacheIters, ErrInvalidOption)
 	}
-	d, err := o.Backend.Sys.Device(o.Device)
+	d, err := device(o.Backend, o.Device, "device")
 	if err != nil {
 		return nil, err
 	}
-	if o.Memory == 0 {
-		if o.Memory, _, err = d.MemInfo(); err != nil {
-			return nil, err
-		}
-		if o.Backend.Sim() {
-			o.Memory = min(o.Memory, PoolSimMemory)
-		}
+	if err := o.poolMemory(d); err != nil {
+		return nil, err
 	}
 	if o.VerifyEvery <= 0 {
 		o.VerifyEvery = 16
@@ -223,6 +220,37 @@ func (o *PoolOptions) poolDefaults() (*vmm.Device, error) {
 		o.TrimBytes = min(16<<30, o.Memory/4)
 	}
 	return d, d.LoadKernels()
+}
+
+// PoolMinMemory is the least Memory Pool accepts: the trim measurement maps 64 MiB blocks, and the
+// cache benchmark's 32 MiB blocks must still fit beside what a replay leaves mapped in a pool that
+// neither stitches nor releases (cuvmm-nostitch).
+const PoolMinMemory = 128 << 20
+
+// poolMemory fills in Memory when it is 0 (the device's free memory, capped on the simulator) and
+// checks it up front, so that a replay does not run only to fail at its end: at least
+// PoolMinMemory, and with FillFraction 0 (the trace's own sizes) at least the largest request.
+func (o *PoolOptions) poolMemory(d *vmm.Device) error {
+	given := "--memory " + units.FormatSize(o.Memory)
+	if o.Memory == 0 {
+		free, _, err := d.MemInfo()
+		if err != nil {
+			return err
+		}
+		if o.Backend.Sim() {
+			free = min(free, PoolSimMemory)
+		}
+		o.Memory, given = free, "--memory (left out: "+units.FormatSize(free)+")"
+	}
+	if o.Memory < PoolMinMemory {
+		return fmt.Errorf("%s: want at least %s (the trim maps 64 MiB blocks, the cache benchmark 32 MiB ones beside the replay's): %w",
+			given, units.FormatSize(PoolMinMemory), ErrInvalidOption)
+	}
+	if _, largest := o.Trace.PeakInUse(); o.FillFraction == 0 && largest > o.Memory {
+		return fmt.Errorf("%s: below the trace's largest request, %s (--fill-fraction scales the trace to the memory): %w",
+			given, units.FormatSize(largest), ErrInvalidOption)
+	}
+	return nil
 }
 
 func poolStreams(d *vmm.Device, n int) ([]*vmm.Stream, error) {

@@ -86,29 +86,34 @@ type sleepGraph struct {
 	exec    *vmm.GraphExec
 }
 
-func captureSleepGraph(d *vmm.Device, ptr driver.DevicePtr, size, seed uint64) (g *sleepGraph, err error) {
-	g = &sleepGraph{d: d}
+// captureSleepGraph makes the graph's stream and counter and captures the verify kernel; on
+// failure it closes what it made (made, not the result, which is nil on every error path).
+func captureSleepGraph(d *vmm.Device, ptr driver.DevicePtr, size, seed uint64) (_ *sleepGraph, err error) {
+	made := &sleepGraph{d: d}
 	defer func() {
 		if err != nil {
-			err = errors.Join(err, g.close())
+			err = errors.Join(err, made.close())
 		}
 	}()
-	if g.st, err = d.CreateStream(vmm.StreamOptions{NonBlocking: true}); err != nil {
+	if made.st, err = d.CreateStream(vmm.StreamOptions{NonBlocking: true}); err != nil {
 		return nil, err
 	}
-	if g.counter, err = d.AllocPlain(8); err != nil {
+	if made.counter, err = d.AllocPlain(8); err != nil {
 		return nil, err
 	}
-	if err = g.st.BeginCapture(); err != nil {
+	if err = made.st.BeginCapture(); err != nil {
 		return nil, err
 	}
-	lerr := d.LaunchVerify(ptr, size, 0, seed, g.counter.Ptr(), g.st)
-	graph, err := g.st.EndCapture()
+	lerr := d.LaunchVerify(ptr, size, 0, seed, made.counter.Ptr(), made.st)
+	graph, err := made.st.EndCapture()
 	if err = errors.Join(lerr, err); err != nil {
 		return nil, errors.Join(err, graph.Close())
 	}
-	g.exec, err = graph.Instantiate()
-	return g, errors.Join(err, graph.Close())
+	made.exec, err = graph.Instantiate()
+	if err = errors.Join(err, graph.Close()); err != nil {
+		return nil, err
+	}
+	return made, nil
 }
 
 // run resets the counter on the graph's stream (non-blocking: a reset on the default stream would

@@ -23,8 +23,8 @@ type StripeOptions struct {
 	Devices, AccessOnly []int
 	// Size of the range (rounded up to the granularity).
 	Size uint64
-	// Layout is "interleaved" (round-robin stripes of Stripe bytes) or "blocked" (one slab per
-	// device).
+	// Layout is "interleaved" (round-robin stripes of Stripe bytes, a non-zero multiple of the
+	// granularity) or "blocked" (one slab per device; Stripe is not used).
 	Layout string
 	Stripe uint64
 	// ReadOnlyPeers gives devices read-only access to the stripes they do not hold.
@@ -84,8 +84,14 @@ func (o *StripeOptions) layout() (stripe.Layout, error) {
 	if o.Devices != nil && len(o.Devices) == 0 {
 		return nil, fmt.Errorf("--devices: no devices: %w", ErrInvalidOption)
 	}
+	if o.Size == 0 {
+		return nil, fmt.Errorf("--size 0: want a size above 0: %w", ErrInvalidOption)
+	}
 	switch o.Layout {
 	case "interleaved":
+		if o.Stripe == 0 {
+			return nil, fmt.Errorf("--stripe 0: want a non-zero multiple of the granularity: %w", ErrInvalidOption)
+		}
 		return stripe.Interleaved{Stripe: o.Stripe}, nil
 	case "blocked":
 		return stripe.Blocked{}, nil
@@ -102,13 +108,8 @@ func Stripe(opts StripeOptions) (res *StripeResult, err error) {
 		return nil, err
 	}
 	s := &striper{opts: &opts, readers: map[*vmm.Device]*reader{}}
-	if s.holders, err = devices(opts.Backend, opts.Devices, "devices"); err != nil {
+	if err := s.openDevices(layout); err != nil {
 		return nil, err
-	}
-	if len(opts.AccessOnly) > 0 {
-		if s.accessOnly, err = devices(opts.Backend, opts.AccessOnly, "access-only"); err != nil {
-			return nil, err
-		}
 	}
 	if len(s.holders) == 1 {
 		opts.logf("vmmdemo stripe: one device: the range is a plain range on device %d (nothing to stripe)\n", s.holders[0].Ordinal())
@@ -131,6 +132,39 @@ func Stripe(opts StripeOptions) (res *StripeResult, err error) {
 		return nil, err
 	}
 	return res, nil
+}
+
+// openDevices opens the holders and the access-only devices, and checks what needs them: no device
+// both holds and only accesses the range, and an interleaved stripe is a multiple of their common
+// granularity (stripe.New would refuse both too, naming Go fields instead of flags).
+func (s *striper) openDevices(layout stripe.Layout) (err error) {
+	o := s.opts
+	if s.holders, err = devices(o.Backend, o.Devices, "devices"); err != nil {
+		return err
+	}
+	if len(o.AccessOnly) > 0 {
+		if s.accessOnly, err = devices(o.Backend, o.AccessOnly, "access-only"); err != nil {
+			return err
+		}
+	}
+	for _, d := range s.accessOnly {
+		if slices.Contains(s.holders, d) {
+			return fmt.Errorf("--access-only %s: device %d is also in --devices (a device holds part of the range or only accesses it): %w",
+				ordinalList(o.AccessOnly), d.Ordinal(), ErrInvalidOption)
+		}
+	}
+	il, ok := layout.(stripe.Interleaved)
+	if !ok {
+		return nil
+	}
+	gran, err := o.Backend.Sys.CommonGranularity(driver.Location{}, append(slices.Clone(s.holders), s.accessOnly...)...)
+	if err != nil {
+		return err
+	}
+	if il.Stripe%gran != 0 {
+		return fmt.Errorf("--stripe %s: want a multiple of the granularity %s: %w", units.FormatSize(il.Stripe), units.FormatSize(gran), ErrInvalidOption)
+	}
+	return nil
 }
 
 // devices opens the devices of the ordinals (nil: every device). A device listed twice, or one the

@@ -15,6 +15,7 @@ package metrics
 import (
 	"slices"
 	"strconv"
+	"unicode/utf8"
 
 	"github.com/prometheus/client_golang/prometheus"
 
@@ -162,9 +163,29 @@ func ownerKinds(m map[string]int) []string {
 }
 
 func gauge(ch chan<- prometheus.Metric, d *prometheus.Desc, v float64, labels ...string) {
-	ch <- prometheus.MustNewConstMetric(d, prometheus.GaugeValue, v, labels...)
+	ch <- prometheus.MustNewConstMetric(d, prometheus.GaugeValue, v, labelValues(labels)...)
 }
 
 func counter(ch chan<- prometheus.Metric, d *prometheus.Desc, v float64, labels ...string) {
-	ch <- prometheus.MustNewConstMetric(d, prometheus.CounterValue, v, labels...)
+	ch <- prometheus.MustNewConstMetric(d, prometheus.CounterValue, v, labelValues(labels)...)
+}
+
+// labelValues makes every value a valid label value (labelValue), in place: gauge and counter
+// are where every variable label is made, so no tag, kind or device name can make
+// MustNewConstMetric panic, which the registry would turn into a failed scrape of the whole page.
+func labelValues(labels []string) []string {
+	for i, l := range labels {
+		labels[i] = labelValue(l)
+	}
+	return labels
+}
+
+// labelValue is s when it is valid UTF-8 (as Prometheus requires of a label value), else s
+// Go-quoted (strconv.Quote: "req-\xe9"), so that the invalid bytes stay visible and two strings
+// that differ only in them stay apart.
+func labelValue(s string) string {
+	if utf8.ValidString(s) {
+		return s
+	}
+	return strconv.Quote(s)
 }

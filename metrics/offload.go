@@ -2,6 +2,7 @@ package metrics
 
 import (
 	"maps"
+	"strconv"
 
 	"github.com/prometheus/client_golang/prometheus"
 
@@ -28,7 +29,7 @@ func NewSet(set *offload.Set, name string, opts Options) *SetCollector {
 func NewSetFunc(stats func() offload.Stats, name string, opts Options) *SetCollector {
 	labels := prometheus.Labels{}
 	maps.Copy(labels, opts.ConstLabels)
-	labels["set"] = name
+	labels["set"] = labelValue(name)
 	desc := func(series, help string, vars ...string) *prometheus.Desc {
 		return prometheus.NewDesc(prometheus.BuildFQName(namespace(opts), "offload", series), help, vars, labels)
 	}
@@ -58,13 +59,15 @@ func (c *SetCollector) Describe(ch chan<- *prometheus.Desc) {
 // Collect takes one snapshot and sends its series.
 func (c *SetCollector) Collect(ch chan<- prometheus.Metric) {
 	st := c.stats()
+	taken := map[string]bool{}
 	for _, b := range st.Buffers {
 		asleep := 0.0
 		if b.Asleep {
 			asleep = 1
 		}
-		gauge(ch, c.bufBytes, num(b.Bytes), b.Tag, b.Policy.String())
-		gauge(ch, c.bufAsleep, asleep, b.Tag, b.Policy.String())
+		tag := uniqueLabel(taken, b.Tag)
+		gauge(ch, c.bufBytes, num(b.Bytes), tag, b.Policy.String())
+		gauge(ch, c.bufAsleep, asleep, tag, b.Policy.String())
 	}
 	gauge(ch, c.asleep, num(st.AsleepBytes))
 	gauge(ch, c.backup, num(st.BackupBytes))
@@ -83,4 +86,16 @@ func (c *SetCollector) Collect(ch chan<- prometheus.Metric) {
 		counter(ch, c.seconds, op.total, op.name)
 		gauge(ch, c.last, op.last, op.name)
 	}
+}
+
+// uniqueLabel is tag's label (labelValue), quoted again while another buffer of the snapshot
+// already has it: a set's tags are distinct, but an invalid tag's quoted form may be another,
+// valid tag, and two series with one label would fail the whole scrape.
+func uniqueLabel(taken map[string]bool, tag string) string {
+	l := labelValue(tag)
+	for taken[l] {
+		l = strconv.Quote(l)
+	}
+	taken[l] = true
+	return l
 }

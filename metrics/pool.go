@@ -40,7 +40,7 @@ func NewPool(p *pool.Pool, name string, opts Options) *PoolCollector {
 func NewPoolFunc(stats func() pool.Stats, name string, device int, opts Options) *PoolCollector {
 	labels := prometheus.Labels{}
 	maps.Copy(labels, opts.ConstLabels)
-	labels["pool"], labels["device"] = name, strconv.Itoa(device)
+	labels["pool"], labels["device"] = labelValue(name), strconv.Itoa(device)
 	desc := func(series, help string, vars ...string) *prometheus.Desc {
 		return prometheus.NewDesc(prometheus.BuildFQName(namespace(opts), "pool", series), help, vars, labels)
 	}
@@ -71,9 +71,19 @@ func (c *PoolCollector) Collect(ch chan<- prometheus.Metric) {
 	for _, s := range c.counts {
 		counter(ch, s.d, s.get(st))
 	}
-	for tag, n := range st.Tags {
+	for tag, n := range byLabel(st.Tags) {
 		gauge(ch, c.tags, float64(n), tag)
 	}
+}
+
+// byLabel sums the bytes of tags by the label each is reported under (labelValue), so that an
+// invalid tag and a valid one spelled like its quoted form make one series, not two that clash.
+func byLabel(tags map[string]uint64) map[string]uint64 {
+	out := make(map[string]uint64, len(tags))
+	for tag, n := range tags {
+		out[labelValue(tag)] += n
+	}
+	return out
 }
 
 // poolSpec names a series of a pool, says what it means and reads it from a snapshot.

@@ -2,6 +2,7 @@ package main
 
 import (
 	"encoding/json"
+	"errors"
 	"flag"
 	"fmt"
 	"io"
@@ -117,10 +118,8 @@ func measureAndShow[T any, P interface {
 		return err
 	}
 	res, runErr := fn(c.measureEnv(e, b))
-	if cerr := b.Close(); runErr == nil {
-		runErr = cerr
-	}
-	return show(e, c, res, runErr)
+	// Both errors count: a Close that fails after a failed run is how a leak on an error path shows.
+	return show(e, c, res, errors.Join(runErr, b.Close()))
 }
 
 // show renders res (JSON or text; nothing when it is nil) and returns runErr, or else the

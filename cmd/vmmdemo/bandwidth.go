@@ -23,22 +23,39 @@ func runBandwidth(e *env, args []string) error {
 	device := fs.Int("device", 0, "device ordinal")
 	var maxSize, staging, chunk sizeFlag
 	fs.Var(&maxSize, "max-size", "largest copy measured, 64KiB to 1GiB (default 1GiB on a GPU, 64MiB on the simulator)")
-	fs.Var(&staging, "staging", "bytes moved through async staging to a discarding writer and from a non-copying reader (default 8GiB on a GPU, 64MiB on the simulator; 0 with --no-staging)")
+	fs.Var(&staging, "staging", "bytes moved through async staging to a discarding writer and from a non-copying reader (default 8GiB on a GPU, 64MiB on the simulator; not with --no-staging)")
 	fs.Var(&chunk, "staging-chunk", "staging buffer size (default 32MiB)")
-	buffers := fs.Int("staging-buffers", 2, "staging buffers (at least 2)")
+	buffers := fs.Int("staging-buffers", 2, "staging buffers (at least 2; not with --no-staging)")
 	noStaging := fs.Bool("no-staging", false, "skip the staging measurement")
 	spin := fs.Bool("staging-spin", false, "staging waits spin on a core instead of sleeping")
 	iters := fs.Int("iters", 0, "timed iterations per size (default: 5 to 50, fewer for large sizes)")
 	if err := parse(fs, args); err != nil {
 		return err
 	}
-	if err := zeroSizes(fs, "max-size", "staging-chunk"); err != nil {
+	if err := noStagingFlags(fs, *noStaging); err != nil {
+		return err
+	}
+	if err := zeroSizes(fs, "max-size", "staging", "staging-chunk"); err != nil {
 		return err
 	}
 	return measureAndShow(e, &c, func(me measure.Env) (*measure.BandwidthResult, error) {
 		return measure.Bandwidth(measure.BandwidthOptions{Env: me, Device: *device, MaxSize: maxSize.v,
 			Staging: staging.v, StagingChunk: chunk.v, StagingBuffers: *buffers, NoStaging: *noStaging, StagingSpin: *spin, Iters: *iters})
 	})
+}
+
+// noStagingFlags refuses --no-staging with any flag of the staging measurement, whatever its value
+// (package measure cannot tell --staging 0 or --staging-buffers 2 from flags left out).
+func noStagingFlags(fs *flag.FlagSet, noStaging bool) error {
+	if !noStaging {
+		return nil
+	}
+	for _, n := range []string{"staging", "staging-chunk", "staging-buffers", "staging-spin"} {
+		if isSet(fs, n) {
+			return fmt.Errorf("--no-staging skips the staging measurement that --staging, --staging-chunk, --staging-buffers and --staging-spin set up: leave out --%s: %w", n, errUsage)
+		}
+	}
+	return nil
 }
 
 // zeroSizes refuses a size flag among names that was given as 0 (left out, it takes its default).

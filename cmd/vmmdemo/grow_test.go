@@ -60,6 +60,7 @@ func TestGrowBadFlags(t *testing.T) {
 		{"--to", "16MiB", "--step", "4MiB", "--chunk", "3MiB"},
 		{"--to", "16MiB", "--device", "5"},
 		{"--to", "lots"},
+		{"--to", "18446744073709551608", "--step", "8MiB"}, // more than the device has, not an overflow deep in growbuf
 	} {
 		_, stderr, code := runGrowCmd(t, args...)
 		require.Equal(t, 2, code, "%v: %s", args, stderr)

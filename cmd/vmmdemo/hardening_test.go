@@ -54,6 +54,16 @@ func TestBadOptionsRefused(t *testing.T) {
 		{[]string{"broker", "--size", "8MiB", "--workers", "257"}, "--workers 257: want at most 256"},
 		{[]string{"bandwidth", "--max-size", "1000TiB"}, "--max-size 1000 TiB: want at most 1 GiB"},
 		{[]string{"grow", "--to", "1EiB"}, `size "1EiB": unknown unit "EiB" (want B, KiB, MiB, GiB, TiB`},
+		{[]string{"grow", "--to", "18446744073709551608", "--step", "8MiB"}, "--to 16777216.00 TiB: more than device 0's memory"},
+		{[]string{"pool", "--synthetic", "serving", "--memory", "256MiB", "--device", "4"}, "--device 4: the sim backend has 1 devices"},
+		{[]string{"pool", "--synthetic", "serving", "--memory", "16MiB"}, "--memory 16 MiB: want at least 128 MiB"},
+		{[]string{"pool", "--synthetic", "serving", "--memory", "64MiB"}, "--memory 64 MiB: want at least 128 MiB"},
+		{[]string{"pool", "--synthetic", "serving", "--memory", "1"}, "--memory 1 B: want at least 128 MiB"},
+		{[]string{"pool", "--synthetic", "serving", "--memory", "256MiB", "--fill-fraction", "0"}, "--memory 256 MiB: below the trace's largest request"},
+		{[]string{"bandwidth", "--no-staging", "--staging-buffers", "4"}, "--no-staging skips the staging measurement that --staging, --staging-chunk, --staging-buffers and --staging-spin set up"},
+		{[]string{"bandwidth", "--no-staging", "--staging", "0"}, "--no-staging skips the staging measurement"},
+		{[]string{"bandwidth", "--no-staging", "--staging", "64MiB"}, "--no-staging skips the staging measurement"},
+		{[]string{"bandwidth", "--staging", "0"}, "--staging 0: want a size above 0"},
 	} {
 		t0 := time.Now()
 		code, out, stderr := runPinnedCmd(t, append(tc.args, "--backend", "sim")...)

@@ -4,7 +4,7 @@
 //
 //	vmmdemo info      [--json] [--backend auto|cuda|sim] [--sim-devices N]
 //	vmmdemo grow      --to SIZE --step SIZE [--device N] [--chunk SIZE] [--json]
-//	vmmdemo stripe    --devices 0,1 --size SIZE --stripe SIZE [--layout blocked|interleaved] [--json]
+//	vmmdemo stripe    --devices 0,1 --size SIZE [--stripe SIZE | --layout blocked] [--access-only LIST|all] [--json]
 //	vmmdemo share     --size SIZE --chunks N [--location device|host] [--json]
 //	vmmdemo bandwidth [--device N] [--json]
 //	vmmdemo pinned    --size SIZE --procs N [--devices LIST] [--json]

@@ -28,7 +28,7 @@ func runPool(e *env, args []string) error {
 	streams := fs.Int("streams", 0, "streams the trace's stream indexes map onto (default: the trace's)")
 	fill := fs.Float64("fill-fraction", 0, "scale the trace so its peak in use is this fraction of --memory, 0 to 1; 0 keeps the trace's own sizes (left out: 0.95 for --synthetic, the trace's own sizes for --trace)")
 	var memory sizeFlag
-	fs.Var(&memory, "memory", "memory to size the trace against and the cuvmm pools' limit (default: the device's free memory; 2 GiB at most on the simulator)")
+	fs.Var(&memory, "memory", "memory to size the trace against and the cuvmm pools' limit, at least 128MiB (default: the device's free memory; 2 GiB at most on the simulator)")
 	device := fs.Int("device", 0, "device ordinal")
 	verify := fs.Int("verify-every", 16, "fill and verify every Nth block")
 	allocators := fs.String("allocators", strings.Join(measure.PoolAllocators, ","), "allocators to replay on")

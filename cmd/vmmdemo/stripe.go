@@ -1,6 +1,11 @@
 package main
 
-import "github.com/cuvmm/cuvmm/measure"
+import (
+	"fmt"
+	"slices"
+
+	"github.com/cuvmm/cuvmm/measure"
+)
 
 func init() {
 	register(&command{
@@ -22,9 +27,9 @@ func runStripe(e *env, args []string) error {
 	size := sizeFlag{1 << 30}
 	stripeSize := sizeFlag{128 << 20}
 	fs.Var(&devs, "devices", "devices that hold the range, in layout order: a list such as 0,1, or all")
-	fs.Var(&accessOnly, "access-only", "devices that access the range without holding any of it (a list)")
+	fs.Var(&accessOnly, "access-only", "devices that access the range without holding any of it: a list, or all (every device --devices does not list)")
 	fs.Var(&size, "size", "size of the range (rounded up to the granularity)")
-	fs.Var(&stripeSize, "stripe", "stripe size for --layout interleaved (a multiple of the granularity)")
+	fs.Var(&stripeSize, "stripe", "stripe size for --layout interleaved (a multiple of the granularity; not with --layout blocked)")
 	layout := fs.String("layout", "interleaved", "interleaved (round-robin stripes) or blocked (one slab per device)")
 	readOnly := fs.Bool("read-only-peers", false, "devices get read-only access to the stripes they do not hold")
 	builds := fs.Int("builds", 5, "timed builds of the range and of the raw baseline; the fastest of each is reported")
@@ -32,12 +37,29 @@ func runStripe(e *env, args []string) error {
 	if err := parse(fs, args); err != nil {
 		return err
 	}
-	var access []int
-	if len(accessOnly.ordinals) > 0 {
-		access = accessOnly.ordinals
+	if *layout == "blocked" && isSet(fs, "stripe") {
+		return fmt.Errorf("--stripe is for --layout interleaved (blocked gives each device one slab): leave it out: %w", errUsage)
 	}
 	return measureAndShow(e, &c, func(me measure.Env) (*measure.StripeResult, error) {
-		return measure.Stripe(measure.StripeOptions{Env: me, Devices: devs.list(), AccessOnly: access, Size: size.v,
-			Layout: *layout, Stripe: stripeSize.v, ReadOnlyPeers: *readOnly, Builds: *builds, Reads: *reads})
+		return measure.Stripe(measure.StripeOptions{Env: me, Devices: devs.list(), AccessOnly: accessOnlyList(accessOnly, devs, me.Backend),
+			Size: size.v, Layout: *layout, Stripe: stripeSize.v, ReadOnlyPeers: *readOnly, Builds: *builds, Reads: *reads})
 	})
+}
+
+// accessOnlyList is --access-only for package measure: the list given (nil for none), or for all
+// every device of the backend that --devices does not list (none with --devices all).
+func accessOnlyList(accessOnly, devs deviceList, b *measure.Backend) []int {
+	if !accessOnly.all {
+		if len(accessOnly.ordinals) == 0 {
+			return nil
+		}
+		return accessOnly.ordinals
+	}
+	var out []int
+	for o := 0; o < b.Sys.DeviceCount() && !devs.all; o++ {
+		if !slices.Contains(devs.ordinals, o) {
+			out = append(out, o)
+		}
+	}
+	return out
 }

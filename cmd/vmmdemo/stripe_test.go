@@ -20,7 +20,11 @@ func runStripeCmd(t *testing.T, args ...string) (code int, stdout, stderr string
 
 func TestStripeCommandJSON(t *testing.T) {
 	for _, layout := range []string{"interleaved", "blocked"} {
-		code, out, errOut := runStripeCmd(t, "--devices", "0,1", "--size", "16MiB", "--stripe", "4MiB", "--layout", layout, "--json", "--builds", "2")
+		args := []string{"--devices", "0,1", "--size", "16MiB", "--layout", layout, "--json", "--builds", "2"}
+		if layout == "interleaved" {
+			args = append(args, "--stripe", "4MiB") // --stripe is refused with --layout blocked
+		}
+		code, out, errOut := runStripeCmd(t, args...)
 		require.Equal(t, 0, code, errOut)
 		var raw map[string]any
 		require.NoError(t, json.Unmarshal([]byte(out), &raw))
@@ -92,12 +96,36 @@ func TestStripeCommandBadInput(t *testing.T) {
 		{[]string{"--devices", "zero"}, 2, "not a device ordinal"},
 		{[]string{"--devices", ""}, 2, "no devices"},
 		{[]string{"--layout", "diagonal"}, 2, "want interleaved or blocked"},
-		{[]string{"--size", "64MiB", "--stripe", "3MiB"}, 1, "not a non-zero multiple of the granularity"},
-		{[]string{"--size", "0"}, 1, "size 0"},
-		{[]string{"--access-only", "1", "--size", "8MiB"}, 1, "listed twice"},
+		{[]string{"--size", "64MiB", "--stripe", "3MiB"}, 2, "--stripe 3 MiB: want a multiple of the granularity 2 MiB"},
+		{[]string{"--size", "0"}, 2, "--size 0: want a size above 0"},
+		{[]string{"--devices", "0,1", "--size", "0", "--stripe", "8MiB"}, 2, "--size 0: want a size above 0"},
+		{[]string{"--devices", "0,1", "--size", "64MiB", "--stripe", "0"}, 2, "--stripe 0: want a non-zero multiple of the granularity"},
+		{[]string{"--access-only", "1", "--size", "8MiB"}, 2, "--access-only 1: device 1 is also in --devices"},
+		{[]string{"--devices", "0,1", "--access-only", "0", "--size", "8MiB"}, 2, "--access-only 0: device 0 is also in --devices"},
+		{[]string{"--sim-devices", "3", "--devices", "0,1", "--access-only", "2,5", "--size", "8MiB"}, 2, "--access-only 2,5: there is no device 5"},
+		{[]string{"--layout", "blocked", "--stripe", "4MiB", "--size", "8MiB"}, 2, "--stripe is for --layout interleaved"},
 	} {
 		code, _, errOut := runStripeCmd(t, c.args...)
 		require.Equal(t, c.code, code, "%v: %s", c.args, errOut)
 		require.True(t, strings.Contains(errOut, c.message), "%v: %s", c.args, errOut)
 	}
+}
+
+// --access-only all is every device that --devices does not list: with --devices all, none.
+func TestStripeAccessOnlyAll(t *testing.T) {
+	code, out, errOut := runStripeCmd(t, "--sim-devices", "3", "--devices", "0", "--access-only", "all", "--size", "8MiB", "--builds", "1", "--json")
+	require.Equal(t, 0, code, errOut)
+	var res measure.StripeResult
+	require.NoError(t, json.Unmarshal([]byte(out), &res))
+	require.Equal(t, []int{0}, res.Devices)
+	require.Len(t, res.PerDevice, 3, "devices 1 and 2 access the range")
+	require.True(t, res.Verified)
+
+	code, out, errOut = runStripeCmd(t, "--sim-devices", "3", "--devices", "2,0", "--access-only", "all", "--size", "8MiB", "--builds", "1")
+	require.Equal(t, 0, code, errOut)
+	require.Contains(t, out, "access only: devices 1")
+
+	code, out, errOut = runStripeCmd(t, "--access-only", "all", "--size", "8MiB", "--builds", "1")
+	require.Equal(t, 0, code, errOut)
+	require.NotContains(t, out, "access only", "--devices all leaves no device to access only")
 }
