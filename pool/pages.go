@@ -26,6 +26,7 @@ func (p *Pool) mapRange(off, n uint64, given []*vmm.Allocation) (uint64, error) 
 	}
 	t0 := time.Now()
 	defer p.driverTime(t0)
+	defer p.notePeak() // stranded pages count too: they stay mapped
 	taken, err := p.takeIdle(min(n-uint64(len(given)), p.stitchable()))
 	moved := append(given, taken...)
 	done, used, err := p.mapPages(off, n, moved, err)
@@ -41,8 +42,26 @@ func (p *Pool) mapRange(off, n uint64, given []*vmm.Allocation) (uint64, error) 
 		p.stats.Stitches++
 		p.stats.StitchedBytes += uint64(len(moved)) * p.pageSize
 	}
-	p.stats.PeakMapped = max(p.stats.PeakMapped, uint64(len(p.pages))*p.pageSize)
 	return done, err
+}
+
+// notePeak records Mapped in PeakMapped when it is the most so far.
+func (p *Pool) notePeak() {
+	p.stats.PeakMapped = max(p.stats.PeakMapped, uint64(len(p.pages))*p.pageSize)
+}
+
+// strandedPages is the set of page offsets on p.stranded (nil when there are none).
+func (p *Pool) strandedPages() map[uint64]bool {
+	if p.stranded.empty() {
+		return nil
+	}
+	out := map[uint64]bool{}
+	for _, r := range p.stranded.runs() {
+		for o := r.off; o < r.off+r.n; o += p.pageSize {
+			out[o] = true
+		}
+	}
+	return out
 }
 
 // backable fails with errNoMemory unless n pages can be found: the given ones (unmapped, held by the

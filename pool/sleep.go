@@ -37,9 +37,12 @@ func (v chunkView) Chunks() []vmm.Chunk {
 	p := v.p
 	p.own.Lock()
 	defer p.own.Unlock()
+	stranded := p.strandedPages() // mapped without access, in use by nothing: not the pool's content
 	offs := make([]uint64, 0, len(p.pages))
 	for off := range p.pages {
-		offs = append(offs, off)
+		if !stranded[off] {
+			offs = append(offs, off)
+		}
 	}
 	slices.Sort(offs)
 	out := make([]vmm.Chunk, len(offs))
@@ -84,9 +87,12 @@ func (p *Pool) Sleep() error {
 // whatever fails: it returns how many pages it could not give back, and why. A page it cannot unmap
 // stays mapped and out of p.slept; one it cannot release waits on p.unreleased.
 func (p *Pool) sleepPages() (int, error) {
+	stranded := p.strandedPages() // mapped without access, in use by nothing: not the pool's content
 	offs := make([]uint64, 0, len(p.pages))
 	for off := range p.pages {
-		offs = append(offs, off)
+		if !stranded[off] {
+			offs = append(offs, off)
+		}
 	}
 	slices.Sort(offs)
 	slept := make([]uint64, 0, len(offs))
@@ -125,7 +131,12 @@ func (p *Pool) Wake() error {
 }
 
 // restore maps new pages at the offsets in p.slept, run by run; on failure it unmaps what it mapped.
+// Pages that a failed Wake could not unmap are still mapped at some of those offsets, perhaps without
+// access: it drops them first, and stays asleep when it cannot.
 func (p *Pool) restore() error {
+	if err := p.unrestore(); err != nil {
+		return err
+	}
 	for i := 0; i < len(p.slept); {
 		j := i + 1
 		for j < len(p.slept) && p.slept[j] == p.slept[j-1]+p.pageSize {
@@ -139,20 +150,16 @@ func (p *Pool) restore() error {
 	return nil
 }
 
-// unrestore unmaps and releases the pages restore mapped at the offsets in p.slept. A page it cannot
-// unmap stays mapped, awake, and leaves p.slept, so that the next Wake does not map it twice.
+// unrestore unmaps and releases the pages mapped at the offsets in p.slept. A page it cannot unmap
+// stays mapped (its access perhaps not granted) and its offset stays in p.slept: the next Wake drops
+// it before mapping a new page there, so that no block is left on a page without access.
 func (p *Pool) unrestore() error {
 	var errs []error
-	slept := p.slept[:0]
 	for _, off := range p.slept {
 		if p.pages[off] != nil {
 			errs = append(errs, p.dropPages(off, 1))
 		}
-		if p.pages[off] == nil {
-			slept = append(slept, off)
-		}
 	}
-	p.slept = slept
 	return errors.Join(errs...)
 }
 
