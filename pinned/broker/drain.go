@@ -85,6 +85,11 @@ func (s *Server) retire(b *regBuffer, cs *copyStream, replaced bool) {
 		} else if closing {
 			b.stuck.Store(true)
 			s.logf("broker: %s: a copy stream of %s still cannot be drained at close: %v", s.path, b.lane.dev, err)
+			if !replaced {
+				// No stream took its place: a copy waiting on the lane must not wait forever (it
+				// fails on this stream, and closeLanes destroys it).
+				b.lane.free <- cs
+			}
 			return
 		}
 	}

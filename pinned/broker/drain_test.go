@@ -2,6 +2,7 @@ package broker
 
 import (
 	"testing"
+	"time"
 
 	"github.com/stretchr/testify/require"
 
@@ -92,5 +93,36 @@ func TestStreamUndrainedAtCloseKeepsBufferMapped(t *testing.T) {
 		b.Sim.ClearFaults()
 		require.NoError(t, dev.System().RetryOrphans())
 		require.Empty(t, dev.System().Orphans())
+	}, testutil.SimOnly())
+}
+
+// A stream retired without a replacement (creating one failed) and still undrained at Close goes back
+// to its lane at Close, so that a copy waiting for that lane fails on it instead of waiting forever
+// (and Server.Close with it).
+func TestCloseWithAnUnreplacedRetiredStream(t *testing.T) {
+	testutil.Run(t, func(t *testing.T, b *testutil.Backend) {
+		ctx := testCtx(t)
+		dev := b.Device(t, 0)
+		region := newRegion(t, dev, 4*mib, pinned.Options{})
+		srv, path := startServer(t, region, Options{StreamsPerDevice: 1})
+		c := dial(t, path)
+		rb, err := c.Register(ctx, newDevBuffer(t, dev, 1, 2*mib))
+		require.NoError(t, err)
+		failSyncs(b, 1+drainAttempts+1000)
+		b.Sim.FailNth("cuStreamCreate", 1, driver.ErrorOutOfMemory) // the replacement
+		require.ErrorIs(t, c.Copy(ctx, Request{Buffer: rb.ID(), Dir: ToHost, Length: mib}), ErrInternal)
+		call, err := c.CopyAsync(Request{Buffer: rb.ID(), Dir: ToHost, Length: 4096}) // waits for the lane
+		require.NoError(t, err)
+		eventually(t, "second copy in flight", func() bool { return srv.Stats().InFlight == 1 })
+		closed := make(chan error, 1)
+		go func() { closed <- srv.Close() }()
+		select {
+		case <-closed:
+		case <-time.After(10 * time.Second):
+			t.Fatal("Server.Close blocked: a copy waits forever for the retired stream")
+		}
+		_ = call.Wait(ctx)
+		b.Sim.ClearFaults()
+		require.NoError(t, dev.System().RetryOrphans(), "the stuck buffer is freed once the device drains")
 	}, testutil.SimOnly())
 }
