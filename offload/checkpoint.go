@@ -2,12 +2,15 @@ package offload
 
 import (
 	"bufio"
+	"cmp"
 	"context"
 	"encoding/binary"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"hash/crc32"
 	"io"
+	"slices"
 
 	"github.com/cuvmm/cuvmm/driver"
 	"github.com/cuvmm/cuvmm/internal/units"
@@ -121,7 +124,8 @@ func (ce ckEntry) size() uint64 {
 }
 
 // check refuses an entry that no buffer could have written: no chunks, an empty chunk or one past
-// the end of the address space, or a length in use beyond the end of its chunks.
+// the end of the address space, chunks that overlap, or a length in use beyond the end of its
+// chunks.
 func (ce ckEntry) check() error {
 	if len(ce.Chunks) == 0 {
 		return fmt.Errorf("offload: checkpoint entry %q: no chunks: %w", ce.Tag, ErrBadCheckpoint)
@@ -129,6 +133,18 @@ func (ce ckEntry) check() error {
 	for i, c := range ce.Chunks {
 		if c.Size == 0 || c.Offset+c.Size < c.Offset {
 			return fmt.Errorf("offload: checkpoint entry %q: chunk %d of %d bytes at offset %#x: %w", ce.Tag, i, c.Size, c.Offset, ErrBadCheckpoint)
+		}
+	}
+	order := make([]int, len(ce.Chunks))
+	for i := range order {
+		order[i] = i
+	}
+	slices.SortFunc(order, func(a, b int) int { return cmp.Compare(ce.Chunks[a].Offset, ce.Chunks[b].Offset) })
+	for k := 1; k < len(order); k++ {
+		prev, c := ce.Chunks[order[k-1]], ce.Chunks[order[k]]
+		if c.Offset < prev.Offset+prev.Size {
+			return fmt.Errorf("offload: checkpoint entry %q: chunk %d (%d bytes at offset %#x) overlaps chunk %d (%d bytes at offset %#x): %w",
+				ce.Tag, order[k], c.Size, c.Offset, order[k-1], prev.Size, prev.Offset, ErrBadCheckpoint)
 		}
 	}
 	if end := ce.end(); ce.Len > end {
@@ -160,6 +176,7 @@ func (s *Set) Save(ctx context.Context, w io.Writer, tags ...string) error {
 	defer s.mu.Unlock()
 	defer s.publish()
 	s.reap()
+	s.pool.settle() // slots a failed call held are pooled again once their device is idle
 	es, err := s.selectEntries("save", tags)
 	if err != nil {
 		return err
@@ -232,22 +249,28 @@ func (s *Set) saveChunks(ctx context.Context, w io.Writer, refs []chunkRef) erro
 	if err != nil {
 		return err
 	}
-	defer s.pool.put(stage) // every copy into it has finished: saveAwake waits or drains
 	for _, r := range refs {
 		if !r.e.asleep {
 			err = s.saveAwake(ctx, w, r, stage, prog)
 		} else if err = saveBackup(w, r.state(), prog); err != nil {
 			err = fmt.Errorf("write %s chunk %d: %w", r.e, r.i, err)
 		}
+		if errors.Is(err, errNotDrained) {
+			// A copy may still write into stage: the System frees it once the device is idle.
+			return errors.Join(err, s.quarantine(r.state().alloc.Device(), stage))
+		}
 		if err != nil {
+			s.pool.put(stage) // every copy into it has finished: saveAwake waits or drains
 			return err
 		}
 	}
+	s.pool.put(stage)
 	return nil
 }
 
 // saveAwake copies an awake chunk to w through stage, a slot at a time, then writes its checksum.
-// No copy is left running into stage when it returns, even on failure (copyWait drains).
+// No copy is left running into stage when it returns, even on failure (copyWait drains), unless
+// the error wraps errNotDrained.
 func (s *Set) saveAwake(ctx context.Context, w io.Writer, r chunkRef, stage *slot, prog *progress) error {
 	cs := r.state()
 	d := cs.alloc.Device()
@@ -329,10 +352,15 @@ func readHeader(r io.Reader) (*ckHeader, error) {
 	if err := json.Unmarshal(js[:n], &hdr); err != nil {
 		return nil, fmt.Errorf("offload: checkpoint header: %w: %w", ErrBadCheckpoint, err)
 	}
-	for _, ce := range hdr.Entries {
+	seen := make(map[string]int, len(hdr.Entries))
+	for i, ce := range hdr.Entries {
 		if err := ce.check(); err != nil {
 			return nil, err
 		}
+		if j, dup := seen[ce.Tag]; dup {
+			return nil, fmt.Errorf("offload: checkpoint entry %d: tag %q is entry %d's too: %w", i, ce.Tag, j, ErrBadCheckpoint)
+		}
+		seen[ce.Tag] = i
 	}
 	return &hdr, nil
 }

@@ -3,6 +3,7 @@ package offload
 import (
 	"context"
 	"errors"
+	"fmt"
 
 	"github.com/cuvmm/cuvmm/driver"
 	"github.com/cuvmm/cuvmm/vmm"
@@ -52,19 +53,35 @@ func closeRetry(c interface{ Close() error }) error {
 	return nil
 }
 
-// drain waits for the stream after a failure, so that no copy still runs into memory about to be
-// reused or freed; its error is secondary to the one being returned.
-func drain(st *vmm.Stream) { _ = st.Synchronize() }
+// errNotDrained marks a failure after which the copy stream could not be drained either: copies may
+// still be queued on it, so the memory they read or write must be neither reused nor freed until
+// the device has been synchronized (see Set.quarantine and keepBusy).
+var errNotDrained = errors.New("the copy stream could not be drained, so copies may still be queued")
 
-// copyWait copies n bytes from src to dst on st and waits for the copy. When either fails it
-// drains st before returning, so that the caller may reuse or pool the memory at once.
-func copyWait(d *vmm.Device, dst, src driver.DevicePtr, n uint64, st *vmm.Stream) error {
-	if err := errors.Join(d.CopyAsync(dst, src, n, st), st.Synchronize()); err != nil {
-		drain(st)
-		return err
+// drain waits for the stream after a failure, so that no copy still runs into memory about to be
+// reused or freed. When that wait fails too it returns an error wrapping errNotDrained: the caller
+// must then keep the memory the stream's copies use out of the pool and away from any free.
+func drain(st *vmm.Stream) error {
+	if err := st.Synchronize(); err != nil {
+		return fmt.Errorf("%w: %w", errNotDrained, err)
 	}
 	return nil
 }
+
+// copyWait copies n bytes from src to dst on st and waits for the copy. When either fails it
+// drains st before returning, so that the caller may reuse or pool the memory at once, unless the
+// error wraps errNotDrained.
+func copyWait(d *vmm.Device, dst, src driver.DevicePtr, n uint64, st *vmm.Stream) error {
+	if err := errors.Join(d.CopyAsync(dst, src, n, st), st.Synchronize()); err != nil {
+		return errors.Join(err, drain(st))
+	}
+	return nil
+}
+
+// quarantine keeps slots that copies queued on d may still use (after errNotDrained) out of the
+// pool: the set's next call puts them back once d synchronizes, and Close hands what is left to
+// the System (see hostPool.hold). The error says so, for the caller's error message.
+func (s *Set) quarantine(d *vmm.Device, slots ...*slot) error { return s.pool.hold(d, slots) }
 
 // keepOut copies a Keep unit's chunks into slots taken from the pool (pinned on the way when the
 // pool has too few), recording where each piece went; share devices do the same at once.
@@ -80,7 +97,11 @@ func (s *Set) keepOut(ctx context.Context, st *vmm.Stream, u *unit, share int, p
 	defer func() {
 		f.finish() // first: no slot's copy is queued after the drain
 		if err != nil {
-			drain(st)
+			if derr := drain(st); derr != nil {
+				// Copies may still run into these slots: the System frees them, not the pool.
+				err = errors.Join(err, derr, s.quarantine(u.dev, u.slots...))
+				clear(u.slots)
+			}
 		}
 	}()
 	for j := 0; j < u.nSlots; j++ {
@@ -134,7 +155,7 @@ func keepIn(ctx context.Context, st *vmm.Stream, refs []chunkRef, recreate func(
 	defer func() { err = errors.Join(err, p.close()) }()
 	defer func() {
 		if err != nil {
-			drain(st)
+			err = errors.Join(err, drain(st))
 		}
 	}()
 	d := st.Device()

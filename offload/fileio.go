@@ -146,14 +146,20 @@ func (s *Set) moveFiles(ctx context.Context, st *vmm.Stream, us []*unit, step fu
 	if err != nil {
 		return err
 	}
-	defer s.pool.put(ring...)
+	defer func() {
+		if errors.Is(err, errNotDrained) { // copies may still use the ring: the System frees it
+			err = errors.Join(err, s.quarantine(st.Device(), ring...))
+			return
+		}
+		s.pool.put(ring...)
+	}()
 	bufs, err := newStaging(st.Device(), ring, part, nBufs, workers)
 	if err != nil {
 		return err
 	}
 	defer func() {
 		if err != nil {
-			drain(st) // first: no copy still uses a buffer
+			err = errors.Join(err, drain(st)) // first: no copy still uses a buffer
 		}
 		for _, b := range bufs {
 			err = errors.Join(err, closeStaging(b))

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"runtime"
+	"slices"
 	"sync"
 	"sync/atomic"
 	"unsafe"
@@ -43,6 +44,9 @@ type slot struct {
 	mem    []byte
 	region *pinned.Region
 	size   uint64
+
+	closeMu sync.Mutex // close may be retried by the System (hostPool.free, Set.quarantine)
+	freed   bool
 }
 
 // ptr is the address devices use for byte off of the slot.
@@ -60,21 +64,113 @@ func registerSlot(dev *vmm.Device, mem []byte, size uint64) (*slot, error) {
 	return &slot{mem: mem, region: r, size: size}, nil
 }
 
+// close unpins and unmaps the slot. It is idempotent: once it has succeeded, later calls do nothing,
+// and after a failure a later call retries what is left.
 func (s *slot) close() error {
+	s.closeMu.Lock()
+	defer s.closeMu.Unlock()
+	if s.freed {
+		return nil
+	}
 	if err := closeRetry(s.region); err != nil {
 		return err
 	}
-	return pinned.Unmap(s.mem)
+	if err := pinned.Unmap(s.mem); err != nil {
+		return err
+	}
+	s.freed = true
+	return nil
 }
 
 // hostPool keeps pinned slots between sleeps, by size. It is used under the Set's mutex.
 type hostPool struct {
+	sys  *vmm.System // where a slot that fails to be freed goes (System.Keep)
 	mu   sync.Mutex
 	idle map[uint64][]*slot
-	errs []error // failures to free, reported by trim
+	held []heldSlots // slots that copies may still use: pooled again once their device synchronizes
+	errs []error     // failures to free, reported by trim
 }
 
-func newHostPool() *hostPool { return &hostPool{idle: map[uint64][]*slot{}} }
+// heldSlots are slots that copies queued on dev may still read or write: a failed call could not
+// drain its stream (errNotDrained).
+type heldSlots struct {
+	dev   *vmm.Device
+	slots []*slot
+}
+
+// hold keeps slots out of the pool until dev synchronizes (settle), or until handOver gives them to
+// the System. The error says so.
+func (p *hostPool) hold(dev *vmm.Device, slots []*slot) error {
+	slots = slices.DeleteFunc(slices.Clone(slots), func(s *slot) bool { return s == nil })
+	if len(slots) == 0 {
+		return nil
+	}
+	p.mu.Lock()
+	p.held = append(p.held, heldSlots{dev, slots})
+	p.mu.Unlock()
+	return fmt.Errorf("offload: %d pinned slot(s) that copies queued on %s may still use are held out of the pool until the device synchronizes (the set's next call retries; its Close hands them to the System)", len(slots), dev)
+}
+
+// settle synchronizes the devices of the held slots and pools again those of the devices that
+// succeed; the others stay held.
+func (p *hostPool) settle() {
+	p.mu.Lock()
+	held := p.held
+	p.held = nil
+	p.mu.Unlock()
+	var left []heldSlots
+	ok := map[*vmm.Device]bool{}
+	for _, h := range held {
+		if _, tried := ok[h.dev]; !tried {
+			ok[h.dev] = h.dev.Synchronize() == nil
+		}
+		if ok[h.dev] {
+			p.put(h.slots...)
+		} else {
+			left = append(left, h)
+		}
+	}
+	p.mu.Lock()
+	p.held = append(left, p.held...)
+	p.mu.Unlock()
+}
+
+// heldBytes is the size of the held slots.
+func (p *hostPool) heldBytes() uint64 {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	var n uint64
+	for _, h := range p.held {
+		for _, s := range h.slots {
+			n += s.size
+		}
+	}
+	return n
+}
+
+// handOver gives the slots still held to the System, whose RetryOrphans and Close synchronize
+// their device, then free them (Set.Close). The error says so.
+func (p *hostPool) handOver() error {
+	p.mu.Lock()
+	held := p.held
+	p.held = nil
+	p.mu.Unlock()
+	var errs []error
+	for _, h := range held {
+		for _, s := range h.slots {
+			what := fmt.Sprintf("offload: pinned %s slot that copies queued on %s may still use", units.FormatSize(s.size), h.dev)
+			errs = append(errs, p.sys.Keep(what, func() error {
+				if err := h.dev.Synchronize(); err != nil {
+					return err
+				}
+				return s.close()
+			}))
+		}
+	}
+	return errors.Join(errs...)
+}
+
+func newHostPool(sys *vmm.System) *hostPool { return &hostPool{sys: sys, idle: map[uint64][]*slot{}} }
 
 func (p *hostPool) get(size uint64) *slot {
 	p.mu.Lock()
@@ -98,15 +194,21 @@ func (p *hostPool) put(slots ...*slot) {
 	}
 }
 
-// free unpins slots for good (a closed buffer's backup).
+// free unpins slots for good (a closed buffer's backup, a trimmed pool). A slot that fails to be
+// freed (its unregistration failed twice, say) is handed to the System, whose RetryOrphans and Close
+// retry it, so that no API loses it; trim reports the failure, saying so.
 func (p *hostPool) free(slots []*slot) {
 	for _, s := range slots {
-		if s != nil {
-			if err := s.close(); err != nil {
-				p.mu.Lock()
-				p.errs = append(p.errs, err)
-				p.mu.Unlock()
+		if s == nil {
+			continue
+		}
+		if err := s.close(); err != nil {
+			if p.sys != nil {
+				err = errors.Join(err, p.sys.Keep(fmt.Sprintf("offload: pinned %s slot", units.FormatSize(s.size)), s.close))
 			}
+			p.mu.Lock()
+			p.errs = append(p.errs, err)
+			p.mu.Unlock()
 		}
 	}
 }

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"slices"
 
 	"github.com/cuvmm/cuvmm/driver"
 	"github.com/cuvmm/cuvmm/vmm"
@@ -17,7 +18,10 @@ import (
 // buffers come back as Keep, since the file is the checkpoint) and the buffers, which the caller
 // closes after the set. Options.Progress is called as the bytes reach the GPU. On any error, a
 // truncated or corrupted checkpoint included, everything made is released: nothing is left mapped,
-// and what fails to be freed is handed to sys, which frees it in its Close (vmm.UndoClose).
+// and what fails to be freed is handed to sys, which frees it in its Close (vmm.UndoClose). The one
+// exception is a buffer that a copy may still be writing when the copy stream could not be drained
+// (and the device not synchronized): it stays mapped, handed to sys, whose RetryOrphans and Close
+// synchronize the device first, then free it.
 func Load(ctx context.Context, sys *vmm.System, r io.Reader, opts Options) (*Set, []*Restored, error) {
 	if sys == nil {
 		return nil, nil, fmt.Errorf("offload: load: nil system: %w", ErrInvalidValue)
@@ -51,10 +55,46 @@ func Load(ctx context.Context, sys *vmm.System, r io.Reader, opts Options) (*Set
 	}
 	for i, ce := range hdr.Entries {
 		if err := set.fill(ctx, r, ce, bufs[i], prog); err != nil {
+			if errors.Is(err, errNotDrained) {
+				// A copy into bufs[i] may still be queued: unmapping it now would leave the copy
+				// writing to freed addresses. The System frees it once its devices are idle.
+				err = errors.Join(err, keepBusy(sys, bufs[i]))
+				bufs = slices.Delete(bufs, i, i+1)
+			}
 			return fail(err)
 		}
 	}
 	return set, bufs, nil
+}
+
+// keepBusy releases b, which copies queued on its devices may still write into, once those devices
+// synchronize: at once when they do now (undo), else sys's RetryOrphans and Close synchronize them,
+// then close b (unmap, release, address free; a step that fails is retried the next time), and the
+// error says so.
+func keepBusy(sys *vmm.System, b *Restored) error {
+	var devs []*vmm.Device
+	for _, c := range b.Chunks() {
+		if d := c.Allocation.Device(); !slices.Contains(devs, d) {
+			devs = append(devs, d)
+		}
+	}
+	idle := func() error {
+		for _, d := range devs {
+			if err := d.Synchronize(); err != nil {
+				return err
+			}
+		}
+		return nil
+	}
+	if idle() == nil {
+		return b.undo()
+	}
+	return sys.Keep(fmt.Sprintf("offload: restored buffer %q that copies queued on its devices may still write", b.tag), func() error {
+		if err := idle(); err != nil {
+			return err
+		}
+		return b.Close()
+	})
 }
 
 // addLoaded adds a recreated buffer to set under its saved tag and policy (File becomes Keep).
@@ -103,6 +143,10 @@ func (s *Set) fill(ctx context.Context, r io.Reader, ce ckEntry, b *Restored, pr
 			return err
 		}
 		err = s.fillChunk(r, ce.Tag, i, c, b.Ptr()+driver.DevicePtr(c.Offset), a.Device(), stage, prog)
+		if errors.Is(err, errNotDrained) {
+			// A copy from stage may still be queued: the System frees it once the device is idle.
+			return errors.Join(err, s.quarantine(a.Device(), stage))
+		}
 		s.pool.put(stage) // no copy from it is left running: fillChunk waits or drains
 		if err != nil {
 			return err

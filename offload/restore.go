@@ -26,6 +26,7 @@ func (s *Set) Restore(ctx context.Context, r io.Reader) error {
 		return fmt.Errorf("offload: restore: %w", ErrClosed)
 	}
 	s.reap()
+	s.pool.settle() // slots a failed call held are pooled again once their device is idle
 	hdr, err := readHeader(r)
 	if err != nil {
 		return err
@@ -58,23 +59,36 @@ func (s *Set) Restore(ctx context.Context, r io.Reader) error {
 		return err
 	}
 	return perDevice(ctx, units, func(_ context.Context, d *vmm.Device, us []*unit) error {
-		return restoreDevice(d, streams[d], us)
+		return s.restoreDevice(d, streams[d], us)
 	})
 }
 
 // restoreDevice copies the staged units of d to the device and waits. On failure it drains st, so
-// that no copy still reads a slot once the slots go back to the pool.
-func restoreDevice(d *vmm.Device, st *vmm.Stream, us []*unit) error {
+// that no copy still reads a slot once the slots go back to the pool. When the drain fails too, the
+// units' slots are handed to the System instead (quarantine) and cleared from the units, so that
+// none goes back to the pool while a copy from it may still be queued.
+func (s *Set) restoreDevice(d *vmm.Device, st *vmm.Stream, us []*unit) (err error) {
+	defer func() {
+		if err == nil {
+			return
+		}
+		if derr := drain(st); derr != nil {
+			var slots []*slot
+			for _, u := range us {
+				slots = append(slots, u.slots...)
+				clear(u.slots)
+			}
+			err = errors.Join(err, derr, s.quarantine(d, slots...))
+		}
+	}()
 	for _, u := range us {
 		for _, pc := range u.pieces {
 			if err := d.CopyAsync(pc.dev(), u.slots[pc.slot].ptr(pc.slotOff), pc.n, st); err != nil {
-				drain(st)
 				return fmt.Errorf("offload: restore %s: %w", u.e, err)
 			}
 		}
 	}
 	if err := st.Synchronize(); err != nil {
-		drain(st)
 		return fmt.Errorf("offload: restore: wait for the copies to %s: %w", d, err)
 	}
 	return nil

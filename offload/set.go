@@ -163,7 +163,7 @@ func ptrOff(n uint64) driver.DevicePtr { return driver.DevicePtr(n) }
 
 // NewSet makes an empty set for the buffers of sys.
 func NewSet(sys *vmm.System, opts Options) *Set {
-	s := &Set{sys: sys, opts: opts.withDefaults(), pool: newHostPool(), streams: map[*vmm.Device]*vmm.Stream{}}
+	s := &Set{sys: sys, opts: opts.withDefaults(), pool: newHostPool(sys), streams: map[*vmm.Device]*vmm.Stream{}}
 	s.own.Init(nil, "set")
 	lifetime.Track(s, &s.own)
 	return s
@@ -333,7 +333,7 @@ func (s *Set) BackupBytes() uint64 {
 	}
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	n := s.pool.bytes()
+	n := s.pool.bytes() + s.pool.heldBytes()
 	for _, e := range s.entries {
 		for _, sl := range e.backup {
 			n += sl.size
@@ -342,8 +342,9 @@ func (s *Set) BackupBytes() uint64 {
 	return n
 }
 
-// TrimPool frees the pinned slots pooled for the next sleep (backups of sleeping buffers stay). It
-// is safe on nil, which holds nothing.
+// TrimPool frees the pinned slots pooled for the next sleep (backups of sleeping buffers stay). A
+// slot that fails to be unpinned is handed to the System (System.Keep), which retries it. It is
+// safe on nil, which holds nothing.
 func (s *Set) TrimPool() error {
 	if s == nil {
 		return nil
@@ -351,6 +352,7 @@ func (s *Set) TrimPool() error {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	defer s.publish()
+	s.pool.settle()
 	return s.pool.trim()
 }
 
@@ -421,7 +423,8 @@ func (s *Set) onChunkClosed(e *entry) func() {
 // Close frees the pooled slots and the copy streams. It fails with an error wrapping vmm.ErrInUse,
 // freeing nothing, while a buffer of the set sleeps: wake it, or close the buffer (which frees its
 // backup), first, so that no content is dropped by accident. The buffers stay the caller's. A copy
-// stream that fails to be destroyed is handed to the System, whose Close frees it (vmm.UndoClose).
+// stream that fails to be destroyed is handed to the System, whose Close frees it (vmm.UndoClose),
+// and so is a pooled slot that fails to be unpinned (System.Keep).
 // Close is idempotent and safe on nil.
 func (s *Set) Close() error {
 	if s == nil {
@@ -439,12 +442,13 @@ func (s *Set) Close() error {
 			return fmt.Errorf("offload: close: %s is asleep (wake it or close it first): %w", e, vmm.ErrInUse)
 		}
 	}
-	errs := []error{s.pool.trim()}
+	s.pool.settle()
+	errs := []error{s.pool.trim(), s.pool.handOver()}
 	for d, st := range s.streams {
 		errs = append(errs, vmm.UndoClose(st)) // a stream that fails to go is the System's to free
 		delete(s.streams, d)
 	}
-	// Nothing is left to retry here: slots that failed to free are dropped, streams handed on.
+	// Nothing is left to retry here: slots and streams that failed to be freed are the System's.
 	s.own.Shut()
 	if err := errors.Join(errs...); err != nil {
 		return fmt.Errorf("offload: close: %w", err)

@@ -28,6 +28,7 @@ func (s *Set) Sleep(ctx context.Context, tags ...string) error {
 // is awake).
 func (s *Set) sleep(ctx context.Context, tags []string) (n uint64, err error) {
 	s.reap()
+	s.pool.settle() // slots a failed call held are pooled again once their device is idle
 	es, err := s.selectEntries("sleep", tags)
 	if err != nil {
 		return 0, err

@@ -1,0 +1,148 @@
+package offload_test
+
+import (
+	"bytes"
+	"encoding/json"
+	"testing"
+
+	"github.com/stretchr/testify/require"
+
+	"github.com/cuvmm/cuvmm/driver"
+	"github.com/cuvmm/cuvmm/internal/testutil"
+	"github.com/cuvmm/cuvmm/offload"
+)
+
+// failWaitAndDrain fails the next wait for a copy stream and the drain that follows it, so that
+// copies may still be queued when the call gives up.
+func failWaitAndDrain(b *testutil.Backend) {
+	b.Sim.FailNth("cuStreamSynchronize", 1, driver.ErrorUnknown) // the wait
+	b.Sim.FailNth("cuStreamSynchronize", 1, driver.ErrorUnknown) // drain's retry (fires on the next call)
+}
+
+// TestSaveUndrainedSlotStaysOutOfPool: a Save whose wait and drain both fail holds its staging slot
+// out of the pool until the device synchronizes (the set's next call), so the copy still queued
+// into it cannot overwrite a later sleep's backup.
+func TestSaveUndrainedSlotStaysOutOfPool(t *testing.T) {
+	testutil.Run(t, func(t *testing.T, b *testutil.Backend) {
+		f := newTwoDeviceFixture(t, b)
+		failWaitAndDrain(b)
+		err := f.set.Save(bg, &bytes.Buffer{}, "v")
+		require.ErrorIs(t, err, driver.ErrorUnknown)
+		require.ErrorContains(t, err, "held out of the pool")
+		b.Sim.ClearFaults()
+		f.requireSlotsQuiet(t) // k's backup must survive
+	}, testutil.Devices(2), testutil.SimOnly())
+}
+
+// TestRestoreUndrainedSlotsStayOutOfPool: a Restore whose wait and drain both fail holds its slots
+// out of the pool until the device synchronizes, so no copy still queued from them writes one
+// buffer's bytes into another.
+func TestRestoreUndrainedSlotsStayOutOfPool(t *testing.T) {
+	testutil.Run(t, func(t *testing.T, b *testutil.Backend) {
+		f := newTwoDeviceFixture(t, b)
+		var ck bytes.Buffer
+		require.NoError(t, f.set.Save(bg, &ck, "v"))
+		failWaitAndDrain(b)
+		err := f.set.Restore(bg, bytes.NewReader(ck.Bytes()))
+		require.ErrorIs(t, err, driver.ErrorUnknown)
+		require.ErrorContains(t, err, "held out of the pool")
+		b.Sim.ClearFaults()
+		f.requireSlotsQuiet(t) // v must not receive k's bytes
+	}, testutil.Devices(2), testutil.SimOnly())
+}
+
+// TestLoadUndrainedFreesNothingUnderQueuedCopy: a Load whose wait and drain both fail frees neither
+// the staging slot nor the buffer a copy may still be queued into before the device synchronizes,
+// so no copy is left reading freed host memory or writing unmapped addresses.
+func TestLoadUndrainedFreesNothingUnderQueuedCopy(t *testing.T) {
+	ck := saveTwoBuffers(t)
+	testutil.Run(t, func(t *testing.T, b *testutil.Backend) {
+		failWaitAndDrain(b)
+		_, bufs, err := offload.Load(bg, b.Sys, bytes.NewReader(ck), offload.Options{SlotSize: 2 * mib})
+		b.Sim.ClearFaults()
+		require.ErrorIs(t, err, driver.ErrorUnknown)
+		require.ErrorContains(t, err, "held out of the pool")
+		require.Nil(t, bufs)
+		require.NoError(t, b.Device(t, 0).Synchronize(), "no copy left queued from a freed slot")
+		require.Empty(t, b.Sys.Orphans(), "the device synchronized at once: everything was freed")
+	}, testutil.SimOnly())
+}
+
+// TestLoadUndrainedHandsSlotAndBufferToSystem: when the device cannot be synchronized either, the
+// failed Load hands the slot and the buffer to the System, whose RetryOrphans synchronizes the
+// device before it frees them.
+func TestLoadUndrainedHandsSlotAndBufferToSystem(t *testing.T) {
+	ck := saveTwoBuffers(t)
+	testutil.Run(t, func(t *testing.T, b *testutil.Backend) {
+		failWaitAndDrain(b)
+		b.Sim.FailNth("cuCtxSynchronize", 1, driver.ErrorUnknown) // before undoing the buffer
+		b.Sim.FailNth("cuCtxSynchronize", 1, driver.ErrorUnknown) // Set.Close, before pooling the slot
+		_, bufs, err := offload.Load(bg, b.Sys, bytes.NewReader(ck), offload.Options{SlotSize: 2 * mib})
+		b.Sim.ClearFaults()
+		require.ErrorIs(t, err, driver.ErrorUnknown)
+		require.ErrorContains(t, err, "kept by the System")
+		require.Nil(t, bufs)
+		require.Len(t, b.Sys.Orphans(), 2, "the slot and the buffer")
+		require.NoError(t, b.Device(t, 0).Synchronize(), "no copy left queued from a freed slot")
+		require.NoError(t, b.Sys.RetryOrphans())
+		require.Empty(t, b.Sys.Orphans())
+	}, testutil.SimOnly())
+}
+
+// TestLoadCleanupUnregisterFailsTwiceHandsSlotToSystem: a failed Load whose pooled slot fails to be
+// unregistered on both tries (closeRetry) hands the slot to the System, so that System.Close still
+// succeeds (testutil.Run's cleanup checks it) instead of failing on a host registration no API owns.
+func TestLoadCleanupUnregisterFailsTwiceHandsSlotToSystem(t *testing.T) {
+	bad := bytes.Clone(saveTwoBuffers(t))
+	bad[len(bad)-5] ^= 0xff
+	testutil.Run(t, func(t *testing.T, b *testutil.Backend) {
+		b.Sim.FailNth("cuMemHostUnregister", 1, driver.ErrorUnknown)
+		b.Sim.FailNth("cuMemHostUnregister", 1, driver.ErrorUnknown)
+		_, _, err := offload.Load(bg, b.Sys, bytes.NewReader(bad), offload.Options{SlotSize: 2 * mib})
+		b.Sim.ClearFaults()
+		require.ErrorIs(t, err, offload.ErrBadCheckpoint)
+		require.ErrorContains(t, err, "kept by the System")
+	}, testutil.SimOnly())
+}
+
+// TestTrimPoolUnregisterFailsTwiceHandsSlotToSystem: the same for TrimPool on a live set.
+func TestTrimPoolUnregisterFailsTwiceHandsSlotToSystem(t *testing.T) {
+	testutil.Run(t, func(t *testing.T, b *testutil.Backend) {
+		f := newTwoDeviceFixture(t, b)
+		require.NoError(t, f.set.Sleep(bg, "k"))
+		require.NoError(t, f.set.Wake(bg, "k"))
+		require.NotZero(t, f.set.BackupBytes())
+		b.Sim.FailNth("cuMemHostUnregister", 1, driver.ErrorUnknown)
+		b.Sim.FailNth("cuMemHostUnregister", 1, driver.ErrorUnknown)
+		err := f.set.TrimPool()
+		b.Sim.ClearFaults()
+		require.ErrorIs(t, err, driver.ErrorUnknown)
+		require.ErrorContains(t, err, "kept by the System")
+		require.Zero(t, f.set.BackupBytes())
+		require.NotEmpty(t, b.Sys.Orphans())
+	}, testutil.Devices(2), testutil.SimOnly())
+}
+
+// TestLoadRefusesOverlappingChunksAndDuplicateTags: readHeader refuses chunks that overlap within an
+// entry and a tag used by two entries with ErrBadCheckpoint, before any memory is made.
+func TestLoadRefusesOverlappingChunksAndDuplicateTags(t *testing.T) {
+	ck := saveTwoBuffers(t) // "a": chunks at 0 and 2 MiB; "b": one chunk
+	entry := func(h map[string]any, i int) map[string]any { return h["entries"].([]any)[i].(map[string]any) }
+	chunk1 := func(h map[string]any) map[string]any { return entry(h, 0)["chunks"].([]any)[1].(map[string]any) }
+	for name, tc := range map[string]struct {
+		edit func(map[string]any)
+		want string
+	}{
+		"overlapping chunks": {func(h map[string]any) { chunk1(h)["offset"] = json.Number("0"); entry(h, 0)["len"] = json.Number("0") }, `entry "a"`},
+		"duplicate tags":     {func(h map[string]any) { entry(h, 1)["tag"] = "a" }, `tag "a"`},
+	} {
+		t.Run(name, func(t *testing.T) {
+			testutil.Run(t, func(t *testing.T, b *testutil.Backend) {
+				_, _, err := offload.Load(bg, b.Sys, bytes.NewReader(rewriteHeader(t, ck, tc.edit)), offload.Options{SlotSize: 2 * mib})
+				require.ErrorIs(t, err, offload.ErrBadCheckpoint)
+				require.ErrorContains(t, err, tc.want)
+				require.Zero(t, b.Sim.Calls("cuMemCreate"), "refused before anything is made")
+			}, testutil.SimOnly())
+		})
+	}
+}
