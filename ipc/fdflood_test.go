@@ -10,8 +10,8 @@ import (
 	"github.com/stretchr/testify/require"
 	"golang.org/x/sys/unix"
 
-	"github.com/cuvmm/cuvmm/ipc"
 	"github.com/cuvmm/cuvmm/internal/unixsock"
+	"github.com/cuvmm/cuvmm/ipc"
 )
 
 // A peer that sends a fetch one byte per sendmsg, each byte carrying MaxFDsPerMessage descriptors,
