@@ -1,6 +1,7 @@
 package broker
 
 import (
+	"context"
 	"testing"
 	"time"
 
@@ -9,6 +10,7 @@ import (
 	"github.com/cuvmm/cuvmm/driver"
 	"github.com/cuvmm/cuvmm/internal/testutil"
 	"github.com/cuvmm/cuvmm/pinned"
+	"github.com/cuvmm/cuvmm/vmm"
 )
 
 // failSyncs makes the next n cuStreamSynchronize calls fail.
@@ -18,15 +20,40 @@ func failSyncs(b *testutil.Backend, n int) {
 	}
 }
 
+// oneLane is a server over a 4 MiB region whose device 0 has a single copy stream.
+type oneLane struct {
+	ctx    context.Context
+	dev    *vmm.Device
+	region *pinned.Region
+	srv    *Server
+	path   string
+}
+
+func newOneLane(t *testing.T, b *testutil.Backend) oneLane {
+	l := oneLane{ctx: testCtx(t), dev: b.Device(t, 0)}
+	l.region = newRegion(t, l.dev, 4*mib, pinned.Options{})
+	l.srv, l.path = startServer(t, l.region, Options{StreamsPerDevice: 1})
+	return l
+}
+
+// stuckCopy registers a 2 MiB buffer through a new client and fails its first copy with a stream
+// that cannot be drained (every synchronization fails until the faults are cleared).
+func (l oneLane) stuckCopy(t *testing.T, b *testutil.Backend) (*Client, *Buffer) {
+	c := dial(t, l.path)
+	rb, err := c.Register(l.ctx, newDevBuffer(t, l.dev, 1, 2*mib))
+	require.NoError(t, err)
+	failSyncs(b, 1+drainAttempts+1000)
+	require.ErrorIs(t, c.Copy(l.ctx, Request{Buffer: rb.ID(), Dir: ToHost, Length: mib}), ErrInternal)
+	return c, rb
+}
+
 // A copy whose wait fails is answered ErrInternal, but its stream and buffer go back only once the
 // stream is drained: the buffer cannot be unmapped under the copy, and the next request on that
 // stream (another worker's) does not inherit the copy's failure.
 func TestFailedCopyWaitDrainsStreamBeforeReuse(t *testing.T) {
 	testutil.Run(t, func(t *testing.T, b *testutil.Backend) {
-		ctx := testCtx(t)
-		dev := b.Device(t, 0)
-		region := newRegion(t, dev, 4*mib, pinned.Options{})
-		_, path := startServer(t, region, Options{StreamsPerDevice: 1})
+		l := newOneLane(t, b)
+		ctx, dev, path := l.ctx, l.dev, l.path
 		c1, c2 := dial(t, path), dial(t, path)
 		rb1, err := c1.Register(ctx, newDevBuffer(t, dev, 1, 2*mib))
 		require.NoError(t, err)
@@ -46,10 +73,8 @@ func TestFailedCopyWaitDrainsStreamBeforeReuse(t *testing.T) {
 // unmaps it.
 func TestUndrainableCopyStreamIsRetiredAndHoldsBuffer(t *testing.T) {
 	testutil.Run(t, func(t *testing.T, b *testutil.Backend) {
-		ctx := testCtx(t)
-		dev := b.Device(t, 0)
-		region := newRegion(t, dev, 4*mib, pinned.Options{})
-		srv, path := startServer(t, region, Options{StreamsPerDevice: 1})
+		l := newOneLane(t, b)
+		ctx, dev, region, srv, path := l.ctx, l.dev, l.region, l.srv, l.path
 		c1, c2 := dial(t, path), dial(t, path)
 		buf1 := newDevBuffer(t, dev, 1, 2*mib)
 		require.NoError(t, dev.Fill(buf1.Ptr(), 2*mib, 0, 5))
@@ -78,15 +103,9 @@ func TestUndrainableCopyStreamIsRetiredAndHoldsBuffer(t *testing.T) {
 // and frees it after a device synchronization succeeds.
 func TestStreamUndrainedAtCloseKeepsBufferMapped(t *testing.T) {
 	testutil.Run(t, func(t *testing.T, b *testutil.Backend) {
-		ctx := testCtx(t)
-		dev := b.Device(t, 0)
-		region := newRegion(t, dev, 4*mib, pinned.Options{})
-		srv, path := startServer(t, region, Options{StreamsPerDevice: 1})
-		c := dial(t, path)
-		rb, err := c.Register(ctx, newDevBuffer(t, dev, 1, 2*mib))
-		require.NoError(t, err)
-		failSyncs(b, 1+drainAttempts+1000)
-		require.ErrorIs(t, c.Copy(ctx, Request{Buffer: rb.ID(), Dir: ToHost, Length: mib}), ErrInternal)
+		l := newOneLane(t, b)
+		dev, srv := l.dev, l.srv
+		l.stuckCopy(t, b)
 		require.NoError(t, srv.Close())
 		require.Zero(t, srv.Stats().Buffers)
 		require.Len(t, dev.System().Orphans(), 1, "the buffer a copy may still target was unmapped")
@@ -101,16 +120,10 @@ func TestStreamUndrainedAtCloseKeepsBufferMapped(t *testing.T) {
 // (and Server.Close with it).
 func TestCloseWithAnUnreplacedRetiredStream(t *testing.T) {
 	testutil.Run(t, func(t *testing.T, b *testutil.Backend) {
-		ctx := testCtx(t)
-		dev := b.Device(t, 0)
-		region := newRegion(t, dev, 4*mib, pinned.Options{})
-		srv, path := startServer(t, region, Options{StreamsPerDevice: 1})
-		c := dial(t, path)
-		rb, err := c.Register(ctx, newDevBuffer(t, dev, 1, 2*mib))
-		require.NoError(t, err)
-		failSyncs(b, 1+drainAttempts+1000)
-		b.Sim.FailNth("cuStreamCreate", 1, driver.ErrorOutOfMemory) // the replacement
-		require.ErrorIs(t, c.Copy(ctx, Request{Buffer: rb.ID(), Dir: ToHost, Length: mib}), ErrInternal)
+		l := newOneLane(t, b)
+		ctx, dev, srv := l.ctx, l.dev, l.srv
+		b.Sim.FailNth("cuStreamCreate", 1, driver.ErrorOutOfMemory) // the replacement stream the failed copy asks for
+		c, rb := l.stuckCopy(t, b)
 		call, err := c.CopyAsync(Request{Buffer: rb.ID(), Dir: ToHost, Length: 4096}) // waits for the lane
 		require.NoError(t, err)
 		eventually(t, "second copy in flight", func() bool { return srv.Stats().InFlight == 1 })
