@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"slices"
 
 	"github.com/cuvmm/cuvmm/driver"
 	"github.com/cuvmm/cuvmm/vmm"
@@ -98,10 +99,16 @@ func (s *Set) keepOut(ctx context.Context, st *vmm.Stream, u *unit, share int, p
 		f.finish() // first: no slot's copy is queued after the drain
 		if err != nil {
 			if derr := drain(st); derr != nil {
-				// Copies may still run into these slots: the System frees them, not the pool.
-				err = errors.Join(err, derr, s.quarantine(u.dev, u.slots...))
+				// Copies may still run into these slots, and into those the pinning goroutines
+				// queued copies into but that were never taken: held until the device
+				// synchronizes, not pooled.
+				err = errors.Join(err, derr, s.quarantine(u.dev, append(slices.Clip(u.slots), f.spent...)...))
 				clear(u.slots)
+				return
 			}
+		}
+		if len(f.spent) > 0 { // the stream is drained (or the copies finished): they are free again
+			s.pool.put(f.spent...)
 		}
 	}()
 	for j := 0; j < u.nSlots; j++ {

@@ -43,12 +43,106 @@ func TestRestoreUndrainedSlotsStayOutOfPool(t *testing.T) {
 		var ck bytes.Buffer
 		require.NoError(t, f.set.Save(bg, &ck, "v"))
 		failWaitAndDrain(b)
+		b.Sim.FailNth("cuCtxSynchronize", 1, driver.ErrorUnknown) // Restore's last try to synchronize
 		err := f.set.Restore(bg, bytes.NewReader(ck.Bytes()))
 		require.ErrorIs(t, err, driver.ErrorUnknown)
+		require.ErrorContains(t, err, "synchronizing device 1")
 		require.ErrorContains(t, err, "held out of the pool")
 		b.Sim.ClearFaults()
 		f.requireSlotsQuiet(t) // v must not receive k's bytes
 	}, testutil.Devices(2), testutil.SimOnly())
+}
+
+// TestRestoreUndrainedSynchronizesDevice: a Restore whose wait and drain both fail synchronizes the
+// device once more before it returns, so no copy is left writing the checkpoint's bytes into the
+// buffers, its slots go back to the pool, and the error says so.
+func TestRestoreUndrainedSynchronizesDevice(t *testing.T) {
+	testutil.Run(t, func(t *testing.T, b *testutil.Backend) {
+		f := newTwoDeviceFixture(t, b)
+		var ck bytes.Buffer
+		require.NoError(t, f.set.Save(bg, &ck, "v"))
+		require.NoError(t, f.d1.Fill(f.v.Ptr(), 4*mib, 0, 83))
+		failWaitAndDrain(b)
+		err := f.set.Restore(bg, bytes.NewReader(ck.Bytes()))
+		require.ErrorIs(t, err, driver.ErrorUnknown)
+		require.ErrorContains(t, err, "was synchronized, so no copy is left queued")
+		require.NotContains(t, err.Error(), "held out of the pool")
+		b.Sim.ClearFaults()
+		requirePattern(t, f.d1, f.v.Ptr(), 4*mib, 82)
+		f.requireSlotsQuiet(t)
+	}, testutil.Devices(2), testutil.SimOnly())
+}
+
+// TestSleepUndrainedHoldsSlotsItsPinningCopiedInto: a first Sleep whose copy into a slot the
+// pinning goroutine queued fails half-way, and whose drain fails too, holds that slot (never taken
+// into the backup) out of the pool until the device synchronizes, so the copy still queued into it
+// cannot overwrite a later sleep's backup.
+func TestSleepUndrainedHoldsSlotsItsPinningCopiedInto(t *testing.T) {
+	testutil.Run(t, func(t *testing.T, b *testutil.Backend) {
+		f := newTwoDeviceFixture(t, b)
+		b.Sim.FailNth("cuMemcpyAsync", 2, driver.ErrorUnknown)       // v's second chunk, queued by the pinning goroutine
+		b.Sim.FailNth("cuStreamSynchronize", 1, driver.ErrorUnknown) // the drain
+		err := f.set.Sleep(bg, "v")
+		require.ErrorIs(t, err, driver.ErrorUnknown)
+		require.ErrorContains(t, err, "held out of the pool")
+		b.Sim.ClearFaults()
+		require.False(t, f.set.Asleep("v"))
+		f.requireSlotsQuiet(t) // k's backup must not receive v's bytes
+	}, testutil.Devices(2), testutil.SimOnly())
+}
+
+// TestWakeUndrainedSynchronizesBeforeUndo: a Wake whose wait and drain both fail synchronizes the
+// device before it releases the chunks it recreated, so no copy is left writing unmapped memory;
+// the buffer stays asleep with its backup and wakes later.
+func TestWakeUndrainedSynchronizesBeforeUndo(t *testing.T) {
+	testutil.Run(t, func(t *testing.T, b *testutil.Backend) {
+		f := newTwoDeviceFixture(t, b)
+		require.NoError(t, f.set.Sleep(bg, "k"))
+		failWaitAndDrain(b)
+		err := f.set.Wake(bg, "k")
+		require.ErrorIs(t, err, driver.ErrorUnknown)
+		require.ErrorContains(t, err, "no copy is left queued")
+		b.Sim.ClearFaults()
+		require.True(t, f.set.Asleep("k"))
+		require.NoError(t, f.d0.Synchronize(), "no copy left queued into released memory")
+		require.NoError(t, f.set.Wake(bg, "k"))
+		requirePattern(t, f.d0, f.k.Ptr(), 4*mib, 81)
+	}, testutil.Devices(2), testutil.SimOnly())
+}
+
+// TestWakeUndrainedHandsChunksToSystem: when the device cannot be synchronized either, the failed
+// Wake leaves the chunks a copy may still write mapped and hands them to the System, whose
+// RetryOrphans synchronizes the device, then releases them again; the buffer stays asleep with its
+// backup intact, and wakes later.
+func TestWakeUndrainedHandsChunksToSystem(t *testing.T) {
+	for _, retryFirst := range []bool{true, false} {
+		t.Run(map[bool]string{true: "retry then wake", false: "wake then retry"}[retryFirst], func(t *testing.T) {
+			testutil.Run(t, func(t *testing.T, b *testutil.Backend) {
+				f := newTwoDeviceFixture(t, b)
+				require.NoError(t, f.set.Sleep(bg, "k"))
+				backup := f.set.BackupBytes()
+				failWaitAndDrain(b)
+				b.Sim.FailNth("cuCtxSynchronize", 1, driver.ErrorUnknown)
+				err := f.set.Wake(bg, "k")
+				require.ErrorIs(t, err, driver.ErrorUnknown)
+				require.ErrorContains(t, err, "kept by the System")
+				b.Sim.ClearFaults()
+				require.True(t, f.set.Asleep("k"))
+				require.Equal(t, backup, f.set.BackupBytes(), "the backup stays")
+				require.Len(t, b.Sys.Orphans(), 2, "k's two chunks")
+				require.NoError(t, f.d0.Synchronize(), "no copy left queued into released memory")
+				if retryFirst {
+					require.NoError(t, b.Sys.RetryOrphans())
+					require.Empty(t, b.Sys.Orphans())
+				}
+				require.NoError(t, f.set.Wake(bg, "k"))
+				requirePattern(t, f.d0, f.k.Ptr(), 4*mib, 81)
+				require.NoError(t, b.Sys.RetryOrphans())
+				require.Empty(t, b.Sys.Orphans())
+				requirePattern(t, f.d0, f.k.Ptr(), 4*mib, 81)
+			}, testutil.Devices(2), testutil.SimOnly())
+		})
+	}
 }
 
 // TestLoadUndrainedFreesNothingUnderQueuedCopy: a Load whose wait and drain both fail frees neither

@@ -262,6 +262,10 @@ type feed struct {
 	cancel context.CancelFunc
 	wg     sync.WaitGroup
 	use    func(i int, s *slot) error
+	// spent are slots use ran on (copies may be queued into them) that the caller did not take: the
+	// one whose use failed, and those finish finds. finish leaves them to the caller, who pools them
+	// once its stream is drained, or holds them when it cannot be (see keepOut).
+	spent []*slot
 }
 
 type slotResult struct {
@@ -412,26 +416,31 @@ func (f *feed) take() (*slot, error) {
 	return s, err
 }
 
-// takeUsed is take that also says whether use has run on the slot. A slot whose use failed goes
-// back to the pool and only the error is returned.
+// takeUsed is take that also says whether use has run on the slot. A slot whose use failed goes to
+// f.spent (some of its copies may be queued) and only the error is returned.
 func (f *feed) takeUsed() (*slot, bool, error) {
 	r := <-f.chans[f.next]
 	f.next++
 	if r.err != nil && r.s != nil {
-		f.pool.put(r.s)
+		f.spent = append(f.spent, r.s)
 		return nil, false, r.err
 	}
 	return r.s, r.used, r.err
 }
 
-// finish stops the workers and puts every slot that was made but not taken back in the pool.
+// finish stops the workers and puts every slot that was made but not taken back in the pool, except
+// those use ran on, which go to f.spent for the caller.
 func (f *feed) finish() {
 	f.cancel()
 	f.wg.Wait()
 	for _, ch := range f.chans[f.next:] {
 		select {
 		case r := <-ch:
-			f.pool.put(r.s)
+			if r.used && r.s != nil {
+				f.spent = append(f.spent, r.s)
+			} else {
+				f.pool.put(r.s)
+			}
 		default:
 		}
 	}

@@ -148,6 +148,10 @@ type entry struct {
 	backup   []*slot      // Keep policy while asleep: the content, in chunk order
 	released atomic.Int64 // chunks whose memory is released (ReleaseAt), closed or not
 	closed   atomic.Int64 // chunks closed while released
+	// busy is set while copies queued on it by a failed Wake that could neither drain its stream nor
+	// synchronize the device may still read the backup: reap then holds the backup (hostPool.hold)
+	// instead of freeing it.
+	busy *vmm.Device
 }
 
 // chunkState is one chunk of a sleeping buffer.
@@ -396,11 +400,16 @@ func (s *Set) stream(d *vmm.Device) (*vmm.Stream, error) {
 // the caller holds s.mu.
 func (s *Set) reap() {
 	s.entries = slices.DeleteFunc(s.entries, func(e *entry) bool {
-		if !e.asleep || e.closed.Load() < e.released.Load() {
+		// released is 0 while a failed Wake left every chunk mapped (resleepBusy): nothing closed.
+		if !e.asleep || e.released.Load() == 0 || e.closed.Load() < e.released.Load() {
 			return false
 		}
-		s.pool.free(e.backup)
-		e.backup, e.chunks = nil, nil
+		if e.busy != nil {
+			_ = s.pool.hold(e.busy, e.backup) // pooled once the device synchronizes, else the System's
+		} else {
+			s.pool.free(e.backup)
+		}
+		e.backup, e.chunks, e.busy = nil, nil, nil
 		return true
 	})
 }

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"strings"
 	"sync"
 
 	"github.com/cuvmm/cuvmm/vmm"
@@ -54,7 +55,7 @@ func (s *Set) wake(ctx context.Context, tags []string) (n uint64, err error) {
 	s.dropBackups(todo)
 	forget(todo)
 	for _, e := range todo {
-		e.asleep = false
+		e.asleep, e.busy = false, nil
 	}
 	return n, nil
 }
@@ -102,9 +103,80 @@ func (s *Set) wakeRefs(ctx context.Context, refs []chunkRef) error {
 		err = ctx.Err()
 	}
 	if err != nil {
+		if errors.Is(err, errNotDrained) {
+			return errors.Join(err, s.resleepBusy(made, units))
+		}
 		return errors.Join(err, s.resleep(made))
 	}
 	return nil
+}
+
+// resleepBusy is resleep after a wake whose copy stream could not be drained (errNotDrained): copies
+// may still be queued into the recreated chunks, reading the backup slots. Each device is
+// synchronized first; the chunks of those that synchronize are released again at once. The chunks of
+// a device that does not are left mapped and handed to the System (System.Keep), whose RetryOrphans
+// and Close synchronize the device, then release them again (unless a later Wake woke the entry
+// meanwhile); their entries stay asleep with their backups, which are held rather than freed should
+// the buffer be closed meanwhile (entry.busy). The error says which.
+func (s *Set) resleepBusy(made []chunkRef, units map[*vmm.Device][]*unit) error {
+	idle := map[*vmm.Device]bool{}
+	for d := range units {
+		idle[d] = d.Synchronize() == nil
+	}
+	for d, us := range units {
+		if !idle[d] {
+			for _, u := range us {
+				u.e.busy = d
+			}
+		}
+	}
+	var now []chunkRef
+	var errs []error
+	for _, r := range made {
+		d := r.state().alloc.Device()
+		if ok, known := idle[d]; !known || ok {
+			now = append(now, r)
+			continue
+		}
+		errs = append(errs, s.sys.Keep(fmt.Sprintf("offload: %s chunk %d, which copies queued on %s may still write, to be released again", r.e, r.i, d), s.resleepLater(r, d)))
+	}
+	if busy := devList(idle); busy != "" {
+		errs = append(errs, fmt.Errorf("offload: %s could not be synchronized either: the chunks a copy may still write stay mapped until the System releases them, and the buffers stay asleep with their backups", busy))
+	} else {
+		errs = append(errs, errors.New("offload: the devices were synchronized, so no copy is left queued and the chunks were released again"))
+	}
+	return errors.Join(append(errs, s.resleep(now))...)
+}
+
+// resleepLater is the close resleepBusy gives the System for a chunk r left mapped on d: synchronize
+// d, then, if the entry still sleeps with r recorded and mapped, release r again.
+func (s *Set) resleepLater(r chunkRef, d *vmm.Device) func() error {
+	cs := r.state()
+	return func() error {
+		if err := d.Synchronize(); err != nil {
+			return err
+		}
+		if !s.mu.TryLock() {
+			return fmt.Errorf("offload: %s chunk %d: the set is busy; retry", r.e, r.i)
+		}
+		defer s.mu.Unlock()
+		s.reap()
+		if !r.e.asleep || r.i >= len(r.e.chunks) || &r.e.chunks[r.i] != cs || cs.alloc.Asleep() {
+			return nil // woken, released or closed since
+		}
+		return s.releaseChunk(r, true)
+	}
+}
+
+// devList names the devices of m that are false.
+func devList(m map[*vmm.Device]bool) string {
+	var out []string
+	for d, ok := range m {
+		if !ok {
+			out = append(out, d.String())
+		}
+	}
+	return strings.Join(out, ", ")
 }
 
 // wakeDevice recreates and restores the units of one device.
