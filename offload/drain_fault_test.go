@@ -16,7 +16,15 @@ import (
 // copies may still be queued when the call gives up.
 func failWaitAndDrain(b *testutil.Backend) {
 	b.Sim.FailNth("cuStreamSynchronize", 1, driver.ErrorUnknown) // the wait
-	b.Sim.FailNth("cuStreamSynchronize", 1, driver.ErrorUnknown) // drain's retry (fires on the next call)
+	failDrain(b)
+}
+
+// failDrain fails every synchronization of the next drain. Faults due on the same call fire on
+// consecutive calls, so each one armed fails one more attempt.
+func failDrain(b *testutil.Backend) {
+	for range offload.DrainAttempts {
+		b.Sim.FailNth("cuStreamSynchronize", 1, driver.ErrorUnknown)
+	}
 }
 
 // TestSaveUndrainedSlotStaysOutOfPool: a Save whose wait and drain both fail holds its staging slot
@@ -80,8 +88,8 @@ func TestRestoreUndrainedSynchronizesDevice(t *testing.T) {
 func TestSleepUndrainedHoldsSlotsItsPinningCopiedInto(t *testing.T) {
 	testutil.Run(t, func(t *testing.T, b *testutil.Backend) {
 		f := newTwoDeviceFixture(t, b)
-		b.Sim.FailNth("cuMemcpyAsync", 2, driver.ErrorUnknown)       // v's second chunk, queued by the pinning goroutine
-		b.Sim.FailNth("cuStreamSynchronize", 1, driver.ErrorUnknown) // the drain
+		b.Sim.FailNth("cuMemcpyAsync", 2, driver.ErrorUnknown) // v's second chunk, queued by the pinning goroutine
+		failDrain(b)
 		err := f.set.Sleep(bg, "v")
 		require.ErrorIs(t, err, driver.ErrorUnknown)
 		require.ErrorContains(t, err, "held out of the pool")
@@ -239,4 +247,23 @@ func TestLoadRefusesOverlappingChunksAndDuplicateTags(t *testing.T) {
 			}, testutil.SimOnly())
 		})
 	}
+}
+
+// TestSaveDrainedOnRetryPoolsSlot: a Save whose wait fails and whose drain succeeds only on a
+// later attempt puts its slot straight back in the pool: the stream is empty, so nothing is held.
+func TestSaveDrainedOnRetryPoolsSlot(t *testing.T) {
+	testutil.Run(t, func(t *testing.T, b *testutil.Backend) {
+		f := newTwoDeviceFixture(t, b)
+		require.NoError(t, f.set.Save(bg, &bytes.Buffer{}, "v")) // pins the slot
+		pooled := f.set.Stats().PooledBytes
+		require.NotZero(t, pooled)
+		b.Sim.FailNth("cuStreamSynchronize", 1, driver.ErrorUnknown) // the wait
+		b.Sim.FailNth("cuStreamSynchronize", 1, driver.ErrorUnknown) // the drain's first attempt
+		err := f.set.Save(bg, &bytes.Buffer{}, "v")
+		require.ErrorIs(t, err, driver.ErrorUnknown)
+		require.NotContains(t, err.Error(), "held out of the pool")
+		require.Equal(t, pooled, f.set.Stats().PooledBytes, "the slot is pooled again at once")
+		b.Sim.ClearFaults()
+		f.requireSlotsQuiet(t)
+	}, testutil.Devices(2), testutil.SimOnly())
 }

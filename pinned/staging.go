@@ -180,19 +180,12 @@ func (s *Stager) end(bufs []*Buffer, err error) error {
 // drain synchronizes the stream, up to drainAttempts times, until every copy queued on it is
 // complete. A failed synchronization is still reported: it may be the error of a queued copy.
 func (s *Stager) drain() error {
-	var errs []error
-	for range drainAttempts {
-		err := s.stream.Synchronize()
-		if err == nil {
-			break
-		}
-		errs = append(errs, err)
+	err := s.stream.Drain(drainAttempts)
+	if errors.Is(err, vmm.ErrNotDrained) {
+		return fmt.Errorf("pinned: drain the copy stream: %w: %w", err, ErrStreamNotDrained)
 	}
-	if len(errs) == drainAttempts {
-		return fmt.Errorf("pinned: drain the copy stream: %w: %w", errors.Join(errs...), ErrStreamNotDrained)
-	}
-	if len(errs) > 0 {
-		return fmt.Errorf("pinned: drain the copy stream (synchronized on attempt %d): %w", len(errs)+1, errors.Join(errs...))
+	if err != nil {
+		return fmt.Errorf("pinned: drain the copy stream: %w", err)
 	}
 	return nil
 }

@@ -1,6 +1,7 @@
 package vmm
 
 import (
+	"errors"
 	"fmt"
 	"time"
 	"unsafe"
@@ -72,6 +73,34 @@ func (s *Stream) Synchronize() error {
 		return fmt.Errorf("vmm: device %d: cuStreamSynchronize: %w", s.dev.ordinal, err)
 	}
 	return nil
+}
+
+// ErrNotDrained: Drain could not synchronize a stream, so work may still be queued on it. Memory
+// that such work reads or writes must be neither freed nor reused until a later synchronization
+// succeeds.
+var ErrNotDrained = errors.New("vmm: the stream could not be drained")
+
+// Drain synchronizes the stream up to attempts times (at least once), until every operation queued
+// on it is complete; it is what to call after a queued copy failed, before the memory the copy used
+// is freed or reused. A failed synchronization may report a queued operation's error, so one that
+// fails before a later one succeeds is still returned; when every attempt fails the error wraps
+// ErrNotDrained as well as each attempt's error.
+func (s *Stream) Drain(attempts int) error {
+	var errs []error
+	for range max(attempts, 1) {
+		err := s.Synchronize()
+		if err == nil {
+			break
+		}
+		errs = append(errs, err)
+	}
+	switch {
+	case len(errs) == 0:
+		return nil
+	case len(errs) == max(attempts, 1):
+		return fmt.Errorf("%w after %d attempts: %w", ErrNotDrained, len(errs), errors.Join(errs...))
+	}
+	return fmt.Errorf("vmm: stream drained on attempt %d: %w", len(errs)+1, errors.Join(errs...))
 }
 
 // Close destroys the stream (cuStreamDestroy); queued work still completes. Idempotent, nil-safe.

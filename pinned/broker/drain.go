@@ -5,6 +5,8 @@ import (
 	"fmt"
 	"slices"
 	"time"
+
+	"github.com/cuvmm/cuvmm/vmm"
 )
 
 // A copy whose queuing or wait failed may still be queued on its stream: handing the stream to the
@@ -24,17 +26,12 @@ const (
 )
 
 // drain synchronizes the stream, up to drainAttempts times, until every copy queued on it is
-// complete.
+// complete. Its error wraps vmm.ErrNotDrained: a stream that drained on a later attempt is fine.
 func (c *copyStream) drain() error {
-	var errs []error
-	for range drainAttempts {
-		err := c.st.Synchronize()
-		if err == nil {
-			return nil
-		}
-		errs = append(errs, err)
+	if err := c.st.Drain(drainAttempts); errors.Is(err, vmm.ErrNotDrained) {
+		return err
 	}
-	return errors.Join(errs...)
+	return nil
 }
 
 // settle gives back the stream and the buffer of a copy that failed, once the stream is drained.
