@@ -8,8 +8,10 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/cuvmm/cuvmm/driver"
+	"github.com/cuvmm/cuvmm/growbuf"
 	"github.com/cuvmm/cuvmm/internal/testutil"
 	"github.com/cuvmm/cuvmm/offload"
+	"github.com/cuvmm/cuvmm/vmm"
 )
 
 // failWaitAndDrain fails the next wait for a copy stream and the drain that follows it, so that
@@ -265,5 +267,94 @@ func TestSaveDrainedOnRetryPoolsSlot(t *testing.T) {
 		require.Equal(t, pooled, f.set.Stats().PooledBytes, "the slot is pooled again at once")
 		b.Sim.ClearFaults()
 		f.requireSlotsQuiet(t)
+	}, testutil.Devices(2), testutil.SimOnly())
+}
+
+// wakeUndrainedBusy sleeps a 4 MiB, two-chunk buffer k, then fails a Wake's wait, its drain and the
+// device's synchronization, so that both chunks stay mapped for the System to release again.
+func wakeUndrainedBusy(t *testing.T, b *testutil.Backend) (*vmm.Device, *growbuf.Buffer, *offload.Set) {
+	d := b.Device(t, 0)
+	k, err := newOwnedBuf(d, 4*mib, 2*mib, 81)
+	require.NoError(t, err)
+	set := newSet(t, b, offload.Options{SlotSize: 4 * mib})
+	require.NoError(t, set.Add("k", k, offload.Keep, offload.EntryOptions{}))
+	require.NoError(t, set.Sleep(bg, "k"))
+	failWaitAndDrain(b)
+	b.Sim.FailNth("cuCtxSynchronize", 1, driver.ErrorUnknown)
+	require.ErrorContains(t, set.Wake(bg, "k"), "kept by the System")
+	b.Sim.ClearFaults()
+	require.True(t, set.Asleep("k"))
+	return d, k, set
+}
+
+// TestWakeUndrainedThenBufferClosed: a buffer closed while a failed Wake's chunks wait for the
+// System is dropped from the set, and the System's retry, finding the chunks closed, succeeds.
+func TestWakeUndrainedThenBufferClosed(t *testing.T) {
+	testutil.Run(t, func(t *testing.T, b *testutil.Backend) {
+		d, k, set := wakeUndrainedBusy(t, b)
+		require.NoError(t, d.Synchronize(), "the queued copies run")
+		require.NoError(t, k.Close())
+		require.NoError(t, b.Sys.RetryOrphans())
+		require.Empty(t, b.Sys.Orphans())
+		require.NotContains(t, set.Tags(), "k")
+		require.Zero(t, set.BackupBytes(), "the closed buffer's backup is freed")
+	}, testutil.SimOnly())
+}
+
+// TestWakeUndrainedThenBufferClosedWakeSparesNewBuffer: a Wake of such a closed buffer restores
+// nothing into the buffer that took its addresses.
+func TestWakeUndrainedThenBufferClosedWakeSparesNewBuffer(t *testing.T) {
+	testutil.Run(t, func(t *testing.T, b *testutil.Backend) {
+		d, k, set := wakeUndrainedBusy(t, b)
+		require.NoError(t, d.Synchronize())
+		old := k.Ptr()
+		require.NoError(t, k.Close())
+		other := newBuf(t, d, 4*mib, 2*mib, 90, nil)
+		require.Equal(t, old, other.Ptr(), "the new buffer reuses the closed one's addresses")
+		require.Error(t, set.Wake(bg, "k"), "k was closed: dropped from the set")
+		require.NoError(t, d.Synchronize())
+		requirePattern(t, d, other.Ptr(), 4*mib, 90)
+		require.NoError(t, b.Sys.RetryOrphans())
+		require.Empty(t, b.Sys.Orphans())
+	}, testutil.SimOnly())
+}
+
+// TestWakeUndrainedClosedAfterRetryFreesBackup: once the System has synchronized the device and
+// released the chunks, no copy reads the backup, so closing the buffer frees it.
+func TestWakeUndrainedClosedAfterRetryFreesBackup(t *testing.T) {
+	testutil.Run(t, func(t *testing.T, b *testutil.Backend) {
+		_, k, set := wakeUndrainedBusy(t, b)
+		require.NoError(t, b.Sys.RetryOrphans())
+		require.Empty(t, b.Sys.Orphans())
+		require.True(t, set.Asleep("k"))
+		require.NoError(t, k.Close())
+		require.NotContains(t, set.Tags(), "k")
+		require.Zero(t, set.BackupBytes(), "the closed buffer's backup is freed")
+	}, testutil.SimOnly())
+}
+
+// TestSleepReleaseUndoUndrainedKeepsBackup: a Sleep whose release fails, and whose undo (a wake)
+// can neither drain its copies nor synchronize the device, keeps the buffer asleep with its
+// backup: the undo's copies still read it, so it must not go back to the pool.
+func TestSleepReleaseUndoUndrainedKeepsBackup(t *testing.T) {
+	testutil.Run(t, func(t *testing.T, b *testutil.Backend) {
+		f := newTwoDeviceFixture(t, b)
+		b.Sim.FailNth("cuMemRelease", 2, driver.ErrorUnknown) // k's chunk 1: undone, still mapped
+		// After the backup's wait: the undo wake's wait and every attempt of its drain.
+		for n := range 1 + offload.DrainAttempts {
+			b.Sim.FailNth("cuStreamSynchronize", 2+n, driver.ErrorUnknown)
+		}
+		b.Sim.FailNth("cuCtxSynchronize", 2, driver.ErrorUnknown) // resleepBusy's synchronize
+		err := f.set.Sleep(bg, "k")
+		b.Sim.ClearFaults()
+		require.ErrorIs(t, err, driver.ErrorUnknown)
+		require.ErrorContains(t, err, "kept by the System")
+		require.True(t, f.set.Asleep("k"), "asleep with its backup, for Wake to finish")
+		var ck bytes.Buffer
+		require.NoError(t, f.set.Save(bg, &ck, "v")) // a pooled slot, if any, is reused now
+		require.NoError(t, f.d0.Synchronize())       // the undo's queued copies run now
+		require.NoError(t, b.Sys.RetryOrphans())
+		require.NoError(t, f.set.Wake(bg, "k"))
+		requirePattern(t, f.d0, f.k.Ptr(), 4*mib, 81)
 	}, testutil.Devices(2), testutil.SimOnly())
 }

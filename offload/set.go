@@ -150,7 +150,7 @@ type entry struct {
 	closed   atomic.Int64 // chunks closed while released
 	// busy is set while copies queued on it by a failed Wake that could neither drain its stream nor
 	// synchronize the device may still read the backup: reap then holds the backup (hostPool.hold)
-	// instead of freeing it.
+	// instead of freeing it. The System's retry clears it once the device synchronizes.
 	busy *vmm.Device
 }
 
@@ -161,6 +161,10 @@ type chunkState struct {
 	size   uint64
 	access []vmm.Access
 	backup []hostPiece // Keep policy: where the content is
+	// pending: a failed Wake that could not drain its copies left the chunk mapped, for the System
+	// to release again once the device synchronizes (Set.resleepLater); the caller may close it
+	// meanwhile, and reap then counts it as released and closed.
+	pending bool
 }
 
 func ptrOff(n uint64) driver.DevicePtr { return driver.DevicePtr(n) }
@@ -400,8 +404,7 @@ func (s *Set) stream(d *vmm.Device) (*vmm.Stream, error) {
 // the caller holds s.mu.
 func (s *Set) reap() {
 	s.entries = slices.DeleteFunc(s.entries, func(e *entry) bool {
-		// released is 0 while a failed Wake left every chunk mapped (resleepBusy): nothing closed.
-		if !e.asleep || e.released.Load() == 0 || e.closed.Load() < e.released.Load() {
+		if !e.asleep || s.pendingOpen(e) || e.released.Load() == 0 || e.closed.Load() < e.released.Load() {
 			return false
 		}
 		if e.busy != nil {
@@ -412,6 +415,27 @@ func (s *Set) reap() {
 		e.backup, e.chunks, e.busy = nil, nil, nil
 		return true
 	})
+}
+
+// pendingOpen reports whether a chunk of e that a failed Wake left mapped (chunkState.pending) is
+// still open. One the caller closed meanwhile no longer waits for the System: it counts as
+// released and closed, like a sleeping chunk closed. The caller holds s.mu, and no allocation lock
+// of e's sleeping chunks' (see onChunkClosed): a pending chunk is mapped, so its lock is not that.
+func (s *Set) pendingOpen(e *entry) bool {
+	open := false
+	for i := range e.chunks {
+		cs := &e.chunks[i]
+		switch {
+		case !cs.pending:
+		case cs.alloc.Closed():
+			cs.pending = false
+			e.released.Add(1)
+			e.closed.Add(1)
+		default:
+			open = true
+		}
+	}
+	return open
 }
 
 // onChunkClosed is what a sleeping chunk's allocation runs when it is closed (under the

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"slices"
 
 	"github.com/cuvmm/cuvmm/vmm"
 )
@@ -208,8 +209,9 @@ func (s *Set) streamsFor(units map[*vmm.Device][]*unit) (map[*vmm.Device]*vmm.St
 
 // release unmaps and releases every chunk. When one fails, the chunks already released are
 // recreated and their content restored, so that every buffer is awake again. When that fails too,
-// the entries with a chunk still released stay asleep with their backups (Wake finishes the undo)
-// and the error names them.
+// the entries with a chunk still released, or left mapped for the System to release because copies
+// may still be queued into it (chunkState.pending), stay asleep with their backups (Wake finishes
+// the undo) and the error names them.
 func (s *Set) release(refs []chunkRef) error {
 	for k, r := range refs {
 		if err := s.releaseChunk(r, r.e.opts.Force); err != nil {
@@ -221,7 +223,7 @@ func (s *Set) release(refs []chunkRef) error {
 			werr := s.wakeRefs(context.Background(), undo)
 			var asleep []*entry
 			for _, e := range entriesOf(refs) {
-				if werr != nil && e.released.Load() > 0 {
+				if werr != nil && (e.released.Load() > 0 || hasPending(e)) {
 					e.asleep = true
 					asleep = append(asleep, e)
 					continue
@@ -239,14 +241,21 @@ func (s *Set) release(refs []chunkRef) error {
 }
 
 // releaseChunk releases one chunk's memory (ReleaseAt) and counts it, and counts it too when a
-// failed ReleaseAt left it asleep with its memory kept.
+// failed ReleaseAt left it asleep with its memory kept; either way it no longer waits for the
+// System (chunkState.pending).
 func (s *Set) releaseChunk(r chunkRef, force bool) error {
 	cs := r.state()
 	err := cs.alloc.ReleaseAt(cs.ptr, cs.access, force, s.onChunkClosed(r.e))
 	if err == nil || cs.alloc.Asleep() {
 		r.e.released.Add(1)
+		cs.pending = false
 	}
 	return err
+}
+
+// hasPending reports whether a chunk of e waits for the System to release it (chunkState.pending).
+func hasPending(e *entry) bool {
+	return slices.ContainsFunc(e.chunks, func(cs chunkState) bool { return cs.pending })
 }
 
 // dropBackups returns the entries' backup slots to the pool.

@@ -138,6 +138,7 @@ func (s *Set) resleepBusy(made []chunkRef, units map[*vmm.Device][]*unit) error 
 			now = append(now, r)
 			continue
 		}
+		r.state().pending = true
 		errs = append(errs, s.sys.Keep(fmt.Sprintf("offload: %s chunk %d, which copies queued on %s may still write, to be released again", r.e, r.i, d), s.resleepLater(r, d)))
 	}
 	if busy := devList(idle); busy != "" {
@@ -149,7 +150,8 @@ func (s *Set) resleepBusy(made []chunkRef, units map[*vmm.Device][]*unit) error 
 }
 
 // resleepLater is the close resleepBusy gives the System for a chunk r left mapped on d: synchronize
-// d, then, if the entry still sleeps with r recorded and mapped, release r again.
+// d (after which no copy uses the entry's backup: it is freed, not held, should the buffer be
+// closed), then, if the entry still sleeps with r recorded, mapped and open, release r again.
 func (s *Set) resleepLater(r chunkRef, d *vmm.Device) func() error {
 	cs := r.state()
 	return func() error {
@@ -160,9 +162,12 @@ func (s *Set) resleepLater(r chunkRef, d *vmm.Device) func() error {
 			return fmt.Errorf("offload: %s chunk %d: the set is busy; retry", r.e, r.i)
 		}
 		defer s.mu.Unlock()
-		s.reap()
-		if !r.e.asleep || r.i >= len(r.e.chunks) || &r.e.chunks[r.i] != cs || cs.alloc.Asleep() {
-			return nil // woken, released or closed since
+		if r.e.busy == d {
+			r.e.busy = nil
+		}
+		s.reap() // counts r as released and closed if the caller closed it
+		if !r.e.asleep || r.i >= len(r.e.chunks) || &r.e.chunks[r.i] != cs || !cs.pending {
+			return nil // woken, or closed since
 		}
 		return s.releaseChunk(r, true)
 	}

@@ -102,6 +102,10 @@ func (d *Device) newAllocation(h driver.MemHandle, size uint64, p driver.Allocat
 // Device is the device the allocation was made or imported through.
 func (a *Allocation) Device() *Device { return a.dev }
 
+// Closed reports whether the allocation was closed (by Close, or by closing the mapping that owns
+// it). It takes the allocation's lock, so a callback that runs under that lock must not call it.
+func (a *Allocation) Closed() bool { return a.own.IsClosed() }
+
 // Size is the allocation's size in bytes (a multiple of the granularity).
 func (a *Allocation) Size() uint64 { return a.size }
 
