@@ -4,13 +4,13 @@
 //
 // # What pinned memory costs
 //
-// Measured on the project's H200 host (docs/driver-facts.md, section 3): every GiB of host memory a GPU
-// can reach costs 2 MiB of that GPU's memory for page tables, per process and per GPU, whatever the
-// host page size. cuMemHostRegister (and cuMemHostAlloc) make memory reachable by every GPU of the
-// machine; a host-NUMA VMM allocation is reachable only by the devices granted access with
-// cuMemSetAccess, and a mapping granted to the CPU alone costs no GPU memory. Making memory pinned
-// also takes time: cuMemHostAlloc takes 380-550 ms per GiB, registering transparent-huge-page memory
-// 26-36 ms per GiB.
+// Measured on the project's H200 host (docs/driver-facts.md, sections 3 and 5): every GiB of host
+// memory a GPU can reach costs 2 MiB of that GPU's memory for page tables, per process and per GPU,
+// whatever the host page size. cuMemHostRegister (and cuMemHostAlloc) make memory reachable by every
+// GPU on which the process holds a context; a host-NUMA VMM allocation is reachable only by the
+// devices granted access with cuMemSetAccess, and a mapping granted to the CPU alone costs no GPU
+// memory. Making memory pinned also takes time: cuMemHostAlloc takes 380-550 ms per GiB, registering
+// transparent-huge-page memory 26-36 ms per GiB.
 //
 // # Region kinds
 //
