@@ -1,14 +1,16 @@
 // Package vmm is the safe layer over the CUDA driver's virtual memory management: devices, physical
 // allocations, address reservations, mappings, access rights, shareable handles as *os.File, dma-buf
-// export, host registration, streams, events, copies and the project's pattern kernels.
+// export, host registration, streams, events, CUDA graphs captured from a stream, copies and the
+// project's pattern kernels.
 //
-// Every owning type (Allocation, Reservation, Mapping, Stream, Event, PlainBuffer, HostRegistration,
-// HostBuffer) has Close, which is idempotent and safe on a nil receiver. A child keeps its parent
-// alive: closing an Allocation or Reservation that still has mappings, or a System whose devices
-// still own objects, returns an error wrapping ErrInUse and frees nothing. Teardown order is unmap,
-// release, address free. A clean-up that fails during an undo never orphans its object: the owner
-// keeps it, or the System does (Orphans), and a later Close retries it. Built with the cuvmmleak tag,
-// owners that become unreachable without Close are reported with the stack that made them.
+// Every owning type (Allocation, Reservation, Mapping, Stream, Event, Graph, GraphExec, PlainBuffer,
+// HostRegistration, HostBuffer) has Close, which is idempotent and safe on a nil receiver. A child
+// keeps its parent alive: closing an Allocation or Reservation that still has mappings, or a System
+// whose devices still own objects, returns an error wrapping ErrInUse and frees nothing. Teardown
+// order is unmap, release, address free. A clean-up that fails during an undo never orphans its
+// object: the owner keeps it, or the System does (Orphans), and a later Close retries it. Built with
+// the cuvmmleak tag, owners that become unreachable without Close are reported with the stack that
+// made them.
 //
 // Thread rule: the driver's current context is per OS thread and goroutines move between threads, so
 // every call that needs a context locks the goroutine to its thread, binds the device's primary
