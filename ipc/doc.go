@@ -6,8 +6,10 @@
 // and handle type) plus one POSIX file descriptor per chunk, exported with
 // cuMemExportToShareableHandle. The receiver imports every chunk (cuMemImportFromShareableHandle),
 // reserves one range, maps each chunk at its offset and grants the access it chooses, so it sees the
-// same layout as the exporter. Any vmm.Chunked value (growbuf.Buffer, stripe.Range, a Buffer received
-// here, FromReservation over a vmm.Reservation) is exported whole: every chunk, not only the first.
+// same layout as the exporter. Any vmm.Chunked value (growbuf.Buffer, stripe.Range, FromReservation
+// over a vmm.Reservation) is exported whole: every chunk, not only the first. A Buffer received here is
+// a vmm.Chunked too, but the H200's driver reports no handle types for imported memory, so it can be
+// exported again only on the simulator (see Buffer).
 //
 // # Layers
 //
