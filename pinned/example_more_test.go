@@ -58,10 +58,13 @@ func ExampleRegister() {
 		return
 	}
 	fmt.Println(r.Kind(), r.Len()>>20, "MiB, page tables per device:", r.PageTableCost())
+	_, _ = sys.Device(1) // a context on device 1 too: the registration reaches it, and costs there
+	fmt.Println("with device 1 opened:", r.PageTableCost())
 	_, err = pinned.Register(dev, mem, pinned.RegisterOptions{})
 	fmt.Println("twice:", err != nil)
 	_ = r.Close()
 	// Output:
-	// registered 64 MiB, page tables per device: [131072 131072]
+	// registered 64 MiB, page tables per device: [131072 0]
+	// with device 1 opened: [131072 131072]
 	// twice: true
 }

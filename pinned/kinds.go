@@ -135,16 +135,13 @@ func (x dupMemfd) Close() error { return x.f.Close() }
 // registration is the cuMemHostRegister part that SharedMemory and Registered regions share.
 type registration struct{ reg *vmm.HostRegistration }
 
-// visible: a registration is visible to every device of the system; no registration, to none.
+// visible: a registration is visible to every device where the process holds a context (the
+// devices opened in the System, now or later); no registration, to none.
 func (g *registration) visible(r *Region) []int {
 	if g.reg == nil {
 		return nil
 	}
-	out := make([]int, r.sys.DeviceCount())
-	for i := range out {
-		out[i] = i
-	}
-	return out
+	return r.sys.OpenedDevices()
 }
 
 func (g *registration) setAccess(r *Region, _ []vmm.Access) error {

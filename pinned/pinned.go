@@ -21,9 +21,10 @@
 //     driver supports it. Exportable as file descriptors; an opener chooses which devices, if any, to
 //     grant.
 //   - SharedMemory: a memfd mapped MAP_SHARED and registered with cuMemHostRegister. The fallback for
-//     drivers without host-NUMA VMM; shareable by passing the memfd; visible to every GPU.
+//     drivers without host-NUMA VMM; shareable by passing the memfd; visible to every GPU the process
+//     holds a context on.
 //   - Registered: memory the caller owns, registered with cuMemHostRegister (page-aligned). Visible to
-//     every GPU. Read-only registration is an option.
+//     every GPU the process holds a context on. Read-only registration is an option.
 //
 // Every region reports its estimated page-table cost per device (PageTableCost), and every Close
 // frees everything the region made. Closing a region that pools still use fails with an error
@@ -89,9 +90,10 @@ const (
 	Auto Kind = iota
 	// HostNUMA is a host-NUMA VMM allocation: visible to the granted devices only.
 	HostNUMA
-	// SharedMemory is a memfd registered with cuMemHostRegister: visible to every device.
+	// SharedMemory is a memfd registered with cuMemHostRegister: visible to every opened device.
 	SharedMemory
-	// Registered is caller-owned memory registered with cuMemHostRegister: visible to every device.
+	// Registered is caller-owned memory registered with cuMemHostRegister: visible to every opened
+	// device.
 	Registered
 )
 

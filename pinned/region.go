@@ -513,8 +513,9 @@ func (r *Region) Chunks() []vmm.Chunk { return r.impl.chunks() }
 
 var _ vmm.Chunked = (*Region)(nil)
 
-// Devices lists the ordinals of the devices that can reach the region: every device of the system
-// for a registered region, the granted devices for a HostNUMA region, none for a CPU-only one.
+// Devices lists the ordinals of the devices that can reach the region: every device opened in the
+// System (whose context the process holds; one opened later reaches it too) for a registered
+// region, the granted devices for a HostNUMA region, none for a CPU-only one.
 func (r *Region) Devices() []int {
 	r.own.Lock()
 	defer r.own.Unlock()
@@ -550,8 +551,9 @@ func (r *Region) VisibleTo(dev *vmm.Device) bool {
 }
 
 // PageTableCost is the estimated GPU memory, per device ordinal (index), that page tables for this
-// region take in this process: 2 MiB per GiB on each device the region is visible to (every device
-// for a registration, the granted ones for HostNUMA), 0 elsewhere and for CPU-only regions.
+// region take in this process: 2 MiB per GiB on each device the region is visible to (every opened
+// device for a registration, the granted ones for HostNUMA), 0 elsewhere and for CPU-only regions.
+// It is what vmm.Stats counts in PageTableBytes.
 func (r *Region) PageTableCost() []uint64 {
 	if r.sys == nil {
 		return nil // opened for the CPU without a driver

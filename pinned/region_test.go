@@ -434,3 +434,27 @@ func TestAutoKindQueryFails(t *testing.T) {
 		require.ErrorAs(t, err, &u)
 	}, testutil.SimOnly(), testutil.SimOptions(sim.Attribute(0, driver.AttrHostNUMAVirtualMemoryManagementSupported, 0)))
 }
+
+// TestRegistrationVisibleToOpenedDevices: a registration reaches, and costs page tables on, the
+// devices whose contexts the process holds, as vmm.Stats counts them; a device opened later is
+// reached too.
+func TestRegistrationVisibleToOpenedDevices(t *testing.T) {
+	testutil.Run(t, func(t *testing.T, b *testutil.Backend) {
+		d0 := b.Device(t, 0) // device 1 is not opened yet
+		r, err := pinned.New(d0, 64*mib, pinned.Options{Kind: pinned.SharedMemory})
+		require.NoError(t, err)
+		defer func() { require.NoError(t, r.Close()) }()
+		cost := pinned.PageTableCost(64 * mib)
+		require.Equal(t, []int{0}, r.Devices())
+		require.Equal(t, []uint64{cost, 0}, r.PageTableCost())
+		st := b.Sys.Stats()
+		require.Equal(t, []uint64{cost, 0}, []uint64{st.Devices[0].PageTableBytes, st.Devices[1].PageTableBytes})
+
+		d1 := b.Device(t, 1)
+		require.Equal(t, []int{0, 1}, r.Devices())
+		require.True(t, r.VisibleTo(d1))
+		require.Equal(t, []uint64{cost, cost}, r.PageTableCost())
+		st = b.Sys.Stats()
+		require.Equal(t, []uint64{cost, cost}, []uint64{st.Devices[0].PageTableBytes, st.Devices[1].PageTableBytes})
+	}, testutil.Devices(2), testutil.SimOnly())
+}

@@ -94,6 +94,24 @@ func (s *System) DriverVersion() int { return s.version }
 // DeviceCount is the number of devices the driver reports.
 func (s *System) DeviceCount() int { return s.count }
 
+// OpenedDevices lists, in order, the ordinals of the devices opened in s (Device, Devices): those
+// whose primary contexts s holds, and so those where registered and cuMemHostAlloc memory is
+// visible and costs page tables (Stats).
+func (s *System) OpenedDevices() []int {
+	if s == nil {
+		return nil
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	var out []int
+	for i, d := range s.devices {
+		if d != nil {
+			out = append(out, i)
+		}
+	}
+	return out
+}
+
 // Device opens device ordinal (retaining its primary context) or returns the one already open.
 func (s *System) Device(ordinal int) (*Device, error) {
 	if s == nil {
