@@ -88,7 +88,7 @@ func copyWait(d *vmm.Device, dst, src driver.DevicePtr, n uint64, st *vmm.Stream
 // quarantine keeps slots that copies queued on d may still use (after errNotDrained) out of the
 // pool: the set's next call puts them back once d synchronizes, and Close hands what is left to
 // the System (see hostPool.hold). The error says so, for the caller's error message.
-func (s *Set) quarantine(d *vmm.Device, slots ...*slot) error { return s.pool.hold(d, slots) }
+func (s *Set) quarantine(d *vmm.Device, slots ...*slot) error { return s.pool.hold(slots, d) }
 
 // keepOut copies a Keep unit's chunks into slots taken from the pool (pinned on the way when the
 // pool has too few), recording where each piece went; share devices do the same at once.

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"runtime"
 	"slices"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"unsafe"
@@ -91,27 +92,27 @@ type hostPool struct {
 	errs []error     // failures to free, reported by trim
 }
 
-// heldSlots are slots that copies queued on dev may still read or write: a failed call could not
+// heldSlots are slots that copies queued on devs may still read or write: a failed call could not
 // drain its stream (errNotDrained).
 type heldSlots struct {
-	dev   *vmm.Device
+	devs  []*vmm.Device
 	slots []*slot
 }
 
-// hold keeps slots out of the pool until dev synchronizes (settle), or until handOver gives them to
-// the System. The error says so.
-func (p *hostPool) hold(dev *vmm.Device, slots []*slot) error {
+// hold keeps slots out of the pool until every one of devs synchronizes (settle), or until
+// handOver gives them to the System. The error says so.
+func (p *hostPool) hold(slots []*slot, devs ...*vmm.Device) error {
 	slots = slices.DeleteFunc(slices.Clone(slots), func(s *slot) bool { return s == nil })
 	if len(slots) == 0 {
 		return nil
 	}
 	p.mu.Lock()
-	p.held = append(p.held, heldSlots{dev, slots})
+	p.held = append(p.held, heldSlots{slices.Clone(devs), slots})
 	p.mu.Unlock()
-	return fmt.Errorf("offload: %d pinned slot(s) that copies queued on %s may still use are held out of the pool until the device synchronizes (the set's next call retries; its Close hands them to the System)", len(slots), dev)
+	return fmt.Errorf("offload: %d pinned slot(s) that copies queued on %s may still use are held out of the pool until the device synchronizes (the set's next call retries; its Close hands them to the System)", len(slots), devNames(devs))
 }
 
-// settle synchronizes the devices of the held slots and pools again those of the devices that
+// settle synchronizes the devices of the held slots and pools again the slots whose devices all
 // succeed; the others stay held.
 func (p *hostPool) settle() {
 	p.mu.Lock()
@@ -120,11 +121,14 @@ func (p *hostPool) settle() {
 	p.mu.Unlock()
 	var left []heldSlots
 	ok := map[*vmm.Device]bool{}
-	for _, h := range held {
-		if _, tried := ok[h.dev]; !tried {
-			ok[h.dev] = h.dev.Synchronize() == nil
+	idle := func(d *vmm.Device) bool {
+		if _, tried := ok[d]; !tried {
+			ok[d] = d.Synchronize() == nil
 		}
-		if ok[h.dev] {
+		return ok[d]
+	}
+	for _, h := range held {
+		if !slices.ContainsFunc(h.devs, func(d *vmm.Device) bool { return !idle(d) }) {
 			p.put(h.slots...)
 		} else {
 			left = append(left, h)
@@ -158,16 +162,27 @@ func (p *hostPool) handOver() error {
 	var errs []error
 	for _, h := range held {
 		for _, s := range h.slots {
-			what := fmt.Sprintf("offload: pinned %s slot that copies queued on %s may still use", units.FormatSize(s.size), h.dev)
+			what := fmt.Sprintf("offload: pinned %s slot that copies queued on %s may still use", units.FormatSize(s.size), devNames(h.devs))
 			errs = append(errs, p.sys.Keep(what, func() error {
-				if err := h.dev.Synchronize(); err != nil {
-					return err
+				for _, d := range h.devs {
+					if err := d.Synchronize(); err != nil {
+						return err
+					}
 				}
 				return s.close()
 			}))
 		}
 	}
 	return errors.Join(errs...)
+}
+
+// devNames names devices, for errors.
+func devNames(devs []*vmm.Device) string {
+	names := make([]string, len(devs))
+	for i, d := range devs {
+		names[i] = d.String()
+	}
+	return strings.Join(names, ", ")
 }
 
 func newHostPool(sys *vmm.System) *hostPool { return &hostPool{sys: sys, idle: map[uint64][]*slot{}} }

@@ -148,10 +148,11 @@ type entry struct {
 	backup   []*slot      // Keep policy while asleep: the content, in chunk order
 	released atomic.Int64 // chunks whose memory is released (ReleaseAt), closed or not
 	closed   atomic.Int64 // chunks closed while released
-	// busy is set while copies queued on it by a failed Wake that could neither drain its stream nor
-	// synchronize the device may still read the backup: reap then holds the backup (hostPool.hold)
-	// instead of freeing it. The System's retry clears it once the device synchronizes.
-	busy *vmm.Device
+	// busy lists the devices where copies queued by a failed Wake that could neither drain its
+	// stream nor synchronize the device may still read the backup: reap then holds the backup
+	// (hostPool.hold) until they all synchronize, instead of freeing it. The System's retry takes
+	// a device off once it synchronized it.
+	busy []*vmm.Device
 }
 
 // chunkState is one chunk of a sleeping buffer.
@@ -407,8 +408,8 @@ func (s *Set) reap() {
 		if !e.asleep || s.pendingOpen(e) || e.released.Load() == 0 || e.closed.Load() < e.released.Load() {
 			return false
 		}
-		if e.busy != nil {
-			_ = s.pool.hold(e.busy, e.backup) // pooled once the device synchronizes, else the System's
+		if len(e.busy) > 0 {
+			_ = s.pool.hold(e.backup, e.busy...) // pooled once the devices synchronize, else the System's
 		} else {
 			s.pool.free(e.backup)
 		}

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"slices"
 	"strings"
 	"sync"
 
@@ -126,7 +127,9 @@ func (s *Set) resleepBusy(made []chunkRef, units map[*vmm.Device][]*unit) error 
 	for d, us := range units {
 		if !idle[d] {
 			for _, u := range us {
-				u.e.busy = d
+				if !slices.Contains(u.e.busy, d) {
+					u.e.busy = append(u.e.busy, d)
+				}
 			}
 		}
 	}
@@ -150,21 +153,20 @@ func (s *Set) resleepBusy(made []chunkRef, units map[*vmm.Device][]*unit) error 
 }
 
 // resleepLater is the close resleepBusy gives the System for a chunk r left mapped on d: synchronize
-// d (after which no copy uses the entry's backup: it is freed, not held, should the buffer be
-// closed), then, if the entry still sleeps with r recorded, mapped and open, release r again.
+// d, under the set's lock so that no Wake queues new copies between the synchronization and what
+// follows (then no copy on d reads the entry's backup: d is taken off entry.busy), then, if the
+// entry still sleeps with r recorded, mapped and open, release r again.
 func (s *Set) resleepLater(r chunkRef, d *vmm.Device) func() error {
 	cs := r.state()
 	return func() error {
-		if err := d.Synchronize(); err != nil {
-			return err
-		}
 		if !s.mu.TryLock() {
 			return fmt.Errorf("offload: %s chunk %d: the set is busy; retry", r.e, r.i)
 		}
 		defer s.mu.Unlock()
-		if r.e.busy == d {
-			r.e.busy = nil
+		if err := d.Synchronize(); err != nil {
+			return err
 		}
+		r.e.busy = slices.DeleteFunc(r.e.busy, func(b *vmm.Device) bool { return b == d })
 		s.reap() // counts r as released and closed if the caller closed it
 		if !r.e.asleep || r.i >= len(r.e.chunks) || &r.e.chunks[r.i] != cs || !cs.pending {
 			return nil // woken, or closed since
