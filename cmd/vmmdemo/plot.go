@@ -11,13 +11,13 @@ import (
 )
 
 func init() {
-	register(&command{name: "plot", summary: "draw the figure of a --json result (bandwidth, pinned, grow, broker, sleep) as SVG or PNG",
+	register(&command{name: "plot", summary: "draw the figure of a --json result (bandwidth, pinned, grow, broker, sleep) as SVG, PNG, PDF or EPS",
 		run: runPlot})
 }
 
 func runPlot(e *env, args []string) error {
 	fs := newFlags(e, "plot")
-	in := fs.String("in", "", "a result printed by `vmmdemo SUB --json` (its kind is told by its keys)")
+	in := fs.String("in", "", "the `file` holding a result printed by vmmdemo SUB --json (its kind is told by its keys)")
 	out := fs.String("out", "", "the figure to write; its extension chooses the format: .svg, .png, .pdf or .eps")
 	if err := parse(fs, args); err != nil {
 		return err
