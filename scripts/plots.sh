@@ -8,7 +8,7 @@
 # named and skipped. The docs expect these names, each the output of `vmmdemo SUB --json` on the GPU
 # host:
 #   bandwidth.json  vmmdemo bandwidth --backend cuda --json
-#   pinned.json     vmmdemo pinned --backend cuda --size 16GiB --procs 4 --devices 0,1 --json
+#   pinned.json     vmmdemo pinned --backend cuda --size 16GiB --procs 4 --devices 0 --json
 #   grow.json       vmmdemo grow --backend cuda --to 16GiB --step 256MiB --json
 #   broker.json     vmmdemo broker --backend cuda --size 8GiB --workers 4 --json
 #   sleep.json      vmmdemo sleep --backend cuda --size 16GiB --devices 0,1 --json
