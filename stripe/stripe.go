@@ -92,8 +92,9 @@ var _ vmm.Chunked = (*Range)(nil)
 // Then it reserves one address range (cuMemAddressReserve) and, stripe by stripe in offset order,
 // creates the stripe's memory on its holder, maps it and grants access (cuMemCreate, cuMemMap,
 // cuMemSetAccess, with one context binding per stripe: Reservation.MapNew). When a step fails, the
-// stripes already built are unmapped in one call, released, and the address range freed; the error
-// names the stripe and the driver call that failed.
+// stripes already built are undone through vmm.MapChunks, last first, each unmapped (one cuMemUnmap
+// per stripe) and released, and the address range freed; the error names the stripe and the driver
+// call that failed.
 //
 // One device is allowed: the result is a plain VMM range on that device.
 func New(devices []*vmm.Device, size uint64, layout Layout, opts Options) (*Range, error) {
