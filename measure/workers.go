@@ -190,7 +190,7 @@ func hostVerifyFill(mem []byte, verifySeed, fillSeed uint64) (bad uint64) {
 	return bad
 }
 
-// RunWorker runs the worker role this process was started for (by Share, Pinned or Broker) and
+// RunWorker runs the worker role this process was started for (by Share, Pinned, Broker or Xfer) and
 // exits; in any other process it returns at once. A program that calls those measurements calls it
 // first thing in main (a test binary, first thing in TestMain), since their workers are the same
 // binary started again.
