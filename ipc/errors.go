@@ -52,7 +52,8 @@ const (
 )
 
 // ServerError is an error an ipc server reported in a KindError message. It matches ErrNotFound,
-// ErrPermission, ErrProtocol or ErrConnLimit with errors.Is according to its code.
+// ErrPermission, ErrProtocol, ErrConnLimit, ErrIdle or ErrTimeout with errors.Is according to its
+// code.
 type ServerError struct {
 	Code    uint16
 	Message string

@@ -118,7 +118,7 @@ func (r *Received) Close() error {
 }
 
 // Receive reads a buffer sent by Send (or a server's reply to a fetch). A KindError reply is
-// returned as a *RemoteError (errors.Is(err, ErrNotFound) for a name that is not published). The
+// returned as a *ServerError (errors.Is(err, ErrNotFound) for a name that is not published). The
 // descriptor is validated strictly and must list exactly as many chunks as descriptors arrive: a
 // mismatch, descriptors nobody asked for, or any other fault closes every received descriptor and
 // returns an error.
