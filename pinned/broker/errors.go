@@ -9,7 +9,7 @@ import (
 	"github.com/cuvmm/cuvmm/vmm"
 )
 
-// Sentinel errors; match them with errors.Is. A refusal by the broker arrives as a *RemoteError,
+// Sentinel errors; match them with errors.Is. A refusal by the broker arrives as a *BrokerError,
 // which matches the sentinel of its code.
 var (
 	// ErrBrokerGone: the connection to the broker is lost (the broker exited, was killed, closed the

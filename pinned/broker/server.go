@@ -32,7 +32,7 @@ type Grant struct {
 	ShareRegion    bool
 }
 
-// Options tunes NewServer. The zero value serves workers of this process's uid, each granted the
+// Options tunes Listen. The zero value serves workers of this process's uid, each granted the
 // whole region (shareable), on the region's devices with four streams each.
 type Options struct {
 	// Devices are the devices the broker copies on: a buffer must live on one of them. Each must be
