@@ -194,7 +194,7 @@ func decodeRemoteError(b []byte) error {
 	if len(b) < 2 {
 		return fmt.Errorf("malformed error reply of %d bytes: %w", len(b), ErrProtocol)
 	}
-	return &RemoteError{Code: binary.LittleEndian.Uint16(b), Message: string(b[2:])}
+	return &ServerError{Code: binary.LittleEndian.Uint16(b), Message: string(b[2:])}
 }
 
 // FromReservation is the vmm.Chunked view of a reservation's mappings at the time of the call: the
