@@ -146,3 +146,81 @@ func TestWakeUndrainedRetryRacingWake(t *testing.T) {
 	require.True(t, s.Live().Zero(), "simulator objects leaked: %s", s.Live())
 	require.NoError(t, s.Close())
 }
+
+// newMappedSet is a set on a one-device simulator holding, for each tag, a reservation with one
+// 4 MiB mapping (Mappings), asleep. done closes everything and checks nothing leaked.
+func newMappedSet(t *testing.T, tags ...string) (s *sim.Sim, sys *vmm.System, set *offload.Set, closeBuf map[string]func() error) {
+	s = sim.New()
+	sys, err := vmm.Open(s)
+	require.NoError(t, err)
+	d, err := sys.Device(0)
+	require.NoError(t, err)
+	set = offload.NewSet(sys, offload.Options{SlotSize: 4 * mib})
+	closeBuf = map[string]func() error{}
+	for _, tag := range tags {
+		res, err := sys.Reserve(4*mib, vmm.ReserveOptions{})
+		require.NoError(t, err)
+		m, err := res.MapNew(0, 4*mib, d, vmm.AllocOptions{}, vmm.ReadWrite(d))
+		require.NoError(t, err)
+		require.NoError(t, set.Add(tag, offload.Mappings(res), offload.Keep, offload.EntryOptions{}))
+		closeBuf[tag] = func() error { return errors.Join(m.Close(), res.Close()) }
+	}
+	require.NoError(t, set.Sleep(bg))
+	t.Cleanup(func() {
+		s.ClearFaults()
+		require.NoError(t, set.Wake(bg))
+		require.NoError(t, set.Close())
+		for _, c := range closeBuf {
+			require.NoError(t, c())
+		}
+		require.NoError(t, sys.RetryOrphans())
+		require.NoError(t, sys.Close())
+		require.True(t, s.Live().Zero(), "simulator objects leaked: %s", s.Live())
+		require.NoError(t, s.Close())
+	})
+	return s, sys, set, closeBuf
+}
+
+// TestWakeUndrainedBusyOnlyWhereCopiesRan: a failed Wake that stopped at its first buffer marks
+// busy only that one (no copy into the second was queued), and once the System's retry
+// synchronized the device, closing the second buffer frees its backup.
+func TestWakeUndrainedBusyOnlyWhereCopiesRan(t *testing.T) {
+	s, sys, set, closeBuf := newMappedSet(t, "a", "b")
+	failUndrainedWake(s)
+	require.ErrorContains(t, set.Wake(bg), "kept by the System")
+	s.ClearFaults()
+	require.Len(t, sys.Orphans(), 1, "only a's chunk was recreated")
+	require.Empty(t, offload.BusyDevices(set, "b"))
+	require.NoError(t, sys.RetryOrphans())
+	require.Empty(t, offload.BusyDevices(set, "a"), "the retry synchronized the device")
+
+	require.NoError(t, closeBuf["b"]())
+	delete(closeBuf, "b")
+	require.NoError(t, set.Sleep(bg)) // reaps b
+	require.NotContains(t, set.Tags(), "b")
+	require.Equal(t, uint64(4*mib), set.BackupBytes(), "b's backup freed when b was closed")
+}
+
+// TestWakeUndrainedThenSynchronizedClearsBusy: a later Wake that cannot drain its stream but does
+// synchronize the device (under the set's lock) takes the device off busy, so closing the buffer
+// frees its backup.
+func TestWakeUndrainedThenSynchronizedClearsBusy(t *testing.T) {
+	s, sys, set, closeBuf := newMappedSet(t, "k")
+	failUndrainedWake(s)
+	require.ErrorContains(t, set.Wake(bg, "k"), "kept by the System")
+	s.ClearFaults()
+	for range 1 + offload.DrainAttempts {
+		s.FailNth("cuStreamSynchronize", 1, driver.ErrorUnknown)
+	}
+	require.ErrorContains(t, set.Wake(bg, "k"), "the devices were synchronized")
+	s.ClearFaults()
+	require.True(t, set.Asleep("k"))
+	require.Empty(t, offload.BusyDevices(set, "k"))
+
+	require.NoError(t, closeBuf["k"]())
+	delete(closeBuf, "k")
+	require.NoError(t, set.Sleep(bg)) // reaps k
+	require.NotContains(t, set.Tags(), "k")
+	require.Zero(t, set.BackupBytes(), "k's backup freed when k was closed")
+	require.NoError(t, sys.RetryOrphans())
+}

@@ -125,11 +125,9 @@ func (s *Set) resleepBusy(made []chunkRef, units map[*vmm.Device][]*unit) error 
 		idle[d] = d.Synchronize() == nil
 	}
 	for d, us := range units {
-		if !idle[d] {
+		if idle[d] { // synchronized under the set's lock: no copy on d reads a backup any more
 			for _, u := range us {
-				if !slices.Contains(u.e.busy, d) {
-					u.e.busy = append(u.e.busy, d)
-				}
+				u.e.busy = slices.DeleteFunc(u.e.busy, func(b *vmm.Device) bool { return b == d })
 			}
 		}
 	}
@@ -140,6 +138,9 @@ func (s *Set) resleepBusy(made []chunkRef, units map[*vmm.Device][]*unit) error 
 		if ok, known := idle[d]; !known || ok {
 			now = append(now, r)
 			continue
+		}
+		if !slices.Contains(r.e.busy, d) { // a copy into r may still read the entry's backup
+			r.e.busy = append(r.e.busy, d)
 		}
 		r.state().pending = true
 		errs = append(errs, s.sys.Keep(fmt.Sprintf("offload: %s chunk %d, which copies queued on %s may still write, to be released again", r.e, r.i, d), s.resleepLater(r, d)))
