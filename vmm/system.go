@@ -12,6 +12,10 @@
 // the cuvmmleak tag, owners that become unreachable without Close are reported with the stack that
 // made them.
 //
+// After a queued copy fails, Stream.Drain waits for what is still queued (retrying a failed
+// synchronization) before the memory the copy used is freed or reused; when it cannot, its error
+// wraps ErrNotDrained and that memory must be held until a later synchronization succeeds.
+//
 // Thread rule: the driver's current context is per OS thread and goroutines move between threads, so
 // every call that needs a context locks the goroutine to its thread, binds the device's primary
 // context with cuCtxSetCurrent for the duration of the call, and unlocks. There is no hidden
