@@ -8,6 +8,7 @@ import (
 	"github.com/cuvmm/cuvmm/driver"
 	"github.com/cuvmm/cuvmm/growbuf"
 	"github.com/cuvmm/cuvmm/internal/testutil"
+	"github.com/cuvmm/cuvmm/vmm"
 )
 
 // A Grow whose step fails and whose undo fails too hands the leftover (a mapping at the buffer's
@@ -47,4 +48,36 @@ func TestGrowAfterAFailedUndo(t *testing.T) {
 			}, testutil.SimOnly())
 		})
 	}
+}
+
+// TestCloseAfterAFailedMoveUndo: a move whose undo cannot unmap one of the buffer's chunks from the
+// new range (and whose range then cannot be freed either) leaves that range with the System, still
+// mapping the chunk. The buffer is unchanged, and its Close retries that range first, so the chunk
+// can be released.
+func TestCloseAfterAFailedMoveUndo(t *testing.T) {
+	testutil.Run(t, func(t *testing.T, b *testutil.Backend) {
+		d := b.Device(t, 0)
+		buf, err := growbuf.New(d, growbuf.Options{MaxSize: 6 * mib, Chunk: growbuf.FixedChunks(2 * mib), AllowMove: true})
+		require.NoError(t, err)
+		require.NoError(t, buf.Grow(6*mib))
+		fill(t, d, buf, 0, 6*mib, 9)
+		blocker, err := b.Sys.Reserve(64*mib, vmm.ReserveOptions{Hint: buf.Ptr() + driver.DevicePtr(buf.Reserved()), RequireHint: true})
+		require.NoError(t, err)
+		defer func() { require.NoError(t, blocker.Close()) }()
+		before := stateOf(buf)
+
+		b.Sim.FailNth("cuMemMap", 2, driver.ErrorOutOfMemory) // the 2nd chunk, in the new range
+		b.Sim.FailNth("cuMemUnmap", 1, driver.ErrorUnknown)   // undoing the 1st chunk's new mapping
+		b.Sim.FailNth("cuMemUnmap", 2, driver.ErrorUnknown)   // the new range's Close retrying it
+		err = buf.Grow(10 * mib)
+		b.Sim.ClearFaults()
+		require.ErrorIs(t, err, growbuf.ErrReservationFull)
+		require.ErrorIs(t, err, driver.ErrOutOfMemory)
+		require.NotEmpty(t, b.Sys.Orphans(), "the new range, still mapping a chunk, is the System's")
+		require.Equal(t, before, stateOf(buf))
+		verify(t, d, buf, 6*mib, 9)
+
+		require.NoError(t, buf.Close())
+		require.Empty(t, b.Sys.Orphans())
+	}, testutil.SimOnly())
 }

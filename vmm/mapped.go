@@ -29,6 +29,12 @@ func (m *mappedAt) remove(ptr driver.DevicePtr) {
 	m.mu.Unlock()
 }
 
+func (m *mappedAt) snapshot() []driver.DevicePtr {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	return slices.Clone(m.ptrs)
+}
+
 func (m *mappedAt) count() int {
 	m.mu.Lock()
 	defer m.mu.Unlock()

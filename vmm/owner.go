@@ -85,8 +85,10 @@ func (s *System) keepAdoptee(a adoptee) error {
 }
 
 // retryIn retries freeing the adopted reservations that hold addresses in [lo, hi): one left there
-// by a failed undo is in the way of a Reserve hinted at lo (a buffer growing in place, say).
-func (s *System) retryIn(lo, hi driver.DevicePtr) {
+// by a failed undo is in the way of a Reserve hinted at lo (a buffer growing in place, say), or
+// maps an allocation its owner is about to release (RetryOrphansMapping). Those still failing stay
+// adopted; their errors are returned.
+func (s *System) retryIn(lo, hi driver.DevicePtr) error {
 	s.adoptMu.Lock()
 	var in []adoptee
 	for _, a := range s.adopted {
@@ -95,9 +97,26 @@ func (s *System) retryIn(lo, hi driver.DevicePtr) {
 		}
 	}
 	s.adoptMu.Unlock()
+	var errs []error
 	for _, a := range in {
-		_ = a.close() // still failing: it stays adopted, and the Reserve is not granted the hint
+		errs = append(errs, a.close())
 	}
+	return errors.Join(errs...)
+}
+
+// RetryOrphansMapping retries freeing the orphaned reservations (see Orphans) in which a is still
+// mapped: a failed undo that could not unmap a from a new range keeps a from being released until
+// that range goes, so an owner about to release a calls this first. It returns the errors of those
+// that still fail.
+func (s *System) RetryOrphansMapping(a *Allocation) error {
+	if s == nil || a == nil {
+		return nil
+	}
+	var errs []error
+	for _, p := range a.mappings.snapshot() {
+		errs = append(errs, s.retryIn(p, p+driver.DevicePtr(a.size)))
+	}
+	return errors.Join(errs...)
 }
 
 // retryAdopted closes the adopted objects, pass after pass while a pass frees something (a mapping
