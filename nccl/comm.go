@@ -44,7 +44,10 @@ type Comm struct {
 	mu      sync.Mutex
 	own     lifetime.Owner // closed once Close is done; its own lock is not used
 	aborted error          // why the communicator was aborted, nil while usable
-	regs    map[*Registration]struct{}
+	// abortLeft: the communicator was aborted but ncclCommAbort could not run (binding the device
+	// failed): Close, or the System after a failed NewComm, runs it again.
+	abortLeft bool
+	regs      map[*Registration]struct{}
 }
 
 // NewComm joins the communicator id as rank of nranks, on dev: ncclCommInitRankConfig with a
@@ -87,8 +90,7 @@ func NewComm(ctx context.Context, lib API, id UniqueID, rank, nranks int, dev *v
 	err := c.waitLocked(ctx, "initialize the communicator")
 	c.mu.Unlock()
 	if err != nil {
-		c.release()
-		return nil, err
+		return nil, errors.Join(err, c.release())
 	}
 	lifetime.Track(c, &c.own)
 	return c, nil
@@ -196,7 +198,14 @@ func (c *Comm) abortLocked(why error) {
 	}
 	c.aborted = why
 	c.dropRegistrations()
-	_ = c.dev.Raw(func(driver.API) error { return c.lib.CommAbort(c.h) })
+	_ = c.ncclAbort()
+}
+
+// ncclAbort runs ncclCommAbort and records whether it could (abortLeft). c.mu is held.
+func (c *Comm) ncclAbort() error {
+	err := c.dev.Raw(func(driver.API) error { return c.lib.CommAbort(c.h) })
+	c.abortLeft = err != nil
+	return err
 }
 
 // dropRegistrations forgets every registration: an aborted or destroyed communicator releases them
@@ -208,14 +217,26 @@ func (c *Comm) dropRegistrations() {
 	clear(c.regs)
 }
 
-// release frees a communicator that failed to initialize (already aborted by waitLocked).
-func (c *Comm) release() {
+// release frees a communicator that failed to initialize (already aborted by waitLocked). When
+// ncclCommAbort could not run, the System keeps retrying it (System.Keep), and the error says so.
+func (c *Comm) release() error {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	if c.aborted == nil {
 		c.abortLocked(errors.New("initialization failed"))
 	}
 	c.own.MarkClosed()
+	if !c.abortLeft {
+		return nil
+	}
+	return c.dev.System().Keep(fmt.Sprintf("%v, whose ncclCommAbort failed", c), func() error {
+		c.mu.Lock()
+		defer c.mu.Unlock()
+		if !c.abortLeft {
+			return nil
+		}
+		return c.ncclAbort()
+	})
 }
 
 // Abort aborts the communicator (ncclCommAbort): operations still queued on the device stop, other
@@ -223,7 +244,8 @@ func (c *Comm) release() {
 // is released. It may be called from any goroutine while another call waits on the communicator
 // (a watchdog's way out of a hang): that call returns an error wrapping ErrAborted at once, and
 // Abort returns once it has. Afterwards every method fails with ErrAborted; Close is still allowed
-// (and does nothing more). Abort is idempotent and safe on nil.
+// (and does nothing more, unless ncclCommAbort could not run: Abort's error says so, and Close runs
+// it again). Abort is idempotent and safe on nil.
 func (c *Comm) Abort() error {
 	if c == nil {
 		return nil
@@ -236,15 +258,17 @@ func (c *Comm) Abort() error {
 	}
 	c.aborted = errAbortCalled
 	c.dropRegistrations()
-	if err := c.dev.Raw(func(driver.API) error { return c.lib.CommAbort(c.h) }); err != nil {
-		return fmt.Errorf("nccl: abort %v: %w", c, err)
+	if err := c.ncclAbort(); err != nil {
+		return fmt.Errorf("nccl: abort %v (Close retries it): %w", c, err)
 	}
 	return nil
 }
 
 // Close deregisters what is still registered, finalizes the communicator (ncclCommFinalize, polled
 // for at most Options.CloseTimeout, after which it aborts) and destroys it (ncclCommDestroy). After
-// an abort it only marks the communicator closed. Close is idempotent and safe on nil.
+// an abort it only marks the communicator closed, once ncclCommAbort has run (an abort whose
+// device binding failed runs it again here, and a Close that fails to can be retried). Close is
+// idempotent and safe on nil.
 //
 // Close does not wait for a call that another goroutine is making on the communicator (an
 // operation, Wait, Register, a registration's Close, or another Close): it returns at once an error
@@ -267,7 +291,12 @@ func (c *Comm) Close() error {
 	if c.own.Closed() {
 		return nil
 	}
-	// Closed on every way out (finalized and destroyed, or aborted): Close is never retried.
+	if c.aborted != nil && c.abortLeft {
+		if err := c.ncclAbort(); err != nil {
+			return fmt.Errorf("nccl: close %v: ncclCommAbort (a later Close retries it): %w", c, err)
+		}
+	}
+	// Closed on every other way out (finalized and destroyed, or aborted): Close is not retried.
 	defer c.own.MarkClosed()
 	if c.aborted != nil {
 		return nil
@@ -303,7 +332,7 @@ func (c *Comm) finalize() error {
 	if err != nil {
 		if c.aborted == nil {
 			c.aborted = err
-			_ = c.dev.Raw(func(driver.API) error { return c.lib.CommAbort(c.h) })
+			_ = c.ncclAbort()
 		}
 		return fmt.Errorf("nccl: close %v: ncclCommFinalize: %w", c, err)
 	}

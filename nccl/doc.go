@@ -32,8 +32,10 @@
 // AllGather, ReduceScatter and Broadcast take a device pointer and a count; a Group issues several
 // at once between ncclGroupStart and ncclGroupEnd, and also takes whole buffers (any vmm.Chunked,
 // such as a growbuf.Buffer): SendBuffer, RecvBuffer, AllReduceBuffer, ... Arguments are checked
-// before NCCL sees them: counts whose byte size overflows, peers out of range, streams and buffers
-// of another device (ErrWrongDevice) are refused with errors wrapping ErrInvalidValue.
+// before NCCL sees them: counts whose byte size overflows, peers out of range, null buffers (but a
+// broadcast's send buffer on a rank other than the root, which NCCL does not read), closed streams,
+// and streams and buffers of another device (ErrWrongDevice) are refused with errors wrapping
+// ErrInvalidValue.
 //
 // # Registration
 //
@@ -41,15 +43,18 @@
 // RegisterOptions.Window, ncclCommWindowRegister) per chunk: NCCL looks up one allocation per
 // registered range, so registering a multi-chunk buffer in one call would register its first chunk
 // only. SendChunks and RecvChunks move a registered buffer one operation per chunk, so that each lies
-// inside a registration. A registration holds the buffer's allocations: closing or shrinking the
-// buffer fails with vmm.ErrInUse until the registration is closed, and registering an overlapping
+// inside a registration. A registration holds the buffer's allocations (from before Register waits
+// for the communicator): closing or shrinking the buffer fails with vmm.ErrInUse until the
+// registration is closed, and registering an overlapping
 // buffer again fails with ErrAlreadyRegistered. Comm.Close deregisters what is left.
 //
 // # Closing and aborting
 //
 // Close does not wait for a call that another goroutine is making on the communicator: it returns
 // at once with an error wrapping ErrInUse, and can be called again once that call has returned.
-// Abort, allowed from any goroutine, interrupts a call that hangs.
+// Abort, allowed from any goroutine, interrupts a call that hangs. An ncclCommAbort that could not
+// run (binding the device failed) is run again by Close, or, after a failed NewComm, by the System
+// (System.RetryOrphans, System.Close).
 //
 // What NCCL 2.28.3 does here, seen on two H200s joined by NVLink:
 //   - Close is a collective when ranks live in several processes: ncclCommDestroy waits until the

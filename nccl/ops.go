@@ -184,7 +184,8 @@ func (c *Comm) call(o op) error {
 }
 
 // check refuses what NCCL would take silently or hang on: unknown types and operations, peers out
-// of range, null buffers, byte counts that overflow, and streams of another device.
+// of range, null buffers, byte counts that overflow, and closed streams or streams of another
+// device.
 func (c *Comm) check(o op) error {
 	fail := func(format string, args ...any) error {
 		return fmt.Errorf("nccl: %s on %v: %s: %w", o, c, fmt.Sprintf(format, args...), ErrInvalidValue)
@@ -199,8 +200,11 @@ func (c *Comm) check(o op) error {
 	if (o.kind == opSend || o.kind == opRecv || o.kind == opBroadcast) && (o.peer < 0 || o.peer >= c.nranks) {
 		return fail("rank %d is not in 0..%d", o.peer, c.nranks-1)
 	}
+	if o.stream.Closed() {
+		return fail("the stream is closed")
+	}
 	if o.stream != nil && o.stream.Device() != c.dev {
-		return fail("the stream is on %s, the communicator on %s", o.stream.Device(), c.dev)
+		return fmt.Errorf("nccl: %s on %v: the stream is on %s, the communicator on %s: %w", o, c, o.stream.Device(), c.dev, errWrongDevice())
 	}
 	sendCount, recvCount := o.count, o.count
 	switch o.kind {
@@ -215,7 +219,8 @@ func (c *Comm) check(o op) error {
 		count uint64
 		used  bool
 	}{
-		{"send buffer", o.send, sendCount, o.kind != opRecv},
+		// NCCL reads a broadcast's send buffer on the root rank only.
+		{"send buffer", o.send, sendCount, o.kind != opRecv && (o.kind != opBroadcast || o.peer == c.rank)},
 		{"receive buffer", o.recv, recvCount, o.kind != opSend},
 	} {
 		if !b.used || b.count == 0 {

@@ -67,6 +67,24 @@ func (c *Comm) Register(ctx context.Context, buf vmm.Chunked, opts ...RegisterOp
 	if err := c.checkChunks(what, chunks); err != nil {
 		return nil, err
 	}
+	// Held before waiting for the communicator, so that no Shrink or Close frees a chunk meanwhile;
+	// a chunk freed before its hold is refused. Holds not handed to a piece are released on return.
+	holds := make([]func(), len(chunks))
+	for i, ch := range chunks {
+		holds[i] = ch.Allocation.Hold("an NCCL registration")
+	}
+	defer func() {
+		for _, release := range holds {
+			if release != nil {
+				release()
+			}
+		}
+	}()
+	for i, ch := range chunks {
+		if ch.Allocation.Closed() {
+			return nil, fmt.Errorf("nccl: %s: chunk %d (offset %s) was freed meanwhile: %w", what, i, units.FormatSize(ch.Offset), ErrInvalidValue)
+		}
+	}
 	need, call := VersionRegister, "ncclCommRegister"
 	if o.Window {
 		need, call = VersionWindow, "ncclCommWindowRegister"
@@ -91,7 +109,7 @@ func (c *Comm) Register(ctx context.Context, buf vmm.Chunked, opts ...RegisterOp
 			return nil, errors.Join(fmt.Errorf("nccl: %s: chunk %d (offset %s, %s): %w", what, i,
 				units.FormatSize(p.off), units.FormatSize(p.size), err), rbErr)
 		}
-		p.release = ch.Allocation.Hold("an NCCL registration")
+		p.release, holds[i] = holds[i], nil
 		r.pieces = append(r.pieces, p)
 	}
 	c.regs[r] = struct{}{}

@@ -64,6 +64,9 @@ func (s *Stream) use(op string) error {
 	return s.owner.use(op + " on a closed stream")
 }
 
+// Closed reports whether the stream was closed; the legacy default stream (nil) never is.
+func (s *Stream) Closed() bool { return s != nil && s.own.IsClosed() }
+
 // Synchronize waits until all work queued on the stream is done (cuStreamSynchronize).
 func (s *Stream) Synchronize() error {
 	if err := s.use("synchronize"); err != nil {

@@ -1,0 +1,155 @@
+package nccl_test
+
+import (
+	"context"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/require"
+
+	"github.com/cuvmm/cuvmm/driver"
+	"github.com/cuvmm/cuvmm/internal/testutil"
+	"github.com/cuvmm/cuvmm/nccl"
+	"github.com/cuvmm/cuvmm/nccl/ncclsim"
+	"github.com/cuvmm/cuvmm/vmm"
+)
+
+// blockingPoll is the simulated NCCL whose ncclCommGetAsyncError waits for gate while block is set,
+// so that a call keeps the communicator busy.
+type blockingPoll struct {
+	*ncclsim.Lib
+	block atomic.Bool
+	gate  chan struct{}
+}
+
+func (l *blockingPoll) CommGetAsyncError(h nccl.CommHandle) error {
+	if l.block.Load() {
+		<-l.gate
+	}
+	return l.Lib.CommGetAsyncError(h)
+}
+
+// TestRegisterHoldsBeforeWaitingForTheComm: a Register that waits for the communicator (another
+// call is using it) already holds the buffer's chunks, so a Shrink meanwhile fails with ErrInUse;
+// should the Shrink come first, Register refuses the freed chunk. Never both succeed.
+func TestRegisterHoldsBeforeWaitingForTheComm(t *testing.T) {
+	testutil.Run(t, func(t *testing.T, b *testutil.Backend) {
+		lib := &blockingPoll{Lib: library(t, b).(*ncclsim.Lib), gate: make(chan struct{})}
+		dev := b.Device(t, 0)
+		c := soloComm(t, b, lib)
+		defer func() { require.NoError(t, c.Close()) }()
+		buf := buffer(t, dev, 4*mib, 2*mib)
+		scratch := buffer(t, dev, 2*mib, 2*mib)
+
+		lib.block.Store(true)
+		ran := make(chan error, 1)
+		go func() { // holds the communicator while its group is polled
+			ran <- c.AllReduce(context.Background(), scratch.Ptr(), scratch.Ptr(), 16, nccl.Float32, nccl.Sum, nil)
+		}()
+		time.Sleep(20 * time.Millisecond)
+		type result struct {
+			reg *nccl.Registration
+			err error
+		}
+		registered := make(chan result, 1)
+		go func() {
+			reg, err := c.Register(context.Background(), buf)
+			registered <- result{reg, err}
+		}()
+		time.Sleep(20 * time.Millisecond) // Register waits for the communicator
+		shrinkErr := buf.Shrink(2 * mib)
+		lib.block.Store(false)
+		close(lib.gate)
+		require.NoError(t, <-ran)
+		r := <-registered
+		if shrinkErr != nil {
+			require.ErrorIs(t, shrinkErr, vmm.ErrInUse)
+			require.NoError(t, r.err)
+			require.NoError(t, r.reg.Close())
+			return
+		}
+		require.ErrorIs(t, r.err, nccl.ErrInvalidValue, "Register of a chunk freed meanwhile")
+	}, testutil.SimOnly())
+}
+
+// TestStreamOfAnotherDeviceWrapsErrWrongDevice: as the package documents for streams and buffers.
+func TestStreamOfAnotherDeviceWrapsErrWrongDevice(t *testing.T) {
+	testutil.Run(t, func(t *testing.T, b *testutil.Backend) {
+		c := soloComm(t, b, library(t, b))
+		defer func() { require.NoError(t, c.Close()) }()
+		buf := buffer(t, b.Device(t, 0), 2*mib, 2*mib)
+		err := c.AllReduce(deadline(t, 10*time.Second), buf.Ptr(), buf.Ptr(), 16, nccl.Float32, nccl.Sum, stream(t, b.Device(t, 1)))
+		require.ErrorIs(t, err, nccl.ErrInvalidValue)
+		require.ErrorIs(t, err, nccl.ErrWrongDevice)
+	}, testutil.SimOnly(), testutil.Devices(2))
+}
+
+// TestClosedStreamIsRefusedUpFront: a closed stream is an argument error; the communicator stays
+// usable.
+func TestClosedStreamIsRefusedUpFront(t *testing.T) {
+	testutil.Run(t, func(t *testing.T, b *testutil.Backend) {
+		dev := b.Device(t, 0)
+		c := soloComm(t, b, library(t, b))
+		defer func() { require.NoError(t, c.Close()) }()
+		buf := buffer(t, dev, 2*mib, 2*mib)
+		s, err := dev.CreateStream(vmm.StreamOptions{NonBlocking: true})
+		require.NoError(t, err)
+		require.NoError(t, s.Close())
+		err = c.AllReduce(deadline(t, 10*time.Second), buf.Ptr(), buf.Ptr(), 16, nccl.Float32, nccl.Sum, s)
+		require.ErrorIs(t, err, nccl.ErrInvalidValue)
+		require.ErrorContains(t, err, "the stream is closed")
+		require.NotErrorIs(t, err, nccl.ErrAborted)
+		require.NoError(t, c.AllReduce(deadline(t, 10*time.Second), buf.Ptr(), buf.Ptr(), 16, nccl.Float32, nccl.Sum, nil))
+	}, testutil.SimOnly())
+}
+
+// TestFailedAbortIsRunAgainByClose: an Abort whose device binding fails says so, and Close runs
+// ncclCommAbort again, so nothing of the communicator is left.
+func TestFailedAbortIsRunAgainByClose(t *testing.T) {
+	testutil.Run(t, func(t *testing.T, b *testutil.Backend) {
+		lib := ncclsim.New(b.Sim)
+		c := soloComm(t, b, lib)
+		b.Sim.FailNth("cuCtxSetCurrent", 1, driver.ErrorUnknown)
+		require.ErrorContains(t, c.Abort(), "Close retries it")
+		require.NoError(t, c.Close())
+		require.True(t, lib.Live().Zero(), "the simulated NCCL still holds: %s", lib.Live())
+	}, testutil.SimOnly())
+}
+
+// TestNewCommCancelledWhoseAbortFailsIsKept: a NewComm whose context ends and whose abort cannot
+// bind the device hands the communicator to the System, whose retry aborts it.
+func TestNewCommCancelledWhoseAbortFailsIsKept(t *testing.T) {
+	testutil.Run(t, func(t *testing.T, b *testutil.Backend) {
+		lib := ncclsim.New(b.Sim)
+		id, err := lib.GetUniqueID()
+		require.NoError(t, err)
+		ctx, cancel := context.WithTimeout(context.Background(), 50*time.Millisecond)
+		defer cancel()
+		b.Sim.FailNth("cuCtxSetCurrent", 2, driver.ErrorUnknown)   // 1: the init's binding, 2: the abort's
+		c, err := nccl.NewComm(ctx, lib, id, 0, 2, b.Device(t, 0)) // rank 1 never joins
+		require.ErrorIs(t, err, nccl.ErrAborted)
+		require.ErrorContains(t, err, "kept by the System")
+		require.Nil(t, c)
+		require.NoError(t, b.Sys.RetryOrphans())
+		require.True(t, lib.Live().Zero(), "the simulated NCCL still holds: %s", lib.Live())
+	}, testutil.SimOnly())
+}
+
+// TestBroadcastNullSendOnNonRoot: NCCL reads a broadcast's send buffer on the root only, so other
+// ranks may pass none.
+func TestBroadcastNullSendOnNonRoot(t *testing.T) {
+	testutil.Run(t, func(t *testing.T, b *testutil.Backend) {
+		comms := ranks(t, b, library(t, b), 2)
+		bufs := []vmm.Chunked{buffer(t, b.Device(t, 0), 2*mib, 2*mib), buffer(t, b.Device(t, 1), 2*mib, 2*mib)}
+		ctx := deadline(t, 10*time.Second)
+		errs := parallel(2, func(r int) error {
+			send := bufs[r].Ptr()
+			if r != 0 {
+				send = 0
+			}
+			return comms[r].Broadcast(ctx, send, bufs[r].Ptr(), 16, nccl.Float32, 0, nil)
+		})
+		noErrors(t, errs)
+	}, testutil.SimOnly(), testutil.Devices(2))
+}
