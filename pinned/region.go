@@ -35,9 +35,12 @@ type Region struct {
 	imported bool       // opened from another process's descriptor
 	impl     regionImpl // what the kind does its own way (kinds.go)
 
-	// closed follows own's closed state, read without the lock by the copies (checkRange), so that
-	// they never wait on the lock.
+	// closed follows own's closed state, read by the copies (checkRange) under use's read lock
+	// instead of own's lock, so that they never wait for a slow Grant or Revoke. Close holds use
+	// for writing while it frees the memory: a copy being queued then finishes first, and one that
+	// comes later finds the region closed.
 	closed atomic.Bool
+	use    sync.RWMutex
 
 	own     lifetime.Owner             // its lock guards the fields below; closed once Close freed all
 	granted map[int]driver.AccessFlags // HostNUMA: device ordinal → access
@@ -492,7 +495,11 @@ func (r *Region) Len() uint64 { return r.size }
 func (r *Region) Ptr() driver.DevicePtr { return r.ptr }
 
 // Bytes is the CPU's view of the region. It must not be used after Close.
-func (r *Region) Bytes() []byte { return r.mem }
+func (r *Region) Bytes() []byte {
+	r.use.RLock()
+	defer r.use.RUnlock()
+	return r.mem
+}
 
 // ReadOnly reports whether devices may only read the region.
 func (r *Region) ReadOnly() bool { return r.readOnly }
@@ -630,11 +637,14 @@ func (r *Region) checkRange(op string, off, n uint64) error {
 
 // CopyToDevice queues a copy of n bytes at offset off of the region to device address dst on stream
 // s (cuMemcpyHtoDAsync on s's device). The copy is asynchronous: the bytes must not change, and the
-// region must not be closed, until s has passed it.
+// region must not be closed, until s has passed it. A copy called while Close runs is queued before
+// the memory goes, or fails with ErrClosed.
 func (r *Region) CopyToDevice(s *vmm.Stream, dst driver.DevicePtr, off, n uint64) error {
 	if s == nil {
 		return fmt.Errorf("pinned: copy to device: nil stream: %w", ErrInvalidValue)
 	}
+	r.use.RLock()
+	defer r.use.RUnlock()
 	if err := r.checkRange("copy to device", off, n); err != nil {
 		return err
 	}
@@ -647,6 +657,8 @@ func (r *Region) CopyFromDevice(s *vmm.Stream, src driver.DevicePtr, off, n uint
 	if s == nil {
 		return fmt.Errorf("pinned: copy from device: nil stream: %w", ErrInvalidValue)
 	}
+	r.use.RLock()
+	defer r.use.RUnlock()
 	if err := r.checkRange("copy from device", off, n); err != nil {
 		return err
 	}
@@ -671,6 +683,8 @@ func (r *Region) Close() error {
 	if len(r.pools) > 0 {
 		return fmt.Errorf("pinned: close %s: %d pools carved from it are open (close them first): %w", r, len(r.pools), ErrInUse)
 	}
+	r.use.Lock()
+	defer r.use.Unlock()
 	if err := r.impl.release(r); err != nil {
 		return fmt.Errorf("pinned: close %s: %w", r, err)
 	}

@@ -141,7 +141,7 @@ func (s *Stager) Pool() *Pool { return s.pool }
 // ChunkSize is the size of one copy: the pool's buffer size.
 func (s *Stager) ChunkSize() uint64 { return s.pool.BufferSize() }
 
-// Stream is the stager's copy stream.
+// Stream is the stager's copy stream (closed once the stager is).
 func (s *Stager) Stream() *vmm.Stream { return s.stream }
 
 // begin locks the stager for a transfer and takes its buffers (first those a failed drain held, once
@@ -338,10 +338,8 @@ func (s *Stager) free() error {
 		}
 	}
 	s.events = left
-	if err := s.stream.Close(); err != nil {
+	if err := s.stream.Close(); err != nil { // kept, closed, for Stream: read without the lock
 		errs = append(errs, err)
-	} else {
-		s.stream = nil
 	}
 	if s.ownsPool {
 		errs = append(errs, s.pool.Close())
