@@ -63,7 +63,6 @@ func NewComm(ctx context.Context, lib API, id UniqueID, rank, nranks int, dev *v
 		return nil, fmt.Errorf("nccl: new communicator: rank %d of %d: %w", rank, nranks, ErrInvalidValue)
 	}
 	c := &Comm{lib: lib, dev: dev, rank: rank, nranks: nranks, regs: map[*Registration]struct{}{}, abortReq: make(chan struct{})}
-	c.own.Init(nil, "nccl communicator")
 	if len(opts) > 0 {
 		c.opts = opts[0]
 	}
@@ -92,6 +91,7 @@ func NewComm(ctx context.Context, lib API, id UniqueID, rank, nranks int, dev *v
 	if err != nil {
 		return nil, errors.Join(err, c.release())
 	}
+	dev.AddDependent(&c.own, "nccl communicator") // System.Close refuses while it is open
 	lifetime.Track(c, &c.own)
 	return c, nil
 }

@@ -52,7 +52,9 @@
 //
 // Close does not wait for a call that another goroutine is making on the communicator: it returns
 // at once with an error wrapping ErrInUse, and can be called again once that call has returned.
-// Abort, allowed from any goroutine, interrupts a call that hangs. An ncclCommAbort that could not
+// Abort, allowed from any goroutine, interrupts a call that hangs. An open communicator counts as an
+// object on its device: vmm.System.Close fails with vmm.ErrInUse, naming it, until it is closed. An
+// ncclCommAbort that could not
 // run (binding the device failed) is run again by Close, or, after a failed NewComm, by the System
 // (System.RetryOrphans, System.Close).
 //

@@ -9,6 +9,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/cuvmm/cuvmm/driver"
+	"github.com/cuvmm/cuvmm/driver/sim"
 	"github.com/cuvmm/cuvmm/internal/testutil"
 	"github.com/cuvmm/cuvmm/nccl"
 	"github.com/cuvmm/cuvmm/nccl/ncclsim"
@@ -152,4 +153,26 @@ func TestBroadcastNullSendOnNonRoot(t *testing.T) {
 		})
 		noErrors(t, errs)
 	}, testutil.SimOnly(), testutil.Devices(2))
+}
+
+// TestSystemCloseWaitsForComm: an open communicator is something on its device, so System.Close
+// refuses (ErrInUse) until the communicator is closed, instead of leaving it no way to be destroyed.
+func TestSystemCloseWaitsForComm(t *testing.T) {
+	s := sim.New(sim.Devices(1))
+	defer func() { require.NoError(t, s.Close()) }()
+	sys, err := vmm.Open(s)
+	require.NoError(t, err)
+	dev, err := sys.Device(0)
+	require.NoError(t, err)
+	lib := ncclsim.New(s)
+	id, err := lib.GetUniqueID()
+	require.NoError(t, err)
+	c, err := nccl.NewComm(deadline(t, 10*time.Second), lib, id, 0, 1, dev)
+	require.NoError(t, err)
+	err = sys.Close()
+	require.ErrorIs(t, err, vmm.ErrInUse)
+	require.ErrorContains(t, err, "nccl communicator")
+	require.NoError(t, c.Close())
+	require.True(t, lib.Live().Zero(), "the simulated NCCL still holds: %s", lib.Live())
+	require.NoError(t, sys.Close())
 }
