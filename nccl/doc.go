@@ -54,9 +54,8 @@
 // at once with an error wrapping ErrInUse, and can be called again once that call has returned.
 // Abort, allowed from any goroutine, interrupts a call that hangs. An open communicator counts as an
 // object on its device: vmm.System.Close fails with vmm.ErrInUse, naming it, until it is closed. An
-// ncclCommAbort that could not
-// run (binding the device failed) is run again by Close, or, after a failed NewComm, by the System
-// (System.RetryOrphans, System.Close).
+// ncclCommAbort that could not run (binding the device failed) is run again by Close, or, after a
+// failed NewComm, by the System (System.RetryOrphans, System.Close).
 //
 // What NCCL 2.28.3 does here, seen on two H200s joined by NVLink:
 //   - Close is a collective when ranks live in several processes: ncclCommDestroy waits until the
