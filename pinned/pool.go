@@ -167,18 +167,18 @@ func (p *Pool) String() string {
 }
 
 // take marks b as out; it fails (putting b back) when the pool closed meanwhile.
-func (p *Pool) take(b *Buffer) error {
+func (p *Pool) take(b *Buffer) (*Buffer, error) {
 	p.own.Lock()
 	defer p.own.Unlock()
 	if p.own.Closed() {
 		p.free <- b
-		return fmt.Errorf("pinned: get from %s: %w", p, ErrClosed)
+		return nil, fmt.Errorf("pinned: get from %s: %w", p, ErrClosed)
 	}
 	b.out = true
 	p.out++
 	p.stats.Gets++
 	p.stats.MaxInUse = max(p.stats.MaxInUse, p.out)
-	return nil
+	return b, nil
 }
 
 func (p *Pool) isClosed() bool {
@@ -199,7 +199,7 @@ func (p *Pool) Get(ctx context.Context) (*Buffer, error) {
 	}
 	select {
 	case b := <-p.free:
-		return b, p.take(b)
+		return p.take(b)
 	default:
 	}
 	start := time.Now()
@@ -210,7 +210,7 @@ func (p *Pool) Get(ctx context.Context) (*Buffer, error) {
 	}()
 	select {
 	case b := <-p.free:
-		return b, p.take(b)
+		return p.take(b)
 	case <-ctx.Done():
 		p.count(func(s *PoolStats) { s.Cancelled++ })
 		return nil, fmt.Errorf("pinned: get from %s: all %d buffers in use: %w", p, len(p.bufs), ctx.Err())
@@ -256,7 +256,7 @@ func (p *Pool) TryGet() (*Buffer, bool) {
 	}
 	select {
 	case b := <-p.free:
-		if p.take(b) != nil {
+		if _, err := p.take(b); err != nil {
 			return nil, false
 		}
 		return b, true
