@@ -97,20 +97,10 @@ func (h *hookAPI) CtxSynchronize() error {
 // copies: no chunk is released under a queued copy, and the backup those copies read is held, not
 // freed, when the buffer is closed.
 func TestWakeUndrainedRetryRacingWake(t *testing.T) {
-	s := sim.New()
-	h := &hookAPI{Sim: s}
-	sys, err := vmm.Open(h)
-	require.NoError(t, err)
+	h := &hookAPI{}
+	s, sys, set, closeBuf := newMappedSetOn(t, func(s *sim.Sim) driver.API { h.Sim = s; return h }, "k")
 	d, err := sys.Device(0)
 	require.NoError(t, err)
-	res, err := sys.Reserve(4*mib, vmm.ReserveOptions{})
-	require.NoError(t, err)
-	m, err := res.MapNew(0, 4*mib, d, vmm.AllocOptions{}, vmm.ReadWrite(d))
-	require.NoError(t, err)
-	require.NoError(t, d.Fill(res.Ptr(), 4*mib, 0, 81))
-	set := offload.NewSet(sys, offload.Options{SlotSize: 4 * mib})
-	require.NoError(t, set.Add("k", offload.Mappings(res), offload.Keep, offload.EntryOptions{}))
-	require.NoError(t, set.Sleep(bg, "k"))
 	failUndrainedWake(s)
 	require.ErrorContains(t, set.Wake(bg, "k"), "kept by the System")
 	s.ClearFaults()
@@ -136,22 +126,25 @@ func TestWakeUndrainedRetryRacingWake(t *testing.T) {
 	require.True(t, set.Asleep("k"))
 	require.NoError(t, d.Synchronize(), "no copy left queued into released memory")
 
-	require.NoError(t, errors.Join(m.Close(), res.Close()))
+	require.NoError(t, closeBuf["k"]())
+	delete(closeBuf, "k")
 	require.NoError(t, set.Sleep(bg)) // reaps k
 	require.NotContains(t, set.Tags(), "k")
 	require.Equal(t, uint64(4*mib), set.BackupBytes(), "k's backup is held until the device synchronizes")
 	require.NoError(t, sys.RetryOrphans())
-	require.NoError(t, set.Close())
-	require.NoError(t, sys.Close())
-	require.True(t, s.Live().Zero(), "simulator objects leaked: %s", s.Live())
-	require.NoError(t, s.Close())
 }
 
 // newMappedSet is a set on a one-device simulator holding, for each tag, a reservation with one
-// 4 MiB mapping (Mappings), asleep. done closes everything and checks nothing leaked.
+// 4 MiB mapping (Mappings), filled and asleep. The test's cleanup closes everything left in
+// closeBuf, the set and the System, and checks that nothing leaked.
 func newMappedSet(t *testing.T, tags ...string) (s *sim.Sim, sys *vmm.System, set *offload.Set, closeBuf map[string]func() error) {
+	return newMappedSetOn(t, func(s *sim.Sim) driver.API { return s }, tags...)
+}
+
+// newMappedSetOn is newMappedSet with the System opened on api(s), a wrapper of the simulator.
+func newMappedSetOn(t *testing.T, api func(*sim.Sim) driver.API, tags ...string) (s *sim.Sim, sys *vmm.System, set *offload.Set, closeBuf map[string]func() error) {
 	s = sim.New()
-	sys, err := vmm.Open(s)
+	sys, err := vmm.Open(api(s))
 	require.NoError(t, err)
 	d, err := sys.Device(0)
 	require.NoError(t, err)
@@ -162,6 +155,7 @@ func newMappedSet(t *testing.T, tags ...string) (s *sim.Sim, sys *vmm.System, se
 		require.NoError(t, err)
 		m, err := res.MapNew(0, 4*mib, d, vmm.AllocOptions{}, vmm.ReadWrite(d))
 		require.NoError(t, err)
+		require.NoError(t, d.Fill(res.Ptr(), 4*mib, 0, 81))
 		require.NoError(t, set.Add(tag, offload.Mappings(res), offload.Keep, offload.EntryOptions{}))
 		closeBuf[tag] = func() error { return errors.Join(m.Close(), res.Close()) }
 	}
