@@ -39,23 +39,3 @@ func TestStreamDrain(t *testing.T) {
 		require.ErrorIs(t, s.Drain(0), vmm.ErrNotDrained)
 	}, testutil.SimOnly())
 }
-
-// TestAllocationClosed: Closed turns true when the allocation is closed, directly or through the
-// mapping that owns it.
-func TestAllocationClosed(t *testing.T) {
-	testutil.Run(t, func(t *testing.T, b *testutil.Backend) {
-		d := b.Device(t, 0)
-		a, err := d.Allocate(2*mib, vmm.AllocOptions{})
-		require.NoError(t, err)
-		require.False(t, a.Closed())
-		require.NoError(t, a.Close())
-		require.True(t, a.Closed())
-
-		r, m := mapFilled(t, d, 2*mib, 3)
-		defer func() { require.NoError(t, r.Close()) }()
-		owned := m.Allocation()
-		require.False(t, owned.Closed())
-		require.NoError(t, m.Close())
-		require.True(t, owned.Closed(), "closing the owning mapping closes the allocation")
-	})
-}
