@@ -352,10 +352,7 @@ func TestDisconnectCleanup(t *testing.T) {
 // Closing the server under connected workers: their requests fail with ErrBrokerGone.
 func TestServerClose(t *testing.T) {
 	testutil.Run(t, func(t *testing.T, b *testutil.Backend) {
-		ctx := testCtx(t)
-		dev := b.Device(t, 0)
-		region := newRegion(t, dev, 4*mib, pinned.Options{})
-		srv, path := startServer(t, region, Options{})
+		ctx, dev, srv, path := serveDevice0(t, b, Options{})
 		c := dial(t, path)
 		rb, err := c.Register(ctx, newDevBuffer(t, dev, 1, 2*mib))
 		require.NoError(t, err)
@@ -426,10 +423,7 @@ func TestRefusals(t *testing.T) {
 // Driver failures on the broker's side are reported as ErrInternal and leave the connection usable.
 func TestDriverFailures(t *testing.T) {
 	testutil.Run(t, func(t *testing.T, b *testutil.Backend) {
-		ctx := testCtx(t)
-		dev := b.Device(t, 0)
-		region := newRegion(t, dev, 4*mib, pinned.Options{})
-		_, path := startServer(t, region, Options{SpinMax: mib})
+		ctx, dev, _, path := serveDevice0(t, b, Options{SpinMax: mib})
 		c := dial(t, path)
 		buf := newDevBuffer(t, dev, 1, 2*mib)
 

@@ -19,10 +19,7 @@ import (
 // fails, "still owned", when the buffer is dropped).
 func TestUnregisterCloseFailureKeepsBuffer(t *testing.T) {
 	testutil.Run(t, func(t *testing.T, b *testutil.Backend) {
-		ctx := testCtx(t)
-		dev := b.Device(t, 0)
-		region := newRegion(t, dev, 4*mib, pinned.Options{})
-		srv, path := startServer(t, region, Options{})
+		ctx, dev, srv, path := serveDevice0(t, b, Options{})
 		c := dial(t, path)
 		buf := newDevBuffer(t, dev, 1, 2*mib)
 		rb, err := c.Register(ctx, buf)
@@ -39,10 +36,7 @@ func TestUnregisterCloseFailureKeepsBuffer(t *testing.T) {
 // The same on disconnect: the buffer whose release fails goes to the System, which frees it.
 func TestDisconnectCloseFailureKeepsBuffer(t *testing.T) {
 	testutil.Run(t, func(t *testing.T, b *testutil.Backend) {
-		ctx := testCtx(t)
-		dev := b.Device(t, 0)
-		region := newRegion(t, dev, 4*mib, pinned.Options{})
-		srv, path := startServer(t, region, Options{})
+		ctx, dev, srv, path := serveDevice0(t, b, Options{})
 		c, err := DialContext(ctx, path, DialOptions{})
 		require.NoError(t, err)
 		buf := newDevBuffer(t, dev, 1, 2*mib)
@@ -84,10 +78,7 @@ func TestCancelledRegisterIsUnregistered(t *testing.T) {
 // connection stays usable.
 func TestRegionBadGrantKeepsClient(t *testing.T) {
 	testutil.Run(t, func(t *testing.T, b *testutil.Backend) {
-		ctx := testCtx(t)
-		dev := b.Device(t, 0)
-		region := newRegion(t, dev, 4*mib, pinned.Options{})
-		_, path := startServer(t, region, Options{})
+		ctx, dev, _, path := serveDevice0(t, b, Options{})
 		c := dial(t, path)
 		_, err := c.Region(ctx, dev, pinned.OpenOptions{Grant: []*vmm.Device{nil}})
 		require.ErrorIs(t, err, ErrInvalidValue)

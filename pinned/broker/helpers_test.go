@@ -12,6 +12,7 @@ import (
 
 	"github.com/cuvmm/cuvmm/driver"
 	"github.com/cuvmm/cuvmm/internal/kernels"
+	"github.com/cuvmm/cuvmm/internal/testutil"
 	"github.com/cuvmm/cuvmm/ipc"
 	"github.com/cuvmm/cuvmm/pinned"
 	"github.com/cuvmm/cuvmm/vmm"
@@ -33,6 +34,16 @@ func newRegion(t testing.TB, dev *vmm.Device, size uint64, opts pinned.Options) 
 	require.NoError(t, err)
 	t.Cleanup(func() { require.NoError(t, r.Close()) })
 	return r
+}
+
+// serveDevice0 starts a broker (startServer) over a 4 MiB region of device 0 with opts, and gives
+// the test's context, the device, the server and its socket.
+func serveDevice0(t testing.TB, b *testutil.Backend, opts Options) (context.Context, *vmm.Device, *Server, string) {
+	t.Helper()
+	ctx := testCtx(t) // cancelled after the server closes, as when a test makes it first
+	dev := b.Device(t, 0)
+	srv, path := startServer(t, newRegion(t, dev, 4*mib, pinned.Options{}), opts)
+	return ctx, dev, srv, path
 }
 
 // startServer runs a broker on a socket in a private temporary directory; it is closed at the end

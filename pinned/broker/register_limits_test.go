@@ -27,10 +27,7 @@ func (c claimedLen) Len() uint64 { return c.n }
 // connection stays usable.
 func TestRegisterRefusesSizePastLastChunk(t *testing.T) {
 	testutil.Run(t, func(t *testing.T, b *testutil.Backend) {
-		ctx := testCtx(t)
-		dev := b.Device(t, 0)
-		region := newRegion(t, dev, 4*mib, pinned.Options{})
-		srv, path := startServer(t, region, Options{})
+		ctx, dev, srv, path := serveDevice0(t, b, Options{})
 		c := dial(t, path)
 		small := newDevBuffer(t, dev, 1, 2*mib)
 		reserves := b.Sim.Calls("cuMemAddressReserve")
@@ -52,10 +49,7 @@ func TestRegisterRefusesSizePastLastChunk(t *testing.T) {
 // unregister gives it back, and other workers have their own.
 func TestRegisterCapsAddressSpacePerWorker(t *testing.T) {
 	testutil.Run(t, func(t *testing.T, b *testutil.Backend) {
-		ctx := testCtx(t)
-		dev := b.Device(t, 0)
-		region := newRegion(t, dev, 4*mib, pinned.Options{})
-		_, path := startServer(t, region, Options{MaxRegisteredBytes: 8 * mib})
+		ctx, dev, _, path := serveDevice0(t, b, Options{MaxRegisteredBytes: 8 * mib})
 		c, other := dial(t, path), dial(t, path)
 		sparse := newDevBuffer(t, dev, 2, 2*mib, 0) // 6 MiB of address space, 4 MiB of memory
 		small := newDevBuffer(t, dev, 1, 2*mib)
@@ -80,10 +74,7 @@ func TestRegisterCapsAddressSpacePerWorker(t *testing.T) {
 // The default cap refuses a sparse buffer whose chunks span more than 1 TiB of address space.
 func TestRegisterDefaultAddressSpaceCap(t *testing.T) {
 	testutil.Run(t, func(t *testing.T, b *testutil.Backend) {
-		ctx := testCtx(t)
-		dev := b.Device(t, 0)
-		region := newRegion(t, dev, 4*mib, pinned.Options{})
-		_, path := startServer(t, region, Options{})
+		ctx, dev, _, path := serveDevice0(t, b, Options{})
 		c := dial(t, path)
 		res, err := dev.System().Reserve(DefaultMaxRegisteredBytes+2*mib, vmm.ReserveOptions{})
 		require.NoError(t, err)
@@ -102,10 +93,7 @@ func TestRegisterDefaultAddressSpaceCap(t *testing.T) {
 // without the region's lock, so an honest worker's region and copies go on.
 func TestRegionHogDoesNotStallOtherWorkers(t *testing.T) {
 	testutil.Run(t, func(t *testing.T, b *testutil.Backend) {
-		ctx := testCtx(t)
-		dev := b.Device(t, 0)
-		region := newRegion(t, dev, 4*mib, pinned.Options{})
-		_, path := startServer(t, region, Options{WriteTimeout: 3 * time.Second})
+		ctx, dev, _, path := serveDevice0(t, b, Options{WriteTimeout: 3 * time.Second})
 		good := dial(t, path)
 		gb, err := good.Register(ctx, newDevBuffer(t, dev, 1, 2*mib))
 		require.NoError(t, err)

@@ -72,10 +72,7 @@ func TestWorkerCannotTruncateSharedMemfds(t *testing.T) {
 // its connection; the broker maps nothing of it and keeps serving the others.
 func TestUnsealedRegisterDropsTheWorker(t *testing.T) {
 	testutil.Run(t, func(t *testing.T, b *testutil.Backend) {
-		ctx := testCtx(t)
-		dev := b.Device(t, 0)
-		region := newRegion(t, dev, 4*mib, pinned.Options{})
-		srv, path := startServer(t, region, Options{StreamsPerDevice: 1})
+		ctx, dev, srv, path := serveDevice0(t, b, Options{StreamsPerDevice: 1})
 		good := dial(t, path)
 		gb, err := good.Register(ctx, newDevBuffer(t, dev, 1, 2*mib))
 		require.NoError(t, err)

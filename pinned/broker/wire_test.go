@@ -159,10 +159,7 @@ func requireRefused(t *testing.T, conn *net.UnixConn, what string) {
 // the broker keeps serving a well-behaved worker.
 func TestMalformedRequests(t *testing.T) {
 	testutil.Run(t, func(t *testing.T, b *testutil.Backend) {
-		ctx := testCtx(t)
-		dev := b.Device(t, 0)
-		region := newRegion(t, dev, 4*mib, pinned.Options{})
-		srv, path := startServer(t, region, Options{})
+		ctx, dev, srv, path := serveDevice0(t, b, Options{})
 		good := dial(t, path)
 		rb, err := good.Register(ctx, newDevBuffer(t, dev, 1, 2*mib))
 		require.NoError(t, err)
