@@ -119,3 +119,25 @@ func TestPoolGetRacingClose(t *testing.T) {
 		}
 	}, testutil.SimOnly())
 }
+
+// TestPoolCloseRacingClose: a Close of a pool that owns its region returns nil only once the
+// region is closed, also while another Close of the pool is still closing it.
+func TestPoolCloseRacingClose(t *testing.T) {
+	testutil.Run(t, func(t *testing.T, b *testutil.Backend) {
+		for range 300 {
+			p, err := pinned.CreatePool(b.Device(t, 0), 64<<10, 4, pinned.Options{Kind: pinned.SharedMemory})
+			require.NoError(t, err)
+			var wg sync.WaitGroup
+			var early atomic.Int32
+			for range 2 {
+				wg.Go(func() {
+					if p.Close() == nil && b.Sim.Live().HostRegistrations != 0 {
+						early.Add(1)
+					}
+				})
+			}
+			wg.Wait()
+			require.Zero(t, early.Load(), "a Close returned nil while the pool's region was still registered")
+		}
+	}, testutil.SimOnly())
+}

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"slices"
+	"sync"
 	"time"
 	"unsafe"
 
@@ -26,6 +27,7 @@ type Pool struct {
 	free       chan *Buffer
 	done       chan struct{} // closed by Close: wakes waiters
 	multi      chan struct{} // held by getN while it collects several buffers
+	closing    sync.Mutex    // held through Close, so that a second Close waits for the first
 
 	own        lifetime.Owner // its lock guards the fields below
 	out        int
@@ -293,11 +295,13 @@ func (p *Pool) Put(b *Buffer) error {
 
 // Close closes the pool, and its region when the pool owns it (CreatePool). It fails with an error
 // wrapping ErrInUse, freeing nothing, while buffers are out. Waiting Get calls return ErrClosed.
-// Close is idempotent and safe on nil.
+// Close is idempotent and safe on nil; a Close called while another runs waits for it.
 func (p *Pool) Close() error {
 	if p == nil {
 		return nil
 	}
+	p.closing.Lock()
+	defer p.closing.Unlock()
 	p.own.Lock()
 	if p.own.Closed() {
 		retry := p.regionOpen
