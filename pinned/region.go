@@ -35,12 +35,12 @@ type Region struct {
 	imported bool       // opened from another process's descriptor
 	impl     regionImpl // what the kind does its own way (kinds.go)
 
-	// closed follows own's closed state, read by the copies (checkRange) under use's read lock
-	// instead of own's lock, so that they never wait for a slow Grant or Revoke. Close holds use
-	// for writing while it frees the memory: a copy being queued then finishes first, and one that
-	// comes later finds the region closed.
-	closed atomic.Bool
+	// closed follows own's closed state for the copies (checkRange), which read it under use's
+	// read lock instead of own's lock, so that they never wait for a slow Grant or Revoke. Close
+	// frees the memory and sets closed with use held for writing: a copy being queued then
+	// finishes first, and one that comes later finds the region closed.
 	use    sync.RWMutex
+	closed bool // guarded by use
 
 	own     lifetime.Owner             // its lock guards the fields below; closed once Close freed all
 	granted map[int]driver.AccessFlags // HostNUMA: device ordinal → access
@@ -624,9 +624,9 @@ func (r *Region) setAccess(op string, devs []*vmm.Device, flags driver.AccessFla
 	return nil
 }
 
-// checkRange validates [off, off+n) of the region for a copy.
+// checkRange validates [off, off+n) of the region for a copy; the caller holds use.
 func (r *Region) checkRange(op string, off, n uint64) error {
-	if r.closed.Load() {
+	if r.closed {
 		return fmt.Errorf("pinned: %s on %s: %w", op, r, ErrClosed)
 	}
 	if n == 0 || off > r.size || n > r.size-off {
@@ -689,6 +689,6 @@ func (r *Region) Close() error {
 		return fmt.Errorf("pinned: close %s: %w", r, err)
 	}
 	r.own.MarkClosed()
-	r.closed.Store(true)
+	r.closed = true
 	return nil
 }
