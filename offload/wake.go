@@ -5,7 +5,6 @@ import (
 	"errors"
 	"fmt"
 	"slices"
-	"strings"
 	"sync"
 
 	"github.com/cuvmm/cuvmm/vmm"
@@ -145,8 +144,8 @@ func (s *Set) resleepBusy(made []chunkRef, units map[*vmm.Device][]*unit) error 
 		r.state().pending = true
 		errs = append(errs, s.sys.Keep(fmt.Sprintf("offload: %s chunk %d, which copies queued on %s may still write, to be released again", r.e, r.i, d), s.resleepLater(r, d)))
 	}
-	if busy := devList(idle); busy != "" {
-		errs = append(errs, fmt.Errorf("offload: %s could not be synchronized either: the chunks a copy may still write stay mapped until the System releases them, and the buffers stay asleep with their backups", busy))
+	if busy := unsynced(idle); len(busy) > 0 {
+		errs = append(errs, fmt.Errorf("offload: %s could not be synchronized either: the chunks a copy may still write stay mapped until the System releases them, and the buffers stay asleep with their backups", devNames(busy)))
 	} else {
 		errs = append(errs, errors.New("offload: the devices were synchronized, so no copy is left queued and the chunks were released again"))
 	}
@@ -176,15 +175,16 @@ func (s *Set) resleepLater(r chunkRef, d *vmm.Device) func() error {
 	}
 }
 
-// devList names the devices of m that are false.
-func devList(m map[*vmm.Device]bool) string {
-	var out []string
-	for d, ok := range m {
+// unsynced lists, by ordinal, the devices of idle that could not be synchronized.
+func unsynced(idle map[*vmm.Device]bool) []*vmm.Device {
+	var out []*vmm.Device
+	for d, ok := range idle {
 		if !ok {
-			out = append(out, d.String())
+			out = append(out, d)
 		}
 	}
-	return strings.Join(out, ", ")
+	slices.SortFunc(out, func(a, b *vmm.Device) int { return a.Ordinal() - b.Ordinal() })
+	return out
 }
 
 // wakeDevice recreates and restores the units of one device.
