@@ -15,6 +15,7 @@ import (
 
 	"github.com/cuvmm/cuvmm/internal/testutil"
 	"github.com/cuvmm/cuvmm/internal/unixsock"
+	"github.com/cuvmm/cuvmm/ipc"
 	"github.com/cuvmm/cuvmm/pinned"
 )
 
@@ -101,4 +102,33 @@ func TestBrokerConnectionCapAndPaths(t *testing.T) {
 		require.ErrorIs(t, err, ErrPermission)
 		require.ErrorIs(t, err, syscall.EACCES)
 	}, testutil.SimOnly())
+}
+
+// A worker that sends a register request and only part of the buffer after it is dropped once
+// ReadTimeout has passed, with StatusTimeout and counted in Dropped, as for a half-sent request; with
+// no ReadTimeout, the idle timeout still bounds it (StatusIdle).
+func TestBrokerDropsHalfSentRegister(t *testing.T) {
+	testutil.Run(t, func(t *testing.T, b *testutil.Backend) {
+		const timeout = 300 * time.Millisecond
+		for _, tc := range []struct {
+			opts Options
+			want uint16
+		}{
+			{Options{StreamsPerDevice: 1, ReadTimeout: timeout}, StatusTimeout},
+			{Options{StreamsPerDevice: 1, ReadTimeout: -1, IdleTimeout: timeout}, StatusIdle},
+		} {
+			_, _, srv, path := serveDevice0(t, b, tc.opts)
+			half := rawConn(t, path, true)
+			require.NoError(t, ipc.WriteMessage(half, KindRequest, encodeReq(request{op: OpRegister, id: 2}), nil))
+			_, err := half.Write(frameHeader(ipc.KindBuffer, 64, 0)[:10])
+			require.NoError(t, err)
+			start := time.Now()
+			require.NoError(t, half.SetReadDeadline(time.Now().Add(10*timeout)))
+			resp, err := readResponse(unixsock.NewConn(half, unix.Ucred{}))
+			require.NoError(t, err)
+			require.Equal(t, tc.want, resp.status, resp.text)
+			require.Less(t, time.Since(start), 4*timeout)
+			eventually(t, "the half-sent register to be dropped", func() bool { return srv.Stats().Dropped == 1 })
+		}
+	})
 }

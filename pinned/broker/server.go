@@ -795,17 +795,23 @@ func (w *worker) register(req request) error {
 	return nil
 }
 
-// receiveBuffer reads the buffer that follows a register request within the read timeout.
+// receiveBuffer reads the buffer that follows a register request within the read timeout (with
+// none, the idle timeout): a worker that leaves it half-sent is dropped like one that leaves a
+// request half-sent (ErrTimeout, or ErrIdle).
 func (w *worker) receiveBuffer() (*ipc.Received, error) {
 	uc := w.conn.Unix()
-	if d := w.s.opts.ReadTimeout; d >= 0 {
-		if d == 0 {
-			d = unixsock.DefaultReadTimeout
-		}
+	d, late := w.s.ln.Options().ReadTimeout, ErrTimeout
+	if d <= 0 {
+		d, late = w.conn.IdleTimeout(), ErrIdle
+	}
+	if d > 0 {
 		_ = uc.SetReadDeadline(time.Now().Add(d))
 	}
 	rcv, err := ipc.Receive(uc)
 	_ = uc.SetReadDeadline(time.Time{})
+	if err != nil && errors.Is(err, os.ErrDeadlineExceeded) {
+		err = fmt.Errorf("broker: the buffer of a register request not received within %v: %w: %w", d, late, err)
+	}
 	return rcv, err
 }
 
