@@ -809,8 +809,13 @@ func (w *worker) receiveBuffer() (*ipc.Received, error) {
 	}
 	rcv, err := ipc.Receive(uc)
 	_ = uc.SetReadDeadline(time.Time{})
-	if err != nil && errors.Is(err, os.ErrDeadlineExceeded) {
+	var se *ipc.ServerError
+	switch {
+	case err != nil && errors.Is(err, os.ErrDeadlineExceeded):
 		err = fmt.Errorf("broker: the buffer of a register request not received within %v: %w: %w", d, late, err)
+	case errors.As(err, &se):
+		// Not the worker's to send: its code would pass for the broker's own verdict.
+		err = fmt.Errorf("broker: an ipc error message (code %d) where the buffer of a register request was due: %w", se.Code, ErrProtocol)
 	}
 	return rcv, err
 }

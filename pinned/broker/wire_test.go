@@ -184,6 +184,8 @@ func TestMalformedRequests(t *testing.T) {
 			"unknown op":           {true, frame(KindRequest, append([]byte{99, 0}, encodeReq(request{op: OpPing, id: 2})[2:]...))},
 			"register, no buffer":  {true, append(frame(KindRequest, encodeReq(request{op: OpRegister, id: 2})), frame(KindRequest, encodeReq(request{op: OpPing, id: 3}))...)},
 			"payload over the cap": {true, frameHeader(KindRequest, ipc.MaxPayload+1, 0)},
+			// An ipc error reply where the buffer was due: the worker is no server to refuse anything.
+			"register, an error in place of the buffer": {true, append(frame(KindRequest, encodeReq(request{op: OpRegister, id: 2})), frame(ipc.KindError, []byte{byte(ipc.CodeNotFound), 0, 'x'})...)},
 		} {
 			conn := rawConn(t, path, tc.hello)
 			_, err := conn.Write(tc.bytes)
