@@ -139,3 +139,42 @@ func TestCloseWithAnUnreplacedRetiredStream(t *testing.T) {
 		require.NoError(t, dev.System().RetryOrphans(), "the stuck buffer is freed once the device drains")
 	}, testutil.SimOnly())
 }
+
+// A Close made while another Close is still draining the copies in flight waits for it: it does not
+// destroy the streams those copies run on (nor report the server closed before it is).
+func TestConcurrentCloseWaitsForTheCopiesInFlight(t *testing.T) {
+	testutil.Run(t, func(t *testing.T, b *testutil.Backend) {
+		l := newOneLane(t, b)
+		c := dial(t, l.path)
+		rb, err := c.Register(l.ctx, newDevBuffer(t, l.dev, 1, 2*mib))
+		require.NoError(t, err)
+		st := l.srv.lanes[l.dev.Ordinal()].streams[0].st.Handle()
+		require.NoError(t, b.Sim.HoldStream(st))
+		for range 2 {
+			_, err := c.CopyAsync(Request{Buffer: rb.ID(), Dir: ToDevice, Length: mib})
+			require.NoError(t, err)
+		}
+		eventually(t, "both copies to be in flight", func() bool { return l.srv.Stats().InFlight == 2 })
+		first := make(chan error, 1)
+		go func() { first <- l.srv.Close() }()
+		eventually(t, "the first Close to begin", l.srv.own.IsClosed)
+		second := make(chan error, 1)
+		go func() { second <- l.srv.Close() }()
+		var secondErr error
+		returned := false
+		select {
+		case secondErr = <-second:
+			returned = true
+			t.Errorf("a second Close returned (%v) while the first was still draining the copies", secondErr)
+		case <-time.After(100 * time.Millisecond):
+		}
+		require.NoError(t, b.Sim.ReleaseStream(st))
+		require.NoError(t, <-first)
+		if !returned {
+			secondErr = <-second
+		}
+		require.NoError(t, secondErr)
+		require.Zero(t, l.srv.Stats().Failed, "a copy in flight failed: its stream was destroyed under it")
+		require.Equal(t, uint64(2), l.srv.Stats().Copies)
+	}, testutil.SimOnly())
+}

@@ -131,10 +131,12 @@ type Server struct {
 	devMask uint64
 
 	// own's lock guards workers and the lanes' streams. It is closed as soon as Close begins, so that
-	// no connection starts serving after; a second Close only retries the streams.
+	// no connection starts serving after; a later Close waits for the first, then only retries the
+	// streams.
 	own     lifetime.Owner
 	workers map[*worker]struct{}
 	quit    chan struct{} // closed when Close begins: retired streams stop retrying (see retire)
+	closed  chan struct{} // closed when the first Close has drained the copies and closed the streams
 
 	inFlight                                              atomic.Int64
 	refused, copies, bytes, failed, drained, nbufs, drops atomic.Uint64
@@ -206,7 +208,7 @@ func Listen(region *pinned.Region, path string, opts Options) (*Server, error) {
 		return nil, err
 	}
 	s := &Server{region: region, path: path, opts: opts, lanes: map[int]*lane{}, workers: map[*worker]struct{}{},
-		quit: make(chan struct{})}
+		quit: make(chan struct{}), closed: make(chan struct{})}
 	if err := s.openLanes(devs); err != nil {
 		return nil, errors.Join(err, s.undoLanes())
 	}
@@ -403,20 +405,24 @@ func (s *Server) Serve() error {
 
 // Close stops serving: it closes the listener (removing the socket file) and every connection,
 // drains the copies in flight, unmaps and releases every registered buffer, and destroys the copy
-// streams. Workers see ErrBrokerGone. The region is left open. Close is idempotent and safe on nil.
+// streams. Workers see ErrBrokerGone. The region is left open. Close is idempotent and safe on nil;
+// a Close made while another runs waits for it.
 func (s *Server) Close() error {
 	if s == nil {
 		return nil
 	}
 	if !s.own.Shut() {
-		// A Close that failed to destroy a stream kept it: try again, and succeed only once none is
-		// left.
+		// Another Close runs or ran: the streams are its to destroy once the copies in flight are
+		// drained. One that failed to destroy a stream kept it: try again, and succeed only once none
+		// is left.
+		<-s.closed
 		if err := s.closeLanes(); err != nil {
 			return fmt.Errorf("broker: close streams: %w", err)
 		}
 		return nil
 	}
 	close(s.quit)
+	defer close(s.closed)
 	var errs []error
 	if err := s.ln.Close(); err != nil {
 		errs = append(errs, fmt.Errorf("broker: %w", err))
