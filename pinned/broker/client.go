@@ -48,11 +48,20 @@ type Info struct {
 
 // Client is a worker's connection to a broker. Its methods are safe for concurrent use: requests
 // are pipelined on the one connection and complete in any order.
+//
+// A broker that stops reading (a worker at Options.MaxInFlight, a stopped broker) holds up the
+// writes of requests. A call with a context (Copy, Ping, Register, Unregister, Region) returns an
+// error wrapping the context's error once it ends: a request still waiting for another's write is
+// not sent and the connection stays as it was; a request cut off in the middle of its own write
+// leaves the connection's framing broken, so the Client closes the connection, and every later
+// call fails with ErrBrokerGone (dial again). CopyAsync, which has no context, waits for its write
+// until it is done or Close.
 type Client struct {
 	conn *unixsock.Conn
 	info Info
 
-	wbuf     [RequestSize]byte // request payloads; guarded by conn's write lock
+	wlock    chan struct{}     // the write lock (one slot), taken before conn's, by a context's end
+	wbuf     [RequestSize]byte // request payloads; guarded by wlock
 	lastSend atomic.Int64      // unix nanoseconds of the last request written
 	stopPing chan struct{}     // closed by Close: ends the keep-alive
 
@@ -186,7 +195,8 @@ func hello(ctx context.Context, conn *unixsock.Conn, path string) (*Client, erro
 			info.Devices = append(info.Devices, o)
 		}
 	}
-	c := &Client{conn: conn, info: info, pending: map[uint64]*Completion{}, done: make(chan struct{}), stopPing: make(chan struct{})}
+	c := &Client{conn: conn, info: info, pending: map[uint64]*Completion{}, done: make(chan struct{}), stopPing: make(chan struct{}),
+		wlock: make(chan struct{}, 1)}
 	c.nextID.Store(1) // 1 was the hello
 	c.lastSend.Store(time.Now().UnixNano())
 	c.own.Init(nil, "copy-broker client")
@@ -211,7 +221,7 @@ func (c *Client) keepAlive(every time.Duration) {
 			return
 		case now := <-t.C:
 			if now.UnixNano()-c.lastSend.Load() >= int64(every) {
-				_ = c.send(&Completion{}, request{op: OpPing}, nil)
+				_ = c.send(context.Background(), &Completion{}, request{op: OpPing}, nil)
 			}
 		}
 	}
@@ -294,8 +304,10 @@ func (c *Client) brokenErr() error {
 }
 
 // send registers call as pending and writes the request (and, for a register, the buffer) under the
-// write lock.
-func (c *Client) send(call *Completion, req request, exp *ipc.Exported) error {
+// write lock, by ctx's end. A request whose context ends while it waits for the lock is not sent
+// and leaves the connection as it was; one whose context ends in the middle of its write leaves a
+// frame half-written, so the connection is closed (every later call fails with ErrBrokerGone).
+func (c *Client) send(ctx context.Context, call *Completion, req request, exp *ipc.Exported) error {
 	call.op = req.op
 	call.done = make(chan struct{})
 	req.id = c.nextID.Add(1)
@@ -307,25 +319,76 @@ func (c *Client) send(call *Completion, req request, exp *ipc.Exported) error {
 	}
 	c.pending[req.id] = call
 	c.own.Unlock()
-	c.conn.Lock()
-	err := writeRequest(c.conn, &c.wbuf, &req)
-	if err == nil && exp != nil {
-		err = ipc.Send(c.conn.Unix(), exp)
+	if err := c.lockWrite(ctx); err != nil {
+		c.forget(req.id)
+		return fmt.Errorf("broker: waiting to send %s: %w", opName(req.op), err)
 	}
-	c.conn.Unlock()
+	err := c.write(ctx, &req, exp)
+	<-c.wlock
 	c.lastSend.Store(time.Now().UnixNano())
 	if err != nil {
-		c.own.Lock()
-		delete(c.pending, req.id)
-		c.own.Unlock()
+		c.forget(req.id)
 		c.fail(err)
 		return c.brokenErr()
 	}
 	return nil
 }
 
+// lockWrite takes wlock unless ctx ends first; a context already done sends nothing.
+func (c *Client) lockWrite(ctx context.Context) error {
+	if err := ctx.Err(); err != nil {
+		return err
+	}
+	select {
+	case c.wlock <- struct{}{}:
+	case <-ctx.Done():
+		return ctx.Err()
+	}
+	if err := ctx.Err(); err != nil {
+		<-c.wlock
+		return err
+	}
+	return nil
+}
+
+// write writes the request and the buffer; the caller holds wlock. A context that ends cuts the
+// write off (a deadline in the past).
+func (c *Client) write(ctx context.Context, req *request, exp *ipc.Exported) error {
+	c.conn.Lock()
+	defer c.conn.Unlock()
+	uc := c.conn.Unix()
+	if ctx.Done() != nil {
+		cut := make(chan struct{})
+		stop := context.AfterFunc(ctx, func() {
+			_ = uc.SetWriteDeadline(time.Unix(1, 0))
+			close(cut)
+		})
+		defer func() {
+			if !stop() {
+				<-cut
+				_ = uc.SetWriteDeadline(time.Time{})
+			}
+		}()
+	}
+	err := writeRequest(c.conn, &c.wbuf, req)
+	if err == nil && exp != nil {
+		err = ipc.Send(uc, exp)
+	}
+	if err != nil && ctx.Err() != nil {
+		err = fmt.Errorf("broker: %s cut off mid-write when its context ended, so the connection is closed: %w (%v)", opName(req.op), ctx.Err(), err)
+	}
+	return err
+}
+
+// forget drops a request that was not sent from the pending ones.
+func (c *Client) forget(id uint64) {
+	c.own.Lock()
+	delete(c.pending, id)
+	c.own.Unlock()
+}
+
 func (c *Client) do(ctx context.Context, call *Completion, req request, exp *ipc.Exported) error {
-	if err := c.send(call, req, exp); err != nil {
+	if err := c.send(ctx, call, req, exp); err != nil {
 		return err
 	}
 	return call.Wait(ctx)
@@ -358,6 +421,11 @@ func (r Request) String() string {
 // (cuMemsetD8 is asynchronous for device memory) before the request, and touch the range again only
 // once the Completion is done.
 func (c *Client) CopyAsync(req Request) (*Completion, error) {
+	return c.copyAsync(context.Background(), req)
+}
+
+// copyAsync is CopyAsync with a context for the write (see send).
+func (c *Client) copyAsync(ctx context.Context, req Request) (*Completion, error) {
 	if c.own.IsClosed() {
 		return nil, fmt.Errorf("broker: %s: %w", req, ErrClosed)
 	}
@@ -368,7 +436,7 @@ func (c *Client) CopyAsync(req Request) (*Completion, error) {
 		return nil, fmt.Errorf("broker: %s: offset + length overflows: %w", req, ErrOutOfRange)
 	}
 	call := &Completion{}
-	err := c.send(call, request{op: OpCopy, buffer: uint32(req.Buffer), dir: req.Dir, hostOff: req.HostOffset,
+	err := c.send(ctx, call, request{op: OpCopy, buffer: uint32(req.Buffer), dir: req.Dir, hostOff: req.HostOffset,
 		bufOff: req.BufferOffset, length: req.Length}, nil)
 	if err != nil {
 		return nil, fmt.Errorf("broker: %s: %w", req, err)
@@ -377,9 +445,10 @@ func (c *Client) CopyAsync(req Request) (*Completion, error) {
 }
 
 // Copy sends a copy request and waits until the copy is complete in memory (see CopyAsync). A
-// context that ends first stops the wait, not the copy.
+// context that ends before the request is sent stops it (see Client); one that ends later stops
+// the wait, not the copy.
 func (c *Client) Copy(ctx context.Context, req Request) error {
-	call, err := c.CopyAsync(req)
+	call, err := c.copyAsync(ctx, req)
 	if err != nil {
 		return err
 	}
@@ -447,7 +516,7 @@ func (c *Client) Register(ctx context.Context, buf vmm.Chunked) (*Buffer, error)
 	}
 	defer exp.Close()
 	call := &Completion{}
-	if err := c.send(call, request{op: OpRegister}, exp); err != nil {
+	if err := c.send(ctx, call, request{op: OpRegister}, exp); err != nil {
 		return nil, fmt.Errorf("broker: register %s: %w", &exp.Desc, err)
 	}
 	// A context already done gives up at once (Wait might yet find a quick answer).
@@ -467,7 +536,7 @@ func (c *Client) Register(ctx context.Context, buf vmm.Chunked) (*Buffer, error)
 func (c *Client) dropLateRegister(call *Completion) {
 	<-call.done
 	if call.err == nil {
-		_ = c.send(&Completion{}, request{op: OpUnregister, buffer: call.resp.buffer}, nil)
+		_ = c.send(context.Background(), &Completion{}, request{op: OpUnregister, buffer: call.resp.buffer}, nil)
 	}
 }
 
@@ -503,7 +572,7 @@ func (c *Client) Region(ctx context.Context, dev *vmm.Device, opts pinned.OpenOp
 		return nil, fmt.Errorf("broker: region: %w", err)
 	}
 	call := &Completion{regionDev: dev, regionOpts: opts}
-	if err := c.send(call, request{op: OpRegion}, nil); err != nil {
+	if err := c.send(ctx, call, request{op: OpRegion}, nil); err != nil {
 		return nil, fmt.Errorf("broker: region: %w", err)
 	}
 	if err := call.Wait(ctx); err != nil {

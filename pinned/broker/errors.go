@@ -13,7 +13,8 @@ import (
 // which matches the sentinel of its code.
 var (
 	// ErrBrokerGone: the connection to the broker is lost (the broker exited, was killed, closed the
-	// server, or hung up after a protocol fault). It wraps the I/O error as well. Requests in flight
+	// server, or hung up after a protocol fault; or the Client closed it because a request's context
+	// ended in the middle of writing the request). It wraps the I/O (or the context's) error as well. Requests in flight
 	// fail with it, and so does every later call on the Client: dial again (a restarted broker
 	// serves new connections; register the buffers again).
 	ErrBrokerGone = errors.New("broker: connection to the broker lost")
