@@ -94,7 +94,8 @@ type Listener struct {
 	conns  map[*Conn]struct{}
 	perUID map[uint32]int
 	closed bool
-	done   chan struct{}
+	done   chan struct{} // closed when Close begins
+	shut   chan struct{} // closed when the first Close has returned
 	// refusals limits the refusal log lines to one a second (a flood of peers must not flood it).
 	refusals rateLog
 	wg       sync.WaitGroup
@@ -113,7 +114,7 @@ func Listen(path string, opts Options) (*Listener, error) {
 		return nil, err
 	}
 	l := &Listener{path: path, ln: ln, opts: opts, accept: ln.AcceptUnix, peerCred: PeerCred,
-		conns: map[*Conn]struct{}{}, perUID: map[uint32]int{}, done: make(chan struct{})}
+		conns: map[*Conn]struct{}{}, perUID: map[uint32]int{}, done: make(chan struct{}), shut: make(chan struct{})}
 	return l, nil
 }
 
@@ -274,7 +275,8 @@ func (l *Listener) isClosed() bool {
 }
 
 // Close closes the listener (removing the socket file) and every connection, and waits for the
-// handlers to return. It is idempotent and safe on nil.
+// handlers to return. It is idempotent and safe on nil; a Close made while another runs waits for
+// it (a handler must not call Close).
 func (l *Listener) Close() error {
 	if l == nil {
 		return nil
@@ -282,10 +284,12 @@ func (l *Listener) Close() error {
 	l.mu.Lock()
 	if l.closed {
 		l.mu.Unlock()
+		<-l.shut
 		return nil
 	}
 	l.closed = true
 	close(l.done)
+	defer close(l.shut)
 	err := l.ln.Close()
 	for c := range l.conns {
 		c.uc.Close()

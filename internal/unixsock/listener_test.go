@@ -309,3 +309,30 @@ func TestHalfMessageDroppedByIdleTimeoutAlone(t *testing.T) {
 		t.Fatal("the peer that stopped mid-frame was not dropped")
 	}
 }
+
+// A Close made while another waits for a handler waits for it too: it does not report the listener
+// closed while a handler still runs.
+func TestSecondCloseWaitsForFirst(t *testing.T) {
+	entered, release := make(chan struct{}), make(chan struct{})
+	l := serve(t, Options{}, func(c *Conn) {
+		close(entered)
+		<-release // a handler that does not notice its connection closing
+	})
+	dial(t, l.Path())
+	<-entered
+	first := make(chan error, 1)
+	go func() { first <- l.Close() }()
+	for !l.isClosed() {
+		time.Sleep(time.Millisecond)
+	}
+	second := make(chan error, 1)
+	go func() { second <- l.Close() }()
+	select {
+	case err := <-second:
+		t.Fatalf("the second Close returned (%v) while the first waits for a handler", err)
+	case <-time.After(200 * time.Millisecond):
+	}
+	close(release)
+	require.NoError(t, <-first)
+	require.NoError(t, <-second)
+}
