@@ -53,8 +53,9 @@ type Server struct {
 
 	// own's lock guards bufs. It is closed as soon as Close begins, so that nothing is published
 	// once Close has taken the buffers.
-	own  lifetime.Owner
-	bufs map[string]*published
+	own    lifetime.Owner
+	bufs   map[string]*published
+	closed chan struct{} // closed when the first Close has returned
 }
 
 // published is one buffer's export, shared by the fetches in flight.
@@ -74,7 +75,7 @@ func Listen(path string, opts ServerOptions) (*Server, error) {
 	if opts.Timeout == 0 {
 		opts.Timeout = unixsock.DefaultWriteTimeout
 	}
-	s := &Server{path: path, opts: opts, bufs: map[string]*published{}}
+	s := &Server{path: path, opts: opts, bufs: map[string]*published{}, closed: make(chan struct{})}
 	ln, err := unixsock.Listen(path, unixsock.Options{AllowUIDs: opts.AllowUIDs, Authorize: opts.Authorize,
 		MaxConns: opts.MaxConns, MaxConnsPerUID: opts.MaxConnsPerUID, IdleTimeout: opts.IdleTimeout,
 		ReadTimeout: opts.ReadTimeout, WriteTimeout: opts.Timeout, MaxPayload: MaxNameLen,
@@ -261,20 +262,18 @@ func (s *Server) reply(c *unixsock.Conn, code uint16, msg string) bool {
 
 // Close stops serving: it closes the listener (removing the socket file) and the open connections,
 // waits for their goroutines, and closes every published buffer's files. Importers keep their
-// mappings. Close is idempotent and safe on nil.
+// mappings. Close is idempotent and safe on nil; a Close made while another runs waits for it.
 func (s *Server) Close() error {
 	if s == nil {
 		return nil
 	}
-	s.own.Lock()
-	if s.own.Closed() {
-		s.own.Unlock()
+	// Closed from here on: Publish refuses, and a second Close only waits for this one, even when
+	// this one fails to close something.
+	if !s.own.Shut() {
+		<-s.closed
 		return nil
 	}
-	// Closed from here on: Publish refuses, and a second Close does nothing, even when this one
-	// fails to close something.
-	s.own.MarkClosed()
-	s.own.Unlock()
+	defer close(s.closed)
 	var errs []error
 	if err := s.ln.Close(); err != nil {
 		errs = append(errs, fmt.Errorf("ipc: %w", err))

@@ -9,6 +9,7 @@ import (
 	"strings"
 	"sync"
 	"testing"
+	"time"
 
 	"github.com/stretchr/testify/require"
 	"golang.org/x/sys/unix"
@@ -250,4 +251,34 @@ func TestServerBadRequests(t *testing.T) {
 	require.ErrorIs(t, err, unix.EPIPE)
 	require.NoError(t, pw.Close())
 	require.Equal(t, before, testutil.OpenFDs(t))
+}
+
+// A Close made while another runs waits for it: it does not report the server closed while a
+// connection's goroutine still runs (here, in Authorize).
+func TestServerSecondCloseWaitsForFirst(t *testing.T) {
+	entered, release := make(chan struct{}), make(chan struct{})
+	s := serve(t, ipc.ServerOptions{Authorize: func(unix.Ucred) error {
+		close(entered)
+		<-release
+		return nil
+	}})
+	c, err := ipc.Dial(s.Path())
+	require.NoError(t, err)
+	defer c.Close()
+	<-entered
+	first := make(chan error, 1)
+	go func() { first <- s.Close() }()
+	for !errors.Is(s.Publish("b", nil), ipc.ErrClosed) { // the first Close has begun
+		time.Sleep(time.Millisecond)
+	}
+	second := make(chan error, 1)
+	go func() { second <- s.Close() }()
+	select {
+	case err := <-second:
+		t.Fatalf("the second Close returned (%v) while the first waits for a connection", err)
+	case <-time.After(200 * time.Millisecond):
+	}
+	close(release)
+	require.NoError(t, <-first)
+	require.NoError(t, <-second)
 }
