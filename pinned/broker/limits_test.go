@@ -132,3 +132,38 @@ func TestBrokerDropsHalfSentRegister(t *testing.T) {
 		}
 	})
 }
+
+// Options follow the limits table of docs/broker.md: zero takes the default, a negative timeout or
+// connection cap turns it off, and a negative count that cannot be off is refused.
+func TestOptionsZeroAndNegative(t *testing.T) {
+	var o Options
+	require.NoError(t, o.defaults())
+	require.Equal(t, 10*time.Second, o.HelloTimeout)
+	require.Equal(t, time.Minute, o.IdleTimeout)
+	require.Equal(t, int64(DefaultMaxRegisteredBytes), o.MaxRegisteredBytes)
+
+	o = Options{HelloTimeout: -1, IdleTimeout: -1, ReadTimeout: -1, WriteTimeout: -1, MaxConns: -1, MaxConnsPerUID: -1, MaxRegisteredBytes: -1}
+	require.NoError(t, o.defaults())
+	for name, v := range map[string]int64{"HelloTimeout": int64(o.HelloTimeout), "IdleTimeout": int64(o.IdleTimeout),
+		"ReadTimeout": int64(o.ReadTimeout), "WriteTimeout": int64(o.WriteTimeout), "MaxConns": int64(o.MaxConns),
+		"MaxConnsPerUID": int64(o.MaxConnsPerUID), "MaxRegisteredBytes": o.MaxRegisteredBytes} {
+		require.Negative(t, v, "%s: a negative value turns it off", name)
+	}
+	for _, o := range []Options{{MaxBuffers: -1}, {MaxInFlight: -1}, {StreamsPerDevice: -1}} {
+		require.ErrorIs(t, o.defaults(), ErrInvalidValue, "%+v", o)
+	}
+}
+
+// With HelloTimeout off, a connection may take its time to say hello; the idle timeout is for
+// workers past the hello.
+func TestHelloTimeoutOff(t *testing.T) {
+	testutil.Run(t, func(t *testing.T, b *testutil.Backend) {
+		_, _, _, path := serveDevice0(t, b, Options{HelloTimeout: -1, IdleTimeout: 200 * time.Millisecond})
+		conn := rawConn(t, path, false)
+		time.Sleep(400 * time.Millisecond)
+		require.NoError(t, ipc.WriteMessage(conn, KindRequest, encodeReq(request{op: OpHello, id: 1}), nil))
+		resp, err := readResponse(unixsock.NewConn(conn, unix.Ucred{}))
+		require.NoError(t, err)
+		require.Equal(t, StatusOK, resp.status, resp.text)
+	}, testutil.SimOnly())
+}

@@ -51,7 +51,8 @@ type Options struct {
 	// Grant, when set, gives each worker its window of the region; an error refuses the worker.
 	// Default: the whole region, shareable.
 	Grant func(peer unix.Ucred) (Grant, error)
-	// MaxBuffers is the most buffers one worker may have registered at once (default 1024).
+	// MaxBuffers is the most buffers one worker may have registered at once (default 1024; it
+	// cannot be turned off: a negative value is refused).
 	MaxBuffers int
 	// MaxRegisteredBytes is the most address space the broker reserves for one worker's registered
 	// buffers, each counted at its descriptor's size, holes between chunks included (default
@@ -60,8 +61,9 @@ type Options struct {
 	// times: MaxConnsPerUID × MaxRegisteredBytes is what one uid can take. Raise it for workers
 	// whose buffers span more.
 	MaxRegisteredBytes int64
-	// MaxInFlight is the most copies of one worker the broker runs or queues at once (default 64);
-	// beyond it the broker stops reading that worker's requests until one completes.
+	// MaxInFlight is the most copies of one worker the broker runs or queues at once (default 64;
+	// it cannot be turned off: a negative value is refused); beyond it the broker stops reading that
+	// worker's requests until one completes.
 	MaxInFlight int
 	// InlineMax: a copy of at most this many bytes (default 64 KiB) runs on the connection's own
 	// goroutine when a stream is free, which saves a goroutine hand-off on small requests. Negative:
@@ -72,7 +74,8 @@ type Options struct {
 	// so that its thread sleeps instead of keeping a core busy for the whole copy (default
 	// DefaultSpinMax; negative: every copy sleeps; math.MaxInt64: every copy spins).
 	SpinMax int64
-	// HelloTimeout bounds the wait for a new connection's first request (default 10 s).
+	// HelloTimeout bounds the wait for a new connection's first request (default 10 s; negative:
+	// no bound, IdleTimeout does not apply before the hello either).
 	HelloTimeout time.Duration
 	// MaxConns caps the connections served at once (default 256); one more is refused with
 	// StatusConnLimit (ErrConnLimit on the worker) and closed.
@@ -245,7 +248,7 @@ func (o *Options) defaults() error {
 	if o.SpinMax == 0 {
 		o.SpinMax = DefaultSpinMax
 	}
-	if o.HelloTimeout <= 0 {
+	if o.HelloTimeout == 0 {
 		o.HelloTimeout = 10 * time.Second
 	}
 	if o.IdleTimeout == 0 {
@@ -590,10 +593,11 @@ func (w *worker) grantWindow() bool {
 	return true
 }
 
-// hello reads the first request, which must be a hello, within HelloTimeout.
+// hello reads the first request, which must be a hello, within HelloTimeout (if any: the idle
+// timeout is for workers past the hello).
 func (w *worker) hello() (request, error) {
 	idle := w.conn.IdleTimeout()
-	w.conn.SetIdleTimeout(w.s.opts.HelloTimeout)
+	w.conn.SetIdleTimeout(max(w.s.opts.HelloTimeout, 0))
 	req, err := readRequest(w.conn)
 	w.conn.SetIdleTimeout(idle)
 	if err == nil && req.op != OpHello {
