@@ -40,6 +40,10 @@ const (
 	Magic uint32 = 'C' | 'V'<<8 | 'M'<<16 | 'I'<<24
 )
 
+// growStep is how far a frame's buffer may grow ahead of the bytes received (or as far as the bytes
+// received, if more).
+const growStep = 64 << 10
+
 // oobSize fits one SCM_RIGHTS message of MaxFDs descriptors: a peer that sends more gets its control
 // data truncated (MSG_CTRUNC), which is refused.
 var oobSize = unix.CmsgSpace(MaxFDs * 4)
@@ -199,14 +203,13 @@ func (r *reader) read(conn *net.UnixConn, lim readLimits, minPayload int) (f Fra
 	if lim.idle > 0 {
 		_ = conn.SetReadDeadline(time.Now().Add(lim.idle))
 	}
-	b := r.payload[:first]
-	got, err := r.fill(conn, b, 0, HeaderSize, 0, "header", lim)
+	got, err := r.fill(conn, 0, HeaderSize, first, 0, "header", lim)
 	if err != nil {
 		return Frame{}, err
 	}
 	// The header is checked as soon as it is in, so that a frame shorter than first is refused at
 	// once rather than waited on.
-	h, err := ParseHeader(b, lim.maxPayload)
+	h, err := ParseHeader(r.payload[:HeaderSize], lim.maxPayload)
 	if err != nil {
 		return Frame{}, fmt.Errorf("read message: %w", err)
 	}
@@ -214,12 +217,7 @@ func (r *reader) read(conn *net.UnixConn, lim readLimits, minPayload int) (f Fra
 		return Frame{}, fmt.Errorf("read message kind %d: payload of %d bytes, want at least %d: %w", h.Kind, h.Length, minPayload, ErrProtocol)
 	}
 	total := HeaderSize + int(h.Length)
-	if cap(r.payload) < total {
-		grown := make([]byte, total)
-		copy(grown, b)
-		r.payload = grown
-	}
-	if _, err := r.fill(conn, r.payload[:total], got, total, HeaderSize, fmt.Sprintf("kind %d payload", h.Kind), lim); err != nil {
+	if _, err := r.fill(conn, got, total, total, HeaderSize, fmt.Sprintf("kind %d payload", h.Kind), lim); err != nil {
 		return Frame{}, err
 	}
 	if lim.idle > 0 || lim.message > 0 {
@@ -248,17 +246,18 @@ func (r *reader) finish(h Header, payload []byte) (Frame, error) {
 	return f, nil
 }
 
-// fill reads into b[got:] from conn until at least need bytes of b are in, collecting the
+// fill reads into r.payload[got:limit] from conn until at least need bytes are in, collecting the
 // descriptors that arrive with the frame's first bytes, and returns how many are. Descriptors that
 // arrive with any later bytes are closed and refused at once: the format attaches them to the
 // header, so a peer cannot make a reader hold more than one message's worth by sending a frame in
 // many pieces. Once a frame has started (its first byte is in), the deadline becomes the message
-// timeout. b[base:] is the part named what, for errors; base 0 is the start of a frame.
-func (r *reader) fill(conn *net.UnixConn, b []byte, got, need, base int, what string, lim readLimits) (int, error) {
+// timeout. Bytes base to limit are the part named what, for errors; base 0 is the start of a frame.
+func (r *reader) fill(conn *net.UnixConn, got, need, limit, base int, what string, lim readLimits) (int, error) {
 	atStart := base == 0
 	for got < need {
 		firstRead := atStart && got == 0
-		n, oobn, flags, _, err := conn.ReadMsgUnix(b[got:], r.oob)
+		r.grow(got, limit)
+		n, oobn, flags, _, err := conn.ReadMsgUnix(r.payload[got:], r.oob)
 		n, oobn = max(n, 0), max(oobn, 0)
 		if oobn > 0 {
 			if perr := r.takeRights(r.oob[:oobn], firstRead); perr != nil && err == nil {
@@ -276,10 +275,23 @@ func (r *reader) fill(conn *net.UnixConn, b []byte, got, need, base int, what st
 			err = io.EOF
 		}
 		if err != nil {
-			return got, readError(err, got-base, len(b)-base, what, atStart && got == 0, lim)
+			return got, readError(err, got-base, limit-base, what, atStart && got == 0, lim)
 		}
 	}
 	return got, nil
+}
+
+// grow makes r.payload longer than got, up to limit bytes, but at most growStep (or got, if more)
+// ahead of the bytes in: a peer that announces a large frame and sends little of it makes the
+// reader hold little, and a large frame is copied a few times at most.
+func (r *reader) grow(got, limit int) {
+	if n := min(cap(r.payload), limit); n > got {
+		r.payload = r.payload[:n]
+		return
+	}
+	grown := make([]byte, min(limit, got+max(growStep, got)))
+	copy(grown, r.payload[:got])
+	r.payload = grown
 }
 
 // takeRights collects the descriptors of oob; after a frame's first bytes any descriptor is a

@@ -1,6 +1,7 @@
 package unixsock
 
 import (
+	"bytes"
 	"errors"
 	"io"
 	"os"
@@ -155,4 +156,31 @@ func TestFrameDescriptorsAfterTheFirstBytes(t *testing.T) {
 	x.Close()
 	y.Close()
 	require.Equal(t, before, openFDs(t), "every received descriptor closed")
+}
+
+// A frame's buffer grows as its bytes arrive: a peer that announces a megabyte and sends only the
+// header makes the reader hold no more than growStep, until it is dropped.
+func TestAnnouncedPayloadNotAllocatedAhead(t *testing.T) {
+	a, b := socketPair(t)
+	var hdr [HeaderSize]byte
+	Header{Kind: 7, Length: MaxPayload}.Put(hdr[:])
+	_, err := b.Write(hdr[:])
+	require.NoError(t, err)
+	var r reader
+	_, err = r.read(a, readLimits{message: 100 * time.Millisecond}, 0)
+	require.ErrorIs(t, err, ErrTimeout)
+	require.LessOrEqual(t, cap(r.payload), HeaderSize+growStep)
+
+	// A whole frame sent in pieces still arrives whole.
+	require.NoError(t, a.SetReadDeadline(time.Time{}))
+	payload := bytes.Repeat([]byte{0xa5}, MaxPayload)
+	go func() {
+		_, _ = b.Write(hdr[:])
+		for off := 0; off < len(payload); off += 10000 {
+			_, _ = b.Write(payload[off:min(off+10000, len(payload))])
+		}
+	}()
+	f, err := r.read(a, readLimits{message: 10 * time.Second}, 0)
+	require.NoError(t, err)
+	require.Equal(t, payload, f.Payload)
 }
