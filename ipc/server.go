@@ -37,7 +37,7 @@ type ServerOptions struct {
 	// IdleTimeout drops a peer that sends no request for this long (default 5 min).
 	IdleTimeout time.Duration
 	// ReadTimeout drops a peer that starts a request and does not finish it within this long
-	// (default 10 s).
+	// (default 10 s; negative: the idle timeout bounds it), with CodeTimeout.
 	ReadTimeout time.Duration
 	// Logf, when set, receives the connections' failures (refused peers, broken requests, dropped
 	// peers; refusals and accept failures at most once a second each).

@@ -35,7 +35,7 @@ var (
 	// ErrIdle: a peer that sent nothing for the idle timeout. It also matches
 	// os.ErrDeadlineExceeded.
 	ErrIdle = fmt.Errorf("ipc: peer idle: %w", os.ErrDeadlineExceeded)
-	// ErrTimeout: a peer that started a message and did not finish it within the read timeout. It
-	// also matches os.ErrDeadlineExceeded.
+	// ErrTimeout: a peer that started a message and did not finish it within the read timeout (with
+	// none, the idle timeout). It also matches os.ErrDeadlineExceeded.
 	ErrTimeout = fmt.Errorf("ipc: message not finished in time: %w", os.ErrDeadlineExceeded)
 )

@@ -316,8 +316,9 @@ func readError(err error, got, want int, what string, none bool, lim readLimits)
 	case errors.Is(err, os.ErrDeadlineExceeded) && lim.message > 0:
 		return fmt.Errorf("read message: %d of %d %s bytes received, the rest not within %v: %w", got, want, what, lim.message, ErrTimeout)
 	case errors.Is(err, os.ErrDeadlineExceeded) && lim.idle > 0:
-		// No per-message limit: the idle deadline still bounds a peer that stops mid-message.
-		return fmt.Errorf("read message: %d of %d %s bytes received, then nothing for %v: %w", got, want, what, lim.idle, ErrIdle)
+		// No per-message limit: the idle deadline still bounds a peer that stops mid-message. Not
+		// ErrIdle, which says that nothing was read and the framing holds.
+		return fmt.Errorf("read message: %d of %d %s bytes received, then nothing for %v: %w", got, want, what, lim.idle, ErrTimeout)
 	}
 	return fmt.Errorf("read message %s: %w", what, err)
 }

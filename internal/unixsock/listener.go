@@ -38,7 +38,7 @@ type Options struct {
 	// IdleTimeout drops a peer that sends nothing for this long (default DefaultIdleTimeout).
 	IdleTimeout time.Duration
 	// ReadTimeout drops a peer that starts a frame and does not finish it within this long
-	// (default DefaultReadTimeout).
+	// (default DefaultReadTimeout; off: the idle timeout bounds it), with ErrTimeout.
 	ReadTimeout time.Duration
 	// WriteTimeout bounds each write (default DefaultWriteTimeout), so a peer that stops reading
 	// cannot hold the server's goroutine or its files.

@@ -106,7 +106,7 @@ func TestBrokerConnectionCapAndPaths(t *testing.T) {
 
 // A worker that sends a register request and only part of the buffer after it is dropped once
 // ReadTimeout has passed, with StatusTimeout and counted in Dropped, as for a half-sent request; with
-// no ReadTimeout, the idle timeout still bounds it (StatusIdle).
+// no ReadTimeout, the idle timeout still bounds it (StatusTimeout as well: the message was begun).
 func TestBrokerDropsHalfSentRegister(t *testing.T) {
 	testutil.Run(t, func(t *testing.T, b *testutil.Backend) {
 		const timeout = 300 * time.Millisecond
@@ -115,7 +115,7 @@ func TestBrokerDropsHalfSentRegister(t *testing.T) {
 			want uint16
 		}{
 			{Options{StreamsPerDevice: 1, ReadTimeout: timeout}, StatusTimeout},
-			{Options{StreamsPerDevice: 1, ReadTimeout: -1, IdleTimeout: timeout}, StatusIdle},
+			{Options{StreamsPerDevice: 1, ReadTimeout: -1, IdleTimeout: timeout}, StatusTimeout},
 		} {
 			_, _, srv, path := serveDevice0(t, b, tc.opts)
 			half := rawConn(t, path, true)
@@ -165,5 +165,36 @@ func TestHelloTimeoutOff(t *testing.T) {
 		resp, err := readResponse(unixsock.NewConn(conn, unix.Ucred{}))
 		require.NoError(t, err)
 		require.Equal(t, StatusOK, resp.status, resp.text)
+	}, testutil.SimOnly())
+}
+
+// With ReadTimeout off, a request left half-sent is still a message not finished: the idle
+// timeout drops the worker with StatusTimeout, even while one of its copies is in flight, and the
+// broker does not read on in the middle of a frame.
+func TestHalfSentRequestWithCopyInFlight(t *testing.T) {
+	testutil.Run(t, func(t *testing.T, b *testutil.Backend) {
+		const idle = 200 * time.Millisecond
+		ctx, dev, srv, path := serveDevice0(t, b, Options{StreamsPerDevice: 1, ReadTimeout: -1, IdleTimeout: idle})
+		c := dial(t, path)
+		rb, err := c.Register(ctx, newDevBuffer(t, dev, 1, 2*mib))
+		require.NoError(t, err)
+		st := srv.lanes[dev.Ordinal()].streams[0].st.Handle()
+		require.NoError(t, b.Sim.HoldStream(st))
+		done, err := c.CopyAsync(Request{Buffer: rb.ID(), Dir: ToDevice, Length: mib})
+		require.NoError(t, err)
+		eventually(t, "the copy to be in flight", func() bool { return srv.Stats().InFlight == 1 })
+		frame := append(frameHeader(KindRequest, RequestSize, 0), encodeReq(request{op: OpPing, id: 1 << 40})...)
+		c.wlock <- struct{}{} // the client's own writes (its keep-alive pings) wait
+		_, err = c.conn.Unix().Write(frame[:20])
+		require.NoError(t, err)
+		time.Sleep(2 * idle)
+		_, _ = c.conn.Unix().Write(frame[20:])
+		<-c.wlock
+		require.NoError(t, b.Sim.ReleaseStream(st))
+		err = done.Wait(ctx)
+		require.ErrorIs(t, err, ErrTimeout)
+		require.NotErrorIs(t, err, ErrProtocol)
+		eventually(t, "the worker to be dropped", func() bool { return srv.Stats().Workers == 0 })
+		require.Equal(t, uint64(1), srv.Stats().Dropped)
 	}, testutil.SimOnly())
 }

@@ -88,7 +88,8 @@ type Options struct {
 	// carries tenths of a second, rounded down: a timeout below 100 ms is refused.
 	IdleTimeout time.Duration
 	// ReadTimeout drops a worker that starts a message and does not finish it within this long
-	// (default 10 s).
+	// (default 10 s; negative: the idle timeout bounds it, copies in flight or not), with
+	// StatusTimeout.
 	ReadTimeout time.Duration
 	// WriteTimeout bounds each response and region sent (default 10 s): a worker that stops reading
 	// loses its connection instead of holding the broker.
@@ -807,12 +808,12 @@ func (w *worker) register(req request) error {
 
 // receiveBuffer reads the buffer that follows a register request within the read timeout (with
 // none, the idle timeout): a worker that leaves it half-sent is dropped like one that leaves a
-// request half-sent (ErrTimeout, or ErrIdle).
+// request half-sent (ErrTimeout).
 func (w *worker) receiveBuffer() (*ipc.Received, error) {
 	uc := w.conn.Unix()
-	d, late := w.s.ln.Options().ReadTimeout, ErrTimeout
+	d := w.s.ln.Options().ReadTimeout
 	if d <= 0 {
-		d, late = w.conn.IdleTimeout(), ErrIdle
+		d = w.conn.IdleTimeout()
 	}
 	if d > 0 {
 		_ = uc.SetReadDeadline(time.Now().Add(d))
@@ -822,7 +823,7 @@ func (w *worker) receiveBuffer() (*ipc.Received, error) {
 	var se *ipc.ServerError
 	switch {
 	case err != nil && errors.Is(err, os.ErrDeadlineExceeded):
-		err = fmt.Errorf("broker: the buffer of a register request not received within %v: %w: %w", d, late, err)
+		err = fmt.Errorf("broker: the buffer of a register request not received within %v: %w: %w", d, ErrTimeout, err)
 	case errors.As(err, &se):
 		// Not the worker's to send: its code would pass for the broker's own verdict.
 		err = fmt.Errorf("broker: an ipc error message (code %d) where the buffer of a register request was due: %w", se.Code, ErrProtocol)
