@@ -168,10 +168,6 @@ func (s *Sim) memcpy(c copyArgs) error {
 		s.mu.Unlock()
 		return driver.ErrorInvalidHandle
 	}
-	if c.stream != nil && s.captureNode(*c.stream, c.fn, graphNode{kind: nodeCopy, copy: c}) {
-		s.mu.Unlock()
-		return nil
-	}
 	dd, sd := d, d
 	if c.peer {
 		dd, sd = s.ctxDevice(c.dstCtx), s.ctxDevice(c.srcCtx)
@@ -179,6 +175,10 @@ func (s *Sim) memcpy(c copyArgs) error {
 			s.mu.Unlock()
 			return driver.ErrorInvalidContext
 		}
+	}
+	if c.stream != nil && s.captureNode(*c.stream, c.fn, graphNode{kind: nodeCopy, copy: c}) {
+		s.mu.Unlock()
+		return nil
 	}
 	if s.deferring(c.stream) && (s.pageable(c.dst, c.n) || s.pageable(c.src, c.n)) {
 		// The driver stages pageable memory: it synchronizes the stream first and returns once the

@@ -100,3 +100,25 @@ func TestCaptureRules(t *testing.T) {
 	require.NoError(t, s.GraphExecDestroy(e))
 	require.NoError(t, s.GraphDestroy(g))
 }
+
+// TestCaptureChecksArguments: a copy queued on a capturing stream has its contexts checked as when it
+// runs at once (the driver refuses them when it is called, not when the graph runs).
+func TestCaptureChecksArguments(t *testing.T) {
+	s := start(t, Devices(2))
+	c1, err := s.DevicePrimaryCtxRetain(1)
+	require.NoError(t, err)
+	defer func() { require.NoError(t, s.DevicePrimaryCtxRelease(1)) }()
+	c0 := bind(t, s, 0)
+	b := makeBuffer(t, s, deviceProp(0, 0), 1, 2*mib, rw(0), rw(1))
+	st, err := s.StreamCreate(driver.StreamNonBlocking)
+	require.NoError(t, err)
+	defer func() { require.NoError(t, s.StreamDestroy(st)) }()
+
+	require.NoError(t, s.StreamBeginCapture(st, driver.CaptureModeRelaxed))
+	require.ErrorIs(t, s.MemcpyPeerAsync(b.base, 999, b.base+4096, c1, 16, st), driver.ErrorInvalidContext)
+	require.ErrorIs(t, s.MemcpyPeerAsync(b.base, c0, b.base+4096, 999, 16, st), driver.ErrorInvalidContext)
+	if g, err := s.StreamEndCapture(st); err == nil {
+		require.NoError(t, s.GraphDestroy(g))
+	}
+	b.free(t, s)
+}
