@@ -219,8 +219,8 @@ func (s *Sim) unloadModule(h driver.Module, mod *module) {
 // LaunchKernel calls cuLaunchKernel and runs the kernel to completion before returning. f must come
 // from a module of the current context (CUDA_ERROR_INVALID_CONTEXT otherwise) and st must be a stream
 // of that context (CUDA_ERROR_INVALID_HANDLE otherwise); grid and block must be
-// non-empty and within the device's limits and len(args) must be the entry's parameter count
-// (CUDA_ERROR_INVALID_VALUE). A kernel that touches memory its device may not access, or writes
+// non-empty and within the device's limits, sharedMem at most MAX_SHARED_MEMORY_PER_BLOCK, and
+// len(args) must be the entry's parameter count (CUDA_ERROR_INVALID_VALUE). A kernel that touches memory its device may not access, or writes
 // read-only memory, makes the launch fail with CUDA_ERROR_ILLEGAL_ADDRESS. (The real driver reports
 // that asynchronously and the context is unusable afterwards; the simulator's stays usable.)
 func (s *Sim) LaunchKernel(f driver.Function, grid, block driver.Dim3, sharedMem uint32, st driver.Stream, args ...uint64) error {
@@ -241,7 +241,7 @@ func (s *Sim) launch(fn string, f driver.Function, grid, block driver.Dim3, shar
 		err = driver.ErrorInvalidHandle
 	case kf.mod.dev != d:
 		err = driver.ErrorInvalidContext
-	case !d.launchShapeOK(grid, block) || len(args) != kf.params:
+	case !d.launchShapeOK(grid, block, sharedMem) || len(args) != kf.params:
 		err = driver.ErrorInvalidValue
 	case s.streamDevice(st, d) != kf.mod.dev:
 		err = driver.ErrorInvalidHandle // unknown, or a stream of another context
@@ -290,8 +290,10 @@ func (s *Sim) runKernel(kf *function, k *KernelCall) error {
 	return nil
 }
 
-// launchShapeOK checks grid and block against the device's limits.
-func (d *device) launchShapeOK(grid, block driver.Dim3) bool {
+// launchShapeOK checks grid, block and dynamic shared memory against the device's limits. More
+// shared memory than MAX_SHARED_MEMORY_PER_BLOCK needs an opt-in (cuFuncSetAttribute) that
+// driver.API does not have, so it is refused as the driver refuses it without one.
+func (d *device) launchShapeOK(grid, block driver.Dim3, sharedMem uint32) bool {
 	if grid.X == 0 || grid.Y == 0 || grid.Z == 0 || block.X == 0 || block.Y == 0 || block.Z == 0 {
 		return false
 	}
@@ -302,7 +304,7 @@ func (d *device) launchShapeOK(grid, block driver.Dim3) bool {
 	threads := uint64(block.X) * uint64(block.Y) * uint64(block.Z)
 	return limit(1, uint32(min(threads, 1<<32-1))) &&
 		limit(2, block.X) && limit(3, block.Y) && limit(4, block.Z) &&
-		limit(5, grid.X) && limit(6, grid.Y) && limit(7, grid.Z)
+		limit(5, grid.X) && limit(6, grid.Y) && limit(7, grid.Z) && limit(8, sharedMem)
 }
 
 // ---- built-in kernels (internal/kernels) -----------------------------------------------------------

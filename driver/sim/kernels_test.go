@@ -104,6 +104,10 @@ func TestKernels(t *testing.T) {
 	require.ErrorIs(t, s.LaunchKernel(fill, driver.Dim3{}, block, 0, 0, base, words, 0, 0), driver.ErrorInvalidValue)
 	require.ErrorIs(t, s.LaunchKernel(fill, grid, driver.Dim3{X: 2048, Y: 1, Z: 1}, 0, 0, base, words, 0, 0), driver.ErrorInvalidValue)
 	require.ErrorIs(t, s.LaunchKernel(fill, grid, block, 0, 0xbad0, base, words, 0, 0), driver.ErrorInvalidHandle)
+	// Dynamic shared memory beyond MAX_SHARED_MEMORY_PER_BLOCK (48 KiB) needs an opt-in
+	// (cuFuncSetAttribute) that driver.API does not have.
+	require.ErrorIs(t, s.LaunchKernel(fill, grid, block, 48<<10+1, 0, base, words, 0, 0), driver.ErrorInvalidValue)
+	require.NoError(t, s.LaunchKernel(fill, grid, block, 48<<10, 0, base, words, 1000, 42))
 
 	// Memory the device may not touch: ILLEGAL_ADDRESS, and the simulator stays usable.
 	require.ErrorIs(t, s.LaunchKernel(fill, grid, block, 0, 0, base+b.size-8, 2, 0, 0), driver.ErrorIllegalAddress, "past the end")
