@@ -79,9 +79,11 @@ func (s *Sim) enqueue(st driver.Stream, d *device, name string, run func() error
 	a.waits[st] = []*gate{op.g}
 }
 
-// blocking reports whether st takes part in the legacy stream's implicit synchronization.
+// blocking reports whether st takes part in the legacy stream's implicit synchronization: the
+// legacy stream, the per-thread default stream (2, which is not a non-blocking stream) and every
+// stream made without NON_BLOCKING.
 func (s *Sim) blocking(st driver.Stream) bool {
-	if st == 0 || st == 1 {
+	if st == 0 || st == 1 || st == 2 {
 		return true
 	}
 	x, ok := s.streams[st]
@@ -89,12 +91,12 @@ func (s *Sim) blocking(st driver.Stream) bool {
 }
 
 // blockingPeers lists the streams st synchronizes with implicitly: for the legacy stream, every
-// blocking stream of d; for a blocking stream, the legacy stream.
+// blocking stream of d and the per-thread default stream; for a blocking stream, the legacy stream.
 func (s *Sim) blockingPeers(st driver.Stream, d *device) []driver.Stream {
 	if st != 0 && st != 1 {
 		return []driver.Stream{0, 1}
 	}
-	out := []driver.Stream{0, 1}
+	out := []driver.Stream{0, 1, 2}
 	for h, x := range s.streams {
 		if x.dev == d && x.flags&driver.StreamNonBlocking == 0 {
 			out = append(out, h)

@@ -112,3 +112,33 @@ func TestDeferredCustomKernelFailsAtSynchronize(t *testing.T) {
 	require.NoError(t, s.CtxSynchronize())
 	require.NoError(t, s.ModuleUnload(m))
 }
+
+// The per-thread default stream (CU_STREAM_PER_THREAD, 2) is a blocking stream: it and the legacy
+// stream wait for each other's earlier work, as for a stream made without NON_BLOCKING.
+func TestPerThreadStreamSynchronizesWithLegacy(t *testing.T) {
+	s := start(t, DeferWork())
+	bind(t, s, 0)
+	const n = 4096
+	in, err := s.MemHostAlloc(n, 0)
+	require.NoError(t, err)
+	out, err := s.MemHostAlloc(n, 0)
+	require.NoError(t, err)
+	dev, err := s.MemAlloc(n)
+	require.NoError(t, err)
+	const perThread = driver.Stream(2)
+
+	*(*byte)(in) = 1
+	require.NoError(t, s.MemcpyHtoDAsync(dev, in, n, 0))
+	require.NoError(t, s.MemcpyDtoHAsync(out, dev, n, perThread))
+	require.NoError(t, s.StreamSynchronize(perThread))
+	require.Equal(t, byte(1), *(*byte)(out), "the per-thread stream waits for the legacy stream")
+
+	require.NoError(t, s.MemsetD8Async(dev, 7, n, perThread))
+	require.NoError(t, s.MemcpyDtoHAsync(out, dev, n, 0))
+	require.NoError(t, s.StreamSynchronize(0))
+	require.Equal(t, byte(7), *(*byte)(out), "the legacy stream waits for the per-thread stream")
+
+	require.NoError(t, s.MemFree(dev))
+	require.NoError(t, s.MemFreeHost(out))
+	require.NoError(t, s.MemFreeHost(in))
+}
