@@ -298,14 +298,19 @@ func (s *Sim) CtxGetCurrent() (driver.Context, error) {
 	return s.threads[currentThread()], nil
 }
 
-// CtxSynchronize calls cuCtxSynchronize. Work completes before the call that queued it returns, so
-// there is nothing to wait for.
+// CtxSynchronize calls cuCtxSynchronize: it waits for the work of every stream of the current
+// context. While one of them captures, synchronizing the context is invalid in every capture mode:
+// CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED, and the captures are invalidated, as for cuStreamSynchronize
+// of the capturing stream.
 func (s *Sim) CtxSynchronize() error {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	d, err := s.begin("cuCtxSynchronize", ctxBound)
 	if err != nil {
 		return err
+	}
+	if s.invalidateCapturesOf(d) {
+		return driver.ErrorStreamCaptureUnsupported
 	}
 	s.waitFor(func() bool { return s.deviceIdle(d) })
 	s.syncPoint(d)

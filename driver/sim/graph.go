@@ -19,7 +19,8 @@ import (
 // (CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED); beginning a capture on a capturing stream, or ending one on a
 // stream that is not capturing, is CUDA_ERROR_ILLEGAL_STATE; cuStreamSynchronize of a capturing stream
 // is CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED and invalidates the capture, whose end then answers
-// CUDA_ERROR_STREAM_CAPTURE_INVALIDATED; in the global and thread-local modes only the thread that
+// CUDA_ERROR_STREAM_CAPTURE_INVALIDATED, and so is cuCtxSynchronize while a stream of the context
+// captures; in the global and thread-local modes only the thread that
 // began the capture may end it (CUDA_ERROR_STREAM_CAPTURE_WRONG_THREAD). Faults armed with FailNth
 // fire on the graph calls themselves ("cuGraphLaunch", ...), not on the nodes a launch replays.
 //
@@ -125,6 +126,19 @@ func (s *Sim) invalidateCapture(st driver.Stream) bool {
 	}
 	c.invalid = true
 	return true
+}
+
+// invalidateCapturesOf marks invalid every open capture on a stream of d (its context was
+// synchronized) and reports whether there was one; the caller holds s.mu.
+func (s *Sim) invalidateCapturesOf(d *device) bool {
+	found := false
+	for st, c := range s.graphs.captures {
+		if x := s.streams[st]; x != nil && x.dev == d {
+			c.invalid = true
+			found = true
+		}
+	}
+	return found
 }
 
 // StreamBeginCapture calls cuStreamBeginCapture_v2.

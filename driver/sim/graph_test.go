@@ -122,3 +122,27 @@ func TestCaptureChecksArguments(t *testing.T) {
 	}
 	b.free(t, s)
 }
+
+// TestCtxSynchronizeDuringCapture: synchronizing a context while one of its streams captures is
+// invalid in every capture mode (the context's work includes the capture):
+// CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED, and the capture is invalidated. A capture in another
+// context does not matter.
+func TestCtxSynchronizeDuringCapture(t *testing.T) {
+	s := start(t, Devices(2))
+	c1, err := s.DevicePrimaryCtxRetain(1)
+	require.NoError(t, err)
+	defer func() { require.NoError(t, s.DevicePrimaryCtxRelease(1)) }()
+	c0 := bind(t, s, 0)
+	st, err := s.StreamCreate(driver.StreamNonBlocking)
+	require.NoError(t, err)
+	defer func() { require.NoError(t, s.StreamDestroy(st)) }()
+
+	require.NoError(t, s.StreamBeginCapture(st, driver.CaptureModeRelaxed))
+	require.NoError(t, s.CtxSetCurrent(c1))
+	require.NoError(t, s.CtxSynchronize(), "device 1 has no capturing stream")
+	require.NoError(t, s.CtxSetCurrent(c0))
+	require.ErrorIs(t, s.CtxSynchronize(), driver.ErrorStreamCaptureUnsupported)
+	_, err = s.StreamEndCapture(st)
+	require.ErrorIs(t, err, driver.ErrorStreamCaptureInvalidated)
+	require.NoError(t, s.CtxSynchronize(), "no capture left")
+}
