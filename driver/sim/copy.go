@@ -176,9 +176,11 @@ func (s *Sim) memcpy(c copyArgs) error {
 			return driver.ErrorInvalidContext
 		}
 	}
-	if c.stream != nil && s.captureNode(*c.stream, c.fn, graphNode{kind: nodeCopy, copy: c}) {
-		s.mu.Unlock()
-		return nil
+	if c.stream != nil {
+		if capturing, err := s.captureNode(*c.stream, c.fn, graphNode{kind: nodeCopy, copy: c}); capturing {
+			s.mu.Unlock()
+			return err
+		}
 	}
 	if s.deferring(c.stream) && (s.pageable(c.dst, c.n) || s.pageable(c.src, c.n)) {
 		// The driver stages pageable memory: it synchronizes the stream first and returns once the
@@ -294,9 +296,11 @@ func (s *Sim) memset(fn string, ptr driver.DevicePtr, pattern []byte, count uint
 		s.mu.Unlock()
 		return driver.ErrorInvalidHandle
 	}
-	if stream != nil && s.captureNode(*stream, fn, graphNode{kind: nodeMemset, fn: fn, ptr: ptr, pattern: pattern, count: count}) {
-		s.mu.Unlock()
-		return nil
+	if stream != nil {
+		if capturing, err := s.captureNode(*stream, fn, graphNode{kind: nodeMemset, fn: fn, ptr: ptr, pattern: pattern, count: count}); capturing {
+			s.mu.Unlock()
+			return err
+		}
 	}
 	size := uint64(len(pattern))
 	n := count * size

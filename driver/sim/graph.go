@@ -18,9 +18,9 @@ import (
 // Rules reproduced from the driver's documentation: the legacy stream (0, 1, 2) cannot capture
 // (CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED); beginning a capture on a capturing stream, or ending one on a
 // stream that is not capturing, is CUDA_ERROR_ILLEGAL_STATE; cuStreamSynchronize of a capturing stream
-// is CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED and invalidates the capture, whose end then answers
-// CUDA_ERROR_STREAM_CAPTURE_INVALIDATED, and so is cuCtxSynchronize while a stream of the context
-// captures; in the global and thread-local modes only the thread that
+// is CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED and invalidates the capture, and so is cuCtxSynchronize
+// while a stream of the context captures; work queued on the stream of an invalidated capture, and
+// the capture's end, then answer CUDA_ERROR_STREAM_CAPTURE_INVALIDATED; in the global and thread-local modes only the thread that
 // began the capture may end it (CUDA_ERROR_STREAM_CAPTURE_WRONG_THREAD). Faults armed with FailNth
 // fire on the graph calls themselves ("cuGraphLaunch", ...), not on the nodes a launch replays.
 //
@@ -104,17 +104,22 @@ func (s *Sim) beginOp(fn string) (*device, error) {
 }
 
 // captureNode records n when st is capturing and fn is not a replay; the caller holds s.mu. It
-// reports whether n was recorded (the caller then returns success without running it).
-func (s *Sim) captureNode(st driver.Stream, fn string, n graphNode) bool {
+// reports whether st is capturing (the caller then returns err without running n): err is nil when n
+// was recorded, CUDA_ERROR_STREAM_CAPTURE_INVALIDATED when the capture was invalidated, as the driver
+// refuses work on such a stream until the capture is ended.
+func (s *Sim) captureNode(st driver.Stream, fn string, n graphNode) (capturing bool, err error) {
 	if strings.HasPrefix(fn, replayPrefix) {
-		return false
+		return false, nil
 	}
 	c := s.graphs.captures[st]
 	if c == nil {
-		return false
+		return false, nil
+	}
+	if c.invalid {
+		return true, driver.ErrorStreamCaptureInvalidated
 	}
 	c.nodes = append(c.nodes, n)
-	return true
+	return true, nil
 }
 
 // invalidateCapture marks st's capture invalid when it has one (a synchronizing call was made on
@@ -231,9 +236,13 @@ func (s *Sim) GraphLaunch(e driver.GraphExec, st driver.Stream) error {
 	}
 	nodes := s.graphs.execs[e].nodes
 	if c := s.graphs.captures[st]; c != nil {
-		c.nodes = append(c.nodes, nodes...)
+		if c.invalid {
+			err = driver.ErrorStreamCaptureInvalidated
+		} else {
+			c.nodes = append(c.nodes, nodes...)
+		}
 		s.mu.Unlock()
-		return nil
+		return err
 	}
 	s.mu.Unlock()
 	for _, n := range nodes {

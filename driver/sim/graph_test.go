@@ -146,3 +146,45 @@ func TestCtxSynchronizeDuringCapture(t *testing.T) {
 	require.ErrorIs(t, err, driver.ErrorStreamCaptureInvalidated)
 	require.NoError(t, s.CtxSynchronize(), "no capture left")
 }
+
+// TestInvalidatedCaptureRefusesWork: once a capture is invalidated (here by synchronizing its
+// stream), work queued on the stream is refused with CUDA_ERROR_STREAM_CAPTURE_INVALIDATED until the
+// capture is ended, instead of being recorded into a graph that will never exist.
+func TestInvalidatedCaptureRefusesWork(t *testing.T) {
+	s := start(t)
+	bind(t, s, 0)
+	m, fill, _, _ := loadKernels(t, s)
+	defer func() { require.NoError(t, s.ModuleUnload(m)) }()
+	b := makeBuffer(t, s, deviceProp(0, 0), 1, 2*mib, rw(0))
+	st, err := s.StreamCreate(driver.StreamNonBlocking)
+	require.NoError(t, err)
+	defer func() { require.NoError(t, s.StreamDestroy(st)) }()
+	e, err := s.GraphInstantiate(emptyGraph(t, s, st), 0)
+	require.NoError(t, err)
+	defer func() { require.NoError(t, s.GraphExecDestroy(e)) }()
+
+	require.NoError(t, s.StreamBeginCapture(st, driver.CaptureModeRelaxed))
+	require.NoError(t, s.MemsetD8Async(b.base, 1, 8, st), "recorded")
+	require.ErrorIs(t, s.StreamSynchronize(st), driver.ErrorStreamCaptureUnsupported)
+	require.ErrorIs(t, s.MemsetD8Async(b.base, 1, 8, st), driver.ErrorStreamCaptureInvalidated)
+	require.ErrorIs(t, s.MemcpyAsync(b.base, b.base+4096, 8, st), driver.ErrorStreamCaptureInvalidated)
+	require.ErrorIs(t, s.LaunchKernel(fill, one, one, 0, st, uint64(b.base), 1, 0, 1), driver.ErrorStreamCaptureInvalidated)
+	require.ErrorIs(t, s.GraphLaunch(e, st), driver.ErrorStreamCaptureInvalidated)
+	_, err = s.StreamEndCapture(st)
+	require.ErrorIs(t, err, driver.ErrorStreamCaptureInvalidated)
+
+	// Ended, the stream runs work again.
+	require.NoError(t, s.MemsetD8Async(b.base, 1, 8, st))
+	require.NoError(t, s.StreamSynchronize(st))
+	b.free(t, s)
+}
+
+// emptyGraph captures nothing on st and returns the graph, destroyed when the test ends.
+func emptyGraph(t *testing.T, s *Sim, st driver.Stream) driver.Graph {
+	t.Helper()
+	require.NoError(t, s.StreamBeginCapture(st, driver.CaptureModeRelaxed))
+	g, err := s.StreamEndCapture(st)
+	require.NoError(t, err)
+	t.Cleanup(func() { require.NoError(t, s.GraphDestroy(g)) })
+	return g
+}

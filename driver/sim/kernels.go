@@ -250,9 +250,9 @@ func (s *Sim) launch(fn string, f driver.Function, grid, block driver.Dim3, shar
 		s.mu.Unlock()
 		return err
 	}
-	if s.captureNode(st, fn, graphNode{kind: nodeKernel, f: f, grid: grid, block: block, shared: sharedMem, args: append([]uint64(nil), args...)}) {
+	if capturing, err := s.captureNode(st, fn, graphNode{kind: nodeKernel, f: f, grid: grid, block: block, shared: sharedMem, args: append([]uint64(nil), args...)}); capturing {
 		s.mu.Unlock()
-		return nil
+		return err
 	}
 	k := &KernelCall{
 		Name: kf.name, Device: driver.Device(d.ordinal), Grid: grid, Block: block, SharedMem: sharedMem,
