@@ -26,6 +26,7 @@ const (
 	ErrorIllegalState             Result = 401
 	ErrorStreamCaptureUnsupported Result = 900
 	ErrorStreamCaptureInvalidated Result = 901
+	ErrorStreamCaptureImplicit    Result = 906 // the legacy stream used while a blocking stream of its context captures
 	ErrorStreamCaptureWrongThread Result = 908
 )
 
@@ -33,6 +34,7 @@ func init() {
 	builtinResults[ErrorIllegalState] = resultText{"CUDA_ERROR_ILLEGAL_STATE", "the operation is not permitted in the current state"}
 	builtinResults[ErrorStreamCaptureUnsupported] = resultText{"CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED", "operation not permitted when stream is capturing"}
 	builtinResults[ErrorStreamCaptureInvalidated] = resultText{"CUDA_ERROR_STREAM_CAPTURE_INVALIDATED", "operation failed due to a previous error during capture"}
+	builtinResults[ErrorStreamCaptureImplicit] = resultText{"CUDA_ERROR_STREAM_CAPTURE_IMPLICIT", "operation would make the legacy stream depend on a capturing blocking stream"}
 	builtinResults[ErrorStreamCaptureWrongThread] = resultText{"CUDA_ERROR_STREAM_CAPTURE_WRONG_THREAD", "attempt to terminate a thread-local capture sequence from another thread"}
 	resultSentinel[ErrorStreamCaptureUnsupported] = ErrNotSupported
 }

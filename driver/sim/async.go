@@ -187,7 +187,8 @@ func (s *Sim) streamIdle(st driver.Stream) bool {
 func (s *Sim) StreamWaitEvent(st driver.Stream, e driver.Event, flags uint32) error {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	if _, err := s.begin("cuStreamWaitEvent", ctxBound); err != nil {
+	d, err := s.begin("cuStreamWaitEvent", ctxBound)
+	if err != nil {
 		return err
 	}
 	if _, ok := s.events[e]; !ok || !s.validStream(st) {
@@ -195,6 +196,9 @@ func (s *Sim) StreamWaitEvent(st driver.Stream, e driver.Event, flags uint32) er
 	}
 	if flags != 0 {
 		return driver.ErrorInvalidValue
+	}
+	if s.legacyDuringCapture("cuStreamWaitEvent", &st, d) {
+		return driver.ErrorStreamCaptureImplicit
 	}
 	a := s.async()
 	gs, _ := open(a.events[e])
@@ -247,6 +251,9 @@ func (s *Sim) MemAllocAsync(size uint64, st driver.Stream) (driver.DevicePtr, er
 	}
 	if size == 0 {
 		return 0, driver.ErrorInvalidValue
+	}
+	if s.legacyDuringCapture("cuMemAllocAsync", &st, d) {
+		return 0, driver.ErrorStreamCaptureImplicit
 	}
 	p := s.poolOf(d)
 	n := roundUp(size, s.gran())
@@ -311,11 +318,15 @@ func indexOf(list []*asyncBuf, b *asyncBuf) int {
 func (s *Sim) MemFreeAsync(ptr driver.DevicePtr, st driver.Stream) error {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	if _, err := s.begin("cuMemFreeAsync", ctxBound); err != nil {
+	d, err := s.begin("cuMemFreeAsync", ctxBound)
+	if err != nil {
 		return err
 	}
 	if !s.validStream(st) {
 		return driver.ErrorInvalidHandle
+	}
+	if s.legacyDuringCapture("cuMemFreeAsync", &st, d) {
+		return driver.ErrorStreamCaptureImplicit
 	}
 	a := s.async()
 	b := a.byPtr[ptr]

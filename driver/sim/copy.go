@@ -168,6 +168,10 @@ func (s *Sim) memcpy(c copyArgs) error {
 		s.mu.Unlock()
 		return driver.ErrorInvalidHandle
 	}
+	if s.legacyDuringCapture(c.fn, c.stream, d) {
+		s.mu.Unlock()
+		return driver.ErrorStreamCaptureImplicit
+	}
 	dd, sd := d, d
 	if c.peer {
 		dd, sd = s.ctxDevice(c.dstCtx), s.ctxDevice(c.srcCtx)
@@ -295,6 +299,10 @@ func (s *Sim) memset(fn string, ptr driver.DevicePtr, pattern []byte, count uint
 	if stream != nil && !s.validStream(*stream) {
 		s.mu.Unlock()
 		return driver.ErrorInvalidHandle
+	}
+	if s.legacyDuringCapture(fn, stream, d) {
+		s.mu.Unlock()
+		return driver.ErrorStreamCaptureImplicit
 	}
 	if stream != nil {
 		if capturing, err := s.captureNode(*stream, fn, graphNode{kind: nodeMemset, fn: fn, ptr: ptr, pattern: pattern, count: count}); capturing {

@@ -20,13 +20,17 @@ import (
 // stream that is not capturing, is CUDA_ERROR_ILLEGAL_STATE; cuStreamSynchronize of a capturing stream
 // is CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED and invalidates the capture, and so is cuCtxSynchronize
 // while a stream of the context captures; work queued on the stream of an invalidated capture, and
-// the capture's end, then answer CUDA_ERROR_STREAM_CAPTURE_INVALIDATED; in the global and thread-local modes only the thread that
-// began the capture may end it (CUDA_ERROR_STREAM_CAPTURE_WRONG_THREAD). Faults armed with FailNth
+// the capture's end, then answer CUDA_ERROR_STREAM_CAPTURE_INVALIDATED; while a stream made without
+// NON_BLOCKING captures, work on the legacy stream of its context and synchronous copies and fills
+// (which run there) are CUDA_ERROR_STREAM_CAPTURE_IMPLICIT and invalidate the capture; in the global
+// and thread-local modes only the thread that began the capture may end it
+// (CUDA_ERROR_STREAM_CAPTURE_WRONG_THREAD). Faults armed with FailNth
 // fire on the graph calls themselves ("cuGraphLaunch", ...), not on the nodes a launch replays.
 //
 // Where the simulator differs: an event recorded on a capturing stream is recorded at once instead of
 // becoming a node, and the calls that the global and thread-local modes refuse as unsafe while a
-// capture is open (synchronous copies, allocation) are allowed, as in the relaxed mode cuvmm uses.
+// capture is open (synchronous copies, allocation) are allowed, as in the relaxed mode cuvmm uses,
+// unless the legacy stream is involved (above).
 
 // graphTables holds the capture and graph objects of a simulator; its zero value is empty.
 type graphTables struct {
@@ -146,6 +150,25 @@ func (s *Sim) invalidateCapturesOf(d *device) bool {
 	return found
 }
 
+// legacyDuringCapture reports whether st (nil for a synchronous call, which runs on the legacy
+// stream) is the legacy stream while a stream of d made without NON_BLOCKING captures: the legacy
+// stream would wait for that stream, so its use is invalid and invalidates those captures
+// (CUDA_ERROR_STREAM_CAPTURE_IMPLICIT), in every capture mode. A replayed operation is never
+// refused: its graph launch was checked. The caller holds s.mu.
+func (s *Sim) legacyDuringCapture(fn string, st *driver.Stream, d *device) bool {
+	if strings.HasPrefix(fn, replayPrefix) || (st != nil && *st != 0 && *st != 1) {
+		return false
+	}
+	found := false
+	for h, c := range s.graphs.captures {
+		if x := s.streams[h]; x != nil && x.dev == d && x.flags&driver.StreamNonBlocking == 0 {
+			c.invalid = true
+			found = true
+		}
+	}
+	return found
+}
+
 // StreamBeginCapture calls cuStreamBeginCapture_v2.
 func (s *Sim) StreamBeginCapture(st driver.Stream, mode driver.CaptureMode) error {
 	s.mu.Lock()
@@ -228,6 +251,8 @@ func (s *Sim) GraphLaunch(e driver.GraphExec, st driver.Stream) error {
 			err = driver.ErrorInvalidContext
 		case s.streamDevice(st, d) != d:
 			err = driver.ErrorInvalidHandle // a stream of another context, as for cuLaunchKernel
+		case s.legacyDuringCapture("cuGraphLaunch", &st, d):
+			err = driver.ErrorStreamCaptureImplicit
 		}
 	}
 	if err != nil {

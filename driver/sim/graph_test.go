@@ -188,3 +188,66 @@ func emptyGraph(t *testing.T, s *Sim, st driver.Stream) driver.Graph {
 	t.Cleanup(func() { require.NoError(t, s.GraphDestroy(g)) })
 	return g
 }
+
+// TestLegacyStreamDuringBlockingCapture: while a stream made without NON_BLOCKING captures, the
+// legacy stream of its context, which would wait for it, may not be used, nor may synchronous calls
+// that run on it: CUDA_ERROR_STREAM_CAPTURE_IMPLICIT, and the capture is invalidated. A non-blocking
+// capturing stream, or a capture in another context, does not matter.
+func TestLegacyStreamDuringBlockingCapture(t *testing.T) {
+	s := start(t, Devices(2))
+	c1, err := s.DevicePrimaryCtxRetain(1)
+	require.NoError(t, err)
+	defer func() { require.NoError(t, s.DevicePrimaryCtxRelease(1)) }()
+	c0 := bind(t, s, 0)
+	m, fill, _, _ := loadKernels(t, s)
+	defer func() { require.NoError(t, s.ModuleUnload(m)) }()
+	b := makeBuffer(t, s, deviceProp(0, 0), 1, 2*mib, rw(0))
+	host := make([]byte, 64)
+	blocking, err := s.StreamCreate(driver.StreamDefault)
+	require.NoError(t, err)
+	defer func() { require.NoError(t, s.StreamDestroy(blocking)) }()
+	nonBlocking, err := s.StreamCreate(driver.StreamNonBlocking)
+	require.NoError(t, err)
+	defer func() { require.NoError(t, s.StreamDestroy(nonBlocking)) }()
+	ev, err := s.EventCreate(0)
+	require.NoError(t, err)
+	defer func() { require.NoError(t, s.EventDestroy(ev)) }()
+
+	for name, use := range map[string]func() error{
+		"cuMemcpyHtoD":               func() error { return s.MemcpyHtoD(b.base, ptr(host), 64) },
+		"cuMemsetD8":                 func() error { return s.MemsetD8(b.base, 0, 64) },
+		"cuMemsetD8Async legacy":     func() error { return s.MemsetD8Async(b.base, 0, 64, 0) },
+		"cuMemcpyAsync legacy":       func() error { return s.MemcpyAsync(b.base, b.base+64, 64, driver.Stream(1)) },
+		"cuLaunchKernel legacy":      func() error { return s.LaunchKernel(fill, one, one, 0, 0, uint64(b.base), 1, 0, 1) },
+		"cuEventRecord legacy":       func() error { return s.EventRecord(ev, 0) },
+		"cuStreamSynchronize legacy": func() error { return s.StreamSynchronize(0) },
+		"cuStreamWaitEvent legacy":   func() error { return s.StreamWaitEvent(0, ev, 0) },
+	} {
+		require.NoError(t, s.StreamBeginCapture(blocking, driver.CaptureModeRelaxed))
+		require.ErrorIs(t, use(), driver.ErrorStreamCaptureImplicit, name)
+		_, err := s.StreamEndCapture(blocking)
+		require.ErrorIs(t, err, driver.ErrorStreamCaptureInvalidated, name)
+
+		require.NoError(t, s.StreamBeginCapture(nonBlocking, driver.CaptureModeRelaxed))
+		require.NoError(t, use(), "%s while a non-blocking stream captures", name)
+		g, err := s.StreamEndCapture(nonBlocking)
+		require.NoError(t, err, name)
+		require.NoError(t, s.GraphDestroy(g))
+	}
+
+	// A blocking capture on device 1 leaves device 0's legacy stream alone.
+	require.NoError(t, s.CtxSetCurrent(c1))
+	st1, err := s.StreamCreate(driver.StreamDefault)
+	require.NoError(t, err)
+	require.NoError(t, s.StreamBeginCapture(st1, driver.CaptureModeRelaxed))
+	require.NoError(t, s.CtxSetCurrent(c0))
+	require.NoError(t, s.MemsetD8(b.base, 0, 64))
+	require.NoError(t, s.CtxSetCurrent(c1))
+	g, err := s.StreamEndCapture(st1)
+	require.NoError(t, err)
+	require.NoError(t, s.GraphDestroy(g))
+	require.NoError(t, s.StreamDestroy(st1))
+	require.NoError(t, s.CtxSetCurrent(c0))
+	require.NoError(t, s.CtxSynchronize())
+	b.free(t, s)
+}

@@ -245,6 +245,8 @@ func (s *Sim) launch(fn string, f driver.Function, grid, block driver.Dim3, shar
 		err = driver.ErrorInvalidValue
 	case s.streamDevice(st, d) != kf.mod.dev:
 		err = driver.ErrorInvalidHandle // unknown, or a stream of another context
+	case s.legacyDuringCapture(fn, &st, d):
+		err = driver.ErrorStreamCaptureImplicit
 	}
 	if err != nil {
 		s.mu.Unlock()

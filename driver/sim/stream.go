@@ -75,6 +75,9 @@ func (s *Sim) StreamSynchronize(st driver.Stream) error {
 	if s.invalidateCapture(st) {
 		return driver.ErrorStreamCaptureUnsupported
 	}
+	if s.legacyDuringCapture("cuStreamSynchronize", &st, d) {
+		return driver.ErrorStreamCaptureImplicit
+	}
 	s.waitFor(func() bool { return s.streamIdle(st) })
 	s.syncPoint(d)
 	return s.asyncErr()
@@ -112,6 +115,9 @@ func (s *Sim) EventRecord(e driver.Event, st driver.Stream) error {
 	ev, ok := s.events[e]
 	if !ok || s.streamDevice(st, d) != ev.dev {
 		return driver.ErrorInvalidHandle
+	}
+	if s.legacyDuringCapture("cuEventRecord", &st, d) {
+		return driver.ErrorStreamCaptureImplicit
 	}
 	ev.recorded = true
 	ev.at = time.Now()
