@@ -188,8 +188,22 @@ func (s *Sim) memcpy(c copyArgs) error {
 	}
 	if s.deferring(c.stream) && (s.pageable(c.dst, c.n) || s.pageable(c.src, c.n)) {
 		// The driver stages pageable memory: it synchronizes the stream first and returns once the
-		// host side is done with, so the copy runs now, after the stream's earlier work.
-		s.waitAside(func() bool { return s.streamIdle(*c.stream) })
+		// host side is done with, so the copy runs now, after the stream's earlier work, which for
+		// the legacy stream and blocking streams includes each other's (implicit synchronization).
+		st := *c.stream
+		s.waitAside(func() bool {
+			if !s.streamIdle(st) {
+				return false
+			}
+			if s.blocking(st) {
+				for _, x := range s.blockingPeers(st, d) {
+					if !s.streamIdle(x) {
+						return false
+					}
+				}
+			}
+			return true
+		})
 		return s.copyLocked(dd, sd, c)
 	}
 	if s.deferring(c.stream) {

@@ -142,3 +142,28 @@ func TestPerThreadStreamSynchronizesWithLegacy(t *testing.T) {
 	require.NoError(t, s.MemFreeHost(out))
 	require.NoError(t, s.MemFreeHost(in))
 }
+
+// A copy to or from pageable memory on a blocking stream comes after the legacy stream's earlier
+// work (implicit synchronization), and one on the legacy stream after the blocking streams' work,
+// like any work queued there: the driver stages it in stream order.
+func TestPageableCopyAfterImplicitlySynchronizedWork(t *testing.T) {
+	s := start(t, DeferWork())
+	bind(t, s, 0)
+	const n = 4096
+	dev, err := s.MemAlloc(n)
+	require.NoError(t, err)
+	blocking, err := s.StreamCreate(driver.StreamDefault)
+	require.NoError(t, err)
+	out := make([]byte, n) // pageable
+
+	require.NoError(t, s.MemsetD8Async(dev, 7, n, 0))
+	require.NoError(t, s.MemcpyDtoHAsync(ptr(out), dev, n, blocking))
+	require.Equal(t, byte(7), out[0], "the blocking stream's copy waits for the legacy stream's fill")
+
+	require.NoError(t, s.MemsetD8Async(dev, 9, n, blocking))
+	require.NoError(t, s.MemcpyDtoHAsync(ptr(out), dev, n, 0))
+	require.Equal(t, byte(9), out[0], "the legacy stream's copy waits for the blocking stream's fill")
+
+	require.NoError(t, s.StreamDestroy(blocking))
+	require.NoError(t, s.MemFree(dev))
+}
