@@ -234,7 +234,9 @@ func (s *Sim) poolOf(d *device) *memPool {
 	return p
 }
 
-// MemAllocAsync calls cuMemAllocAsync: a buffer from the current device's default pool. A cached
+// MemAllocAsync calls cuMemAllocAsync: a buffer from the default pool of the stream's device (for
+// the legacy and per-thread streams, the current context's; the driver allocates from the pool
+// current to the stream's device). A cached
 // buffer is reused when its free was queued on st, or has completed (opportunistic reuse), and it is
 // at least the rounded size and at most twice it; otherwise the pool grows by a new buffer, charged to
 // the device (CUDA_ERROR_OUT_OF_MEMORY when the device is full even after dropping completed cached
@@ -255,15 +257,16 @@ func (s *Sim) MemAllocAsync(size uint64, st driver.Stream) (driver.DevicePtr, er
 	if s.legacyDuringCapture("cuMemAllocAsync", &st, d) {
 		return 0, driver.ErrorStreamCaptureImplicit
 	}
-	p := s.poolOf(d)
+	pd := s.streamDevice(st, d)
+	p := s.poolOf(pd)
 	n := roundUp(size, s.gran())
 	if b := p.reusable(n, st); b != nil {
 		return p.take(b), nil
 	}
-	l, err := s.newLegacyBuffer(d, size)
+	l, err := s.newLegacyBuffer(pd, size)
 	if err == driver.ErrorOutOfMemory {
 		s.trimPool(p, 0)
-		l, err = s.newLegacyBuffer(d, size)
+		l, err = s.newLegacyBuffer(pd, size)
 	}
 	if err != nil {
 		return 0, err

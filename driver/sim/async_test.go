@@ -157,3 +157,38 @@ func TestElapsedTimeNotReady(t *testing.T) {
 	}
 	require.NoError(t, s.StreamDestroy(st))
 }
+
+// TestMemAllocAsyncUsesTheStreamsDevice: cuMemAllocAsync allocates from the pool of the stream's
+// device, which for a stream of another context is not the current context's device.
+func TestMemAllocAsyncUsesTheStreamsDevice(t *testing.T) {
+	s := start(t, Devices(2))
+	c1, err := s.DevicePrimaryCtxRetain(1)
+	require.NoError(t, err)
+	defer func() { require.NoError(t, s.DevicePrimaryCtxRelease(1)) }()
+	c0 := bind(t, s, 0)
+	require.NoError(t, s.CtxSetCurrent(c1))
+	st1, err := s.StreamCreate(driver.StreamNonBlocking)
+	require.NoError(t, err)
+	require.NoError(t, s.CtxSetCurrent(c0))
+	reserved := func(dev driver.Device) uint64 {
+		t.Helper()
+		pool, err := s.DeviceGetDefaultMemPool(dev)
+		require.NoError(t, err)
+		v, err := s.MemPoolGetAttribute(pool, driver.MemPoolReservedMemCurrent)
+		require.NoError(t, err)
+		return v
+	}
+
+	p, err := s.MemAllocAsync(2*mib, st1)
+	require.NoError(t, err)
+	require.Equal(t, uint64(0), reserved(0))
+	require.Equal(t, 2*mib, reserved(1), "device 1's pool")
+	require.NoError(t, s.MemFreeAsync(p, st1))
+	require.NoError(t, s.StreamSynchronize(st1))
+
+	require.NoError(t, s.CtxSetCurrent(c1))
+	require.NoError(t, s.CtxSynchronize()) // releases what the pool caches above its threshold
+	require.NoError(t, s.StreamDestroy(st1))
+	require.Equal(t, uint64(0), reserved(1))
+	require.NoError(t, s.CtxSetCurrent(c0))
+}
