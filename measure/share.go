@@ -82,7 +82,7 @@ func (o *ShareOptions) check() error {
 	case o.Rounds < 1:
 		return fmt.Errorf("--rounds %d: want at least 1: %w", o.Rounds, ErrInvalidOption)
 	case o.Size == 0:
-		return fmt.Errorf("--size 0: %w", ErrInvalidOption)
+		return fmt.Errorf("--size 0: want a size above 0: %w", ErrInvalidOption)
 	}
 	return nil
 }

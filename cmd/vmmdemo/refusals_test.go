@@ -1,0 +1,26 @@
+package main
+
+import (
+	"strings"
+	"testing"
+
+	"github.com/stretchr/testify/require"
+)
+
+// refused runs args on the simulator and checks that they are refused as a bad command line: exit
+// status 2, nothing on stdout, and one line on stderr naming the subcommand and containing want.
+func refused(t *testing.T, want string, args ...string) {
+	t.Helper()
+	code, out, stderr := runPinnedCmd(t, append(args, "--backend", "sim")...)
+	require.Equal(t, 2, code, "%v: %s", args, stderr)
+	require.Empty(t, out, args)
+	lines := strings.Split(strings.TrimSuffix(stderr, "\n"), "\n")
+	require.Len(t, lines, 1, "%v: one line: %s", args, stderr)
+	require.True(t, strings.HasPrefix(lines[0], "vmmdemo "+args[0]+": "), "%v: %s", args, stderr)
+	require.Contains(t, lines[0], want, args)
+}
+
+// TestShareSizeZeroSaysWhy: share --size 0 is refused with what the flag wants, not its value alone.
+func TestShareSizeZeroSaysWhy(t *testing.T) {
+	refused(t, "--size 0: want a size above 0", "share", "--size", "0")
+}
