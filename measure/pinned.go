@@ -47,9 +47,12 @@ func (o *PinnedOptions) check() error {
 	if o.Modes == nil {
 		o.Modes = pinModes
 	}
-	for _, m := range o.Modes {
+	for i, m := range o.Modes {
 		if !slices.Contains(pinModes, m) {
 			return fmt.Errorf("--modes: unknown mode %q (want naive, shared, cpu-only): %w", m, ErrInvalidOption)
+		}
+		if slices.Contains(o.Modes[:i], m) {
+			return fmt.Errorf("--modes: %q is listed twice: %w", m, ErrInvalidOption)
 		}
 	}
 	return nil

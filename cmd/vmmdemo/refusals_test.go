@@ -24,3 +24,9 @@ func refused(t *testing.T, want string, args ...string) {
 func TestShareSizeZeroSaysWhy(t *testing.T) {
 	refused(t, "--size 0: want a size above 0", "share", "--size", "0")
 }
+
+// TestPinnedModeListedTwice: a mode given twice in --modes is refused (it ran twice, printing the
+// same mode's figures twice), as pool refuses an allocator listed twice.
+func TestPinnedModeListedTwice(t *testing.T) {
+	refused(t, `--modes: "naive" is listed twice`, "pinned", "--size", "8MiB", "--procs", "1", "--modes", "naive,shared,naive")
+}
