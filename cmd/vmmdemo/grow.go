@@ -25,6 +25,9 @@ func runGrow(e *env, args []string) error {
 	if err := parse(fs, args); err != nil {
 		return err
 	}
+	if err := zeroSizes(fs, "chunk"); err != nil {
+		return err
+	}
 	return measureAndShow(e, &c, func(me measure.Env) (*measure.GrowResult, error) {
 		return measure.Grow(measure.GrowOptions{Env: me, Device: *device, To: to.v, Step: step.v, Chunk: chunk.v})
 	})

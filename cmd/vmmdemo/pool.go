@@ -42,6 +42,9 @@ func runPool(e *env, args []string) error {
 	if err := checkPoolFlags(*fill, *cacheIters); err != nil {
 		return err
 	}
+	if err := zeroSizes(fs, "memory"); err != nil {
+		return err
+	}
 	tr, defFill, err := loadPoolTrace(*traceFile, *synthetic)
 	if err != nil {
 		return err

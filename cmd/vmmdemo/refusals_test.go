@@ -30,3 +30,20 @@ func TestShareSizeZeroSaysWhy(t *testing.T) {
 func TestPinnedModeListedTwice(t *testing.T) {
 	refused(t, `--modes: "naive" is listed twice`, "pinned", "--size", "8MiB", "--procs", "1", "--modes", "naive,shared,naive")
 }
+
+// TestZeroSizesRefused: a size flag given as 0 is refused, as bandwidth's and broker's are, rather
+// than run silently with the flag's default (pool --memory 0 ran against the device's whole free
+// memory while --memory 1 was refused).
+func TestZeroSizesRefused(t *testing.T) {
+	for _, args := range [][]string{
+		{"pool", "--synthetic", "serving", "--memory", "0"},
+		{"grow", "--to", "8MiB", "--step", "2MiB", "--chunk", "0"},
+		{"sleep", "--size", "8MiB", "--chunk", "0"},
+		{"sleep", "--size", "8MiB", "--slot", "0"},
+		{"sleep", "--size", "8MiB", "--mode", "file", "--file-part", "0"},
+		{"xfer", "--size", "8MiB", "--block", "0"},
+	} {
+		name := args[len(args)-2]
+		refused(t, name+" 0: want a size above 0 (leave the flag out for its default)", args...)
+	}
+}

@@ -36,6 +36,9 @@ func runXfer(e *env, args []string) error {
 	if err := checkXferFlags(devs, *warmup, *iters); err != nil {
 		return err
 	}
+	if err := zeroSizes(fs, "block"); err != nil {
+		return err
+	}
 	if *warmup == 0 {
 		*warmup = -1 // measure's none (its 0 is the default)
 	}
