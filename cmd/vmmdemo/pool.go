@@ -30,7 +30,7 @@ func runPool(e *env, args []string) error {
 	var memory sizeFlag
 	fs.Var(&memory, "memory", "memory to size the trace against and the cuvmm pools' limit, at least 128MiB (default: the device's free memory; 2 GiB at most on the simulator)")
 	device := fs.Int("device", 0, "device ordinal")
-	verify := fs.Int("verify-every", 16, "fill and verify every Nth block")
+	verify := fs.Int("verify-every", 16, "fill and verify every Nth block (at least 1)")
 	allocators := fs.String("allocators", strings.Join(measure.PoolAllocators, ","), "allocators to replay on")
 	peer := fs.String("peer", "", "also replay in a peer process: torch (PyTorch's caching allocator, expandable segments)")
 	peerScript := fs.String("peer-script", "scripts/peers/torch_pool.py", "the peer's script")
@@ -39,7 +39,7 @@ func runPool(e *env, args []string) error {
 	if err := parse(fs, args); err != nil {
 		return err
 	}
-	if err := checkPoolFlags(*fill, *cacheIters); err != nil {
+	if err := checkPoolFlags(*fill, *cacheIters, *verify); err != nil {
 		return err
 	}
 	if err := zeroSizes(fs, "memory"); err != nil {
@@ -67,13 +67,17 @@ func runPool(e *env, args []string) error {
 	})
 }
 
-// checkPoolFlags refuses a --fill-fraction outside 0 to 1 (NaN included) and a --cache-iters below 1.
-func checkPoolFlags(fill float64, cacheIters int) error {
+// checkPoolFlags refuses a --fill-fraction outside 0 to 1 (NaN included), and a --cache-iters or a
+// --verify-every below 1.
+func checkPoolFlags(fill float64, cacheIters, verifyEvery int) error {
 	if !(fill >= 0 && fill <= 1) {
 		return fmt.Errorf("--fill-fraction %v: want 0 to 1: %w", fill, errUsage)
 	}
 	if cacheIters < 1 {
 		return fmt.Errorf("--cache-iters %d: want at least 1: %w", cacheIters, errUsage)
+	}
+	if verifyEvery < 1 {
+		return fmt.Errorf("--verify-every %d: want at least 1: %w", verifyEvery, errUsage)
 	}
 	return nil
 }

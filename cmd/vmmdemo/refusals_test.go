@@ -47,3 +47,10 @@ func TestZeroSizesRefused(t *testing.T) {
 		refused(t, name+" 0: want a size above 0 (leave the flag out for its default)", args...)
 	}
 }
+
+// TestPoolVerifyEveryBelowOne: --verify-every 0 or below is refused; it ran with the default 16.
+func TestPoolVerifyEveryBelowOne(t *testing.T) {
+	for _, n := range []string{"0", "-1"} {
+		refused(t, "--verify-every "+n+": want at least 1", "pool", "--synthetic", "serving", "--memory", "256MiB", "--verify-every", n)
+	}
+}
