@@ -428,11 +428,11 @@ func (r *sleepRun) addBuffers() error {
 		var err error
 		if path == "" {
 			r.file, err = r.opts.createTemp("vmmdemo-sleep-*.bin")
-		} else {
-			r.file, err = os.OpenFile(path, os.O_RDWR|os.O_CREATE|os.O_TRUNC, 0o644)
+		} else if r.file, err = os.OpenFile(path, os.O_RDWR|os.O_CREATE|os.O_TRUNC, 0o644); err != nil {
+			err = fmt.Errorf("--file: %w", err)
 		}
 		if err != nil {
-			return fmt.Errorf("--file: %w", err)
+			return err
 		}
 		r.res.File = r.file.Name()
 	}

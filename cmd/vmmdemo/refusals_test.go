@@ -1,6 +1,7 @@
 package main
 
 import (
+	"path/filepath"
 	"strings"
 	"testing"
 
@@ -52,5 +53,22 @@ func TestZeroSizesRefused(t *testing.T) {
 func TestPoolVerifyEveryBelowOne(t *testing.T) {
 	for _, n := range []string{"0", "-1"} {
 		refused(t, "--verify-every "+n+": want at least 1", "pool", "--synthetic", "serving", "--memory", "256MiB", "--verify-every", n)
+	}
+}
+
+// TestTempDirErrorNamed: when the run's temporary directory cannot be made (TMPDIR missing), the
+// error says so and names TMPDIR; sleep does not blame --file, which was not given.
+func TestTempDirErrorNamed(t *testing.T) {
+	missing := filepath.Join(t.TempDir(), "missing")
+	t.Setenv("TMPDIR", missing)
+	for _, args := range [][]string{
+		{"sleep", "--size", "8MiB", "--mode", "file"},
+		{"broker", "--size", "8MiB", "--workers", "1", "--max-request", "1MiB", "--rtt-samples", "1"},
+	} {
+		code, out, stderr := runPinnedCmd(t, append(args, "--backend", "sim", "--sim-devices", "1")...)
+		require.Equal(t, 1, code, "%v: %s", args, stderr)
+		require.Empty(t, out, args)
+		require.Equal(t, 1, strings.Count(stderr, "\n"), "%v: one line: %s", args, stderr)
+		require.Contains(t, stderr, "vmmdemo "+args[0]+": temporary directory in "+missing+" (TMPDIR): ", args)
 	}
 }

@@ -20,11 +20,12 @@ import (
 const tempPrefix = "vmmdemo-"
 
 // tempDir makes a private (0700) temporary directory for this run, removed when the subcommand
-// ends or the process is interrupted.
+// ends or the process is interrupted. Its error names the directory it was to be made in and TMPDIR,
+// which chooses it.
 func (e *env) tempDir() (string, error) {
 	dir, err := os.MkdirTemp("", fmt.Sprintf("%s%d-", tempPrefix, os.Getpid()))
 	if err != nil {
-		return "", err
+		return "", fmt.Errorf("temporary directory in %s (TMPDIR): %w", os.TempDir(), err)
 	}
 	e.mu.Lock()
 	e.dirs = append(e.dirs, dir)
