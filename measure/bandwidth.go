@@ -103,8 +103,8 @@ func (o *BandwidthOptions) defaults() ([]uint64, error) {
 	if err := o.Env.check(); err != nil {
 		return nil, err
 	}
-	if o.Iters < 0 || o.StagingBuffers < 2 {
-		return nil, fmt.Errorf("--iters must be ≥ 0 and --staging-buffers ≥ 2: %w", ErrInvalidOption)
+	if err := firstErr(atLeast(0, intOption{"iters", o.Iters}), atLeast(2, intOption{"staging-buffers", o.StagingBuffers})); err != nil {
+		return nil, err
 	}
 	if o.NoStaging && (o.Staging != 0 || o.StagingChunk != 0 || o.StagingSpin) {
 		return nil, fmt.Errorf("--no-staging skips the staging measurement that --staging, --staging-chunk, --staging-buffers and --staging-spin set up: leave them out: %w", ErrInvalidOption)

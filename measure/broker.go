@@ -206,8 +206,9 @@ func (o *BrokerOptions) check() error {
 	if err := o.Env.check(); err != nil {
 		return err
 	}
-	if o.Size == 0 || o.Workers < 1 || o.Depth < 1 || o.Streams < 1 || o.RTTSamples < 1 {
-		return fmt.Errorf("--size must be above 0; --workers, --depth, --streams and --rtt-samples at least 1: %w", ErrInvalidOption)
+	if err := firstErr(nonZeroSize("size", o.Size), atLeast(1, intOption{"workers", o.Workers}, intOption{"depth", o.Depth},
+		intOption{"streams", o.Streams}, intOption{"rtt-samples", o.RTTSamples})); err != nil {
+		return err
 	}
 	if o.Workers > MaxWorkers {
 		return fmt.Errorf("--workers %d: want at most %d: %w", o.Workers, MaxWorkers, ErrInvalidOption)

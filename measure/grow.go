@@ -64,8 +64,8 @@ func (o *GrowOptions) check() error {
 	if err := o.Env.check(); err != nil {
 		return err
 	}
-	if o.To == 0 || o.Step == 0 {
-		return fmt.Errorf("--to %d and --step %d must not be 0: %w", o.To, o.Step, ErrInvalidOption)
+	if err := firstErr(nonZeroSize("to", o.To), nonZeroSize("step", o.Step)); err != nil {
+		return err
 	}
 	if o.To%8 != 0 || o.Step%8 != 0 {
 		return fmt.Errorf("--to %d and --step %d must be multiples of 8 bytes (the pattern's word): %w", o.To, o.Step, ErrInvalidOption)

@@ -38,8 +38,8 @@ func (o *PinnedOptions) check() error {
 	if o.WorkerContexts != "all" && o.WorkerContexts != "own" {
 		return fmt.Errorf("--worker-contexts %q: want all or own: %w", o.WorkerContexts, ErrInvalidOption)
 	}
-	if o.Size == 0 || o.Procs < 1 {
-		return fmt.Errorf("--size must be above 0 and --procs at least 1: %w", ErrInvalidOption)
+	if err := firstErr(nonZeroSize("size", o.Size), atLeast(1, intOption{"procs", o.Procs})); err != nil {
+		return err
 	}
 	if o.Procs > MaxWorkers {
 		return fmt.Errorf("--procs %d: want at most %d: %w", o.Procs, MaxWorkers, ErrInvalidOption)

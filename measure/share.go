@@ -81,10 +81,8 @@ func (o *ShareOptions) check() error {
 		return fmt.Errorf("--chunks %d: want 1 to %d: %w", o.Chunks, ipc.MaxChunks, ErrInvalidOption)
 	case o.Rounds < 1:
 		return fmt.Errorf("--rounds %d: want at least 1: %w", o.Rounds, ErrInvalidOption)
-	case o.Size == 0:
-		return fmt.Errorf("--size 0: want a size above 0: %w", ErrInvalidOption)
 	}
-	return nil
+	return nonZeroSize("size", o.Size)
 }
 
 // shareBuffer is the parent's buffer: one reservation, one allocation per chunk.

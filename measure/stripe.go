@@ -78,8 +78,8 @@ func (o *StripeOptions) layout() (stripe.Layout, error) {
 	if err := o.Env.check(); err != nil {
 		return nil, err
 	}
-	if o.Builds < 1 || o.Reads < 1 {
-		return nil, fmt.Errorf("--builds and --reads must be at least 1: %w", ErrInvalidOption)
+	if err := atLeast(1, intOption{"builds", o.Builds}, intOption{"reads", o.Reads}); err != nil {
+		return nil, err
 	}
 	if o.Devices != nil && len(o.Devices) == 0 {
 		return nil, fmt.Errorf("--devices: no devices: %w", ErrInvalidOption)

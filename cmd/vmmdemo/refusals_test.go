@@ -72,3 +72,28 @@ func TestTempDirErrorNamed(t *testing.T) {
 		require.Contains(t, stderr, "vmmdemo "+args[0]+": temporary directory in "+missing+" (TMPDIR): ", args)
 	}
 }
+
+// TestBadCountNamesTheFlag: a count or size out of range is refused naming that flag and its value,
+// not with a sentence listing every flag that has a bound (broker --depth 0 named five flags).
+func TestBadCountNamesTheFlag(t *testing.T) {
+	for _, tc := range []struct {
+		want string
+		args []string
+	}{
+		{"--size 0: want a size above 0", []string{"broker", "--size", "0"}},
+		{"--workers 0: want at least 1", []string{"broker", "--size", "8MiB", "--workers", "0"}},
+		{"--depth 0: want at least 1", []string{"broker", "--size", "8MiB", "--depth", "0"}},
+		{"--streams -1: want at least 1", []string{"broker", "--size", "8MiB", "--streams", "-1"}},
+		{"--rtt-samples 0: want at least 1", []string{"broker", "--size", "8MiB", "--rtt-samples", "0"}},
+		{"--size 0: want a size above 0", []string{"pinned", "--size", "0"}},
+		{"--procs 0: want at least 1", []string{"pinned", "--size", "8MiB", "--procs", "0"}},
+		{"--builds 0: want at least 1", []string{"stripe", "--size", "8MiB", "--builds", "0"}},
+		{"--reads -3: want at least 1", []string{"stripe", "--size", "8MiB", "--reads", "-3"}},
+		{"--iters -1: want at least 0", []string{"bandwidth", "--iters", "-1"}},
+		{"--staging-buffers 1: want at least 2", []string{"bandwidth", "--staging-buffers", "1"}},
+		{"--to 0: want a size above 0", []string{"grow", "--to", "0"}},
+		{"--step 0: want a size above 0", []string{"grow", "--step", "0"}},
+	} {
+		refused(t, tc.want, tc.args...)
+	}
+}
