@@ -312,9 +312,12 @@ func (o *SleepOptions) checkFileParts(policy offload.Policy) error {
 	// The set would cut a larger part to its slots (a buffer smaller than a slot has smaller ones),
 	// and the raw figures must use the part the set uses: refused instead.
 	most := min(o.SlotSize, o.Size)
-	if o.FilePart%4096 != 0 || o.FilePart > most || o.FileBuffers < 0 || o.FileBuffers > maxFileBuffers {
-		return fmt.Errorf("--file-part %s, --file-buffers %d: want a multiple of 4 KiB up to the slot and the buffer (%s), and 1 to %d buffers: %w",
-			units.FormatSize(o.FilePart), o.FileBuffers, units.FormatSize(most), maxFileBuffers, ErrInvalidOption)
+	if o.FilePart%4096 != 0 || o.FilePart > most {
+		return fmt.Errorf("--file-part %s: want a multiple of 4 KiB up to the slot and the buffer (%s): %w",
+			units.FormatSize(o.FilePart), units.FormatSize(most), ErrInvalidOption)
+	}
+	if o.FileBuffers < 0 || o.FileBuffers > maxFileBuffers {
+		return fmt.Errorf("--file-buffers %d: want 1 to %d: %w", o.FileBuffers, maxFileBuffers, ErrInvalidOption)
 	}
 	o.FilePart = cmp.Or(o.FilePart, min(offload.DefaultFilePart, most)) // the part the set uses
 	o.FileBuffers = cmp.Or(o.FileBuffers, offload.DefaultFileBuffers)

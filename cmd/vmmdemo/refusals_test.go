@@ -97,3 +97,23 @@ func TestBadCountNamesTheFlag(t *testing.T) {
 		refused(t, tc.want, tc.args...)
 	}
 }
+
+// TestSleepFilePartsNamedApart: a bad --file-buffers or --file-part is refused naming that flag
+// alone (a bad --file-buffers reported "--file-part 0 B" too, a flag not given).
+func TestSleepFilePartsNamedApart(t *testing.T) {
+	base := []string{"sleep", "--size", "8MiB", "--mode", "file"}
+	for _, tc := range []struct {
+		args      []string
+		want, not string
+	}{
+		{[]string{"--file-buffers", "-1"}, "--file-buffers -1: want 1 to 64", "--file-part"},
+		{[]string{"--file-buffers", "65"}, "--file-buffers 65: want 1 to 64", "--file-part"},
+		{[]string{"--file-part", "1KiB"}, "--file-part 1 KiB: want a multiple of 4 KiB up to the slot and the buffer (8 MiB)", "--file-buffers"},
+		{[]string{"--file-part", "16MiB"}, "--file-part 16 MiB: want a multiple of 4 KiB up to the slot and the buffer (8 MiB)", "--file-buffers"},
+	} {
+		args := append(append([]string{}, base...), tc.args...)
+		refused(t, tc.want, args...)
+		_, _, stderr := runPinnedCmd(t, append(args, "--backend", "sim")...)
+		require.NotContains(t, stderr, tc.not, args)
+	}
+}
