@@ -8,7 +8,6 @@ import (
 	"io"
 	"os"
 	"os/exec"
-	"path/filepath"
 	"slices"
 	"strings"
 	"time"
@@ -152,6 +151,9 @@ func (o *XferOptions) check() error {
 	}
 	if o.Peer != "" && o.Peer != "torch" {
 		return fmt.Errorf("--peer %q: want torch or nothing: %w", o.Peer, ErrInvalidOption)
+	}
+	if err := o.findPeerScript(); err != nil {
+		return err
 	}
 	if o.Iters < 0 {
 		return fmt.Errorf("--iters %d: want at least 1: %w", o.Iters, ErrInvalidOption)
@@ -618,12 +620,19 @@ func xferNCCLEnv() map[string]string {
 	return env
 }
 
+// findPeerScript finds PeerScript before anything runs, when the PyTorch peer is to run.
+func (o *XferOptions) findPeerScript() error {
+	if o.Peer != "torch" {
+		return nil
+	}
+	script, err := FindPeerScript(o.PeerScript, XferPeerScript)
+	o.PeerScript = script
+	return err
+}
+
 // xferPeer runs the PyTorch script with the same size, warm-up and iterations.
 func xferPeer(o *XferOptions, res *XferResult) error {
-	script, err := xferFindScript(o.PeerScript)
-	if err != nil {
-		return err
-	}
+	script := o.PeerScript // found by check
 	ctx, cancel := context.WithTimeout(context.Background(), 2*o.Timeout)
 	defer cancel()
 	cmd := exec.CommandContext(ctx, o.Python, script, "--size", fmt.Sprint(o.Size), "--warmup", fmt.Sprint(o.Warmup),
@@ -651,27 +660,6 @@ func (o *XferOptions) logWriter() io.Writer {
 		return o.Log
 	}
 	return os.Stderr
-}
-
-// xferFindScript finds the PyTorch script: the path given, else scripts/peers/torch_sendrecv.py
-// under the working directory or a directory above the executable.
-func xferFindScript(given string) (string, error) {
-	if given != "" {
-		return given, nil
-	}
-	const rel = "scripts/peers/torch_sendrecv.py"
-	cands := []string{rel}
-	if exe, err := os.Executable(); err == nil {
-		for d := filepath.Dir(exe); d != filepath.Dir(d); d = filepath.Dir(d) {
-			cands = append(cands, filepath.Join(d, rel))
-		}
-	}
-	for _, c := range cands {
-		if _, err := os.Stat(c); err == nil {
-			return c, nil
-		}
-	}
-	return "", fmt.Errorf("the PyTorch peer script %s was not found (tried %v): %w", rel, cands, ErrInvalidOption)
 }
 
 // Text prints the result for people.

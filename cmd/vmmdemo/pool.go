@@ -33,7 +33,7 @@ func runPool(e *env, args []string) error {
 	verify := fs.Int("verify-every", 16, "fill and verify every Nth block (at least 1)")
 	allocators := fs.String("allocators", strings.Join(measure.PoolAllocators, ","), "allocators to replay on")
 	peer := fs.String("peer", "", "also replay in a peer process: torch (PyTorch's caching allocator, expandable segments)")
-	peerScript := fs.String("peer-script", "scripts/peers/torch_pool.py", "the peer's script")
+	peerScript := fs.String("peer-script", "", "the peer's script (default "+measure.PoolPeerScript+", under the working directory or a directory above the executable)")
 	python := fs.String("python", "python3", "the Python interpreter for the peer")
 	cacheIters := fs.Int("cache-iters", 20000, "alloc+free pairs timed from each allocator's cache (at least 1)")
 	if err := parse(fs, args); err != nil {
@@ -57,7 +57,11 @@ func runPool(e *env, args []string) error {
 	switch *peer {
 	case "":
 	case "torch":
-		o.PeerCommand = []string{*python, *peerScript}
+		script, err := measure.FindPeerScript(*peerScript, measure.PoolPeerScript)
+		if err != nil {
+			return err
+		}
+		o.PeerCommand = []string{*python, script}
 	default:
 		return fmt.Errorf("--peer %q: want torch: %w", *peer, errUsage)
 	}

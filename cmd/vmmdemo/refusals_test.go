@@ -117,3 +117,15 @@ func TestSleepFilePartsNamedApart(t *testing.T) {
 		require.NotContains(t, stderr, tc.not, args)
 	}
 }
+
+// TestPeerScriptMissingRefusedFirst: pool --peer torch and xfer --peer torch refuse a peer script
+// that is not there before measuring anything (pool ran every allocator, then reported Python's
+// "can't open file"; the working directory here, the package's, has no scripts/).
+func TestPeerScriptMissingRefusedFirst(t *testing.T) {
+	missing := filepath.Join(t.TempDir(), "peer.py")
+	refused(t, "the PyTorch peer script scripts/peers/torch_pool.py was not found",
+		"pool", "--synthetic", "serving", "--memory", "256MiB", "--cache-iters", "10", "--peer", "torch")
+	refused(t, "--peer-script "+missing+": ", "pool", "--synthetic", "serving", "--memory", "256MiB", "--cache-iters", "10",
+		"--peer", "torch", "--peer-script", missing)
+	refused(t, "--peer-script "+missing+": ", "xfer", "--size", "8MiB", "--peer", "torch", "--peer-script", missing)
+}

@@ -1,0 +1,37 @@
+package measure
+
+import (
+	"fmt"
+	"os"
+	"path/filepath"
+)
+
+// The peers' scripts, relative to the module's root.
+const (
+	PoolPeerScript = "scripts/peers/torch_pool.py"
+	XferPeerScript = "scripts/peers/torch_sendrecv.py"
+)
+
+// FindPeerScript finds a peer's script before anything is measured: the path given, which must
+// exist, else rel under the working directory or under a directory above the executable. Its
+// error names --peer-script or the places tried, and wraps ErrInvalidOption.
+func FindPeerScript(given, rel string) (string, error) {
+	if given != "" {
+		if _, err := os.Stat(given); err != nil {
+			return "", fmt.Errorf("--peer-script %s: %w: %w", given, err, ErrInvalidOption)
+		}
+		return given, nil
+	}
+	cands := []string{rel}
+	if exe, err := os.Executable(); err == nil {
+		for d := filepath.Dir(exe); d != filepath.Dir(d); d = filepath.Dir(d) {
+			cands = append(cands, filepath.Join(d, rel))
+		}
+	}
+	for _, c := range cands {
+		if _, err := os.Stat(c); err == nil {
+			return c, nil
+		}
+	}
+	return "", fmt.Errorf("the PyTorch peer script %s was not found (tried %v): %w", rel, cands, ErrInvalidOption)
+}
