@@ -3,6 +3,7 @@ package measure
 import (
 	"fmt"
 	"os"
+	"os/exec"
 	"path/filepath"
 )
 
@@ -11,6 +12,19 @@ const (
 	PoolPeerScript = "scripts/peers/torch_pool.py"
 	XferPeerScript = "scripts/peers/torch_sendrecv.py"
 )
+
+// PeerCommand is the command line of a peer, python and its script (FindPeerScript), checked
+// before anything is measured: an interpreter that cannot be found is refused, naming --python.
+func PeerCommand(python, script, rel string) ([]string, error) {
+	if _, err := exec.LookPath(python); err != nil {
+		return nil, fmt.Errorf("--python %s: %w: %w", python, err, ErrInvalidOption)
+	}
+	script, err := FindPeerScript(script, rel)
+	if err != nil {
+		return nil, err
+	}
+	return []string{python, script}, nil
+}
 
 // FindPeerScript finds a peer's script before anything is measured: the path given, which must
 // exist, else rel under the working directory or under a directory above the executable. Its

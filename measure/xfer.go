@@ -160,7 +160,6 @@ func (o *XferOptions) check() error {
 	}
 	o.Warmup, o.Iters = max(cmp0(o.Warmup, 3), 0), cmp0(o.Iters, 10)
 	o.Timeout = cmp0(o.Timeout, 2*time.Minute)
-	o.Python = cmp0(o.Python, "python3")
 	return nil
 }
 
@@ -620,13 +619,17 @@ func xferNCCLEnv() map[string]string {
 	return env
 }
 
-// findPeerScript finds PeerScript before anything runs, when the PyTorch peer is to run.
+// findPeerScript checks Python and finds PeerScript before anything runs, when the PyTorch peer
+// is to run.
 func (o *XferOptions) findPeerScript() error {
+	o.Python = cmp0(o.Python, "python3")
 	if o.Peer != "torch" {
 		return nil
 	}
-	script, err := FindPeerScript(o.PeerScript, XferPeerScript)
-	o.PeerScript = script
+	argv, err := PeerCommand(o.Python, o.PeerScript, XferPeerScript)
+	if err == nil {
+		o.PeerScript = argv[1]
+	}
 	return err
 }
 

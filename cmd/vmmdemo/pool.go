@@ -57,11 +57,9 @@ func runPool(e *env, args []string) error {
 	switch *peer {
 	case "":
 	case "torch":
-		script, err := measure.FindPeerScript(*peerScript, measure.PoolPeerScript)
-		if err != nil {
+		if o.PeerCommand, err = measure.PeerCommand(*python, *peerScript, measure.PoolPeerScript); err != nil {
 			return err
 		}
-		o.PeerCommand = []string{*python, script}
 	default:
 		return fmt.Errorf("--peer %q: want torch: %w", *peer, errUsage)
 	}

@@ -1,6 +1,7 @@
 package main
 
 import (
+	"os"
 	"path/filepath"
 	"strings"
 	"testing"
@@ -128,4 +129,15 @@ func TestPeerScriptMissingRefusedFirst(t *testing.T) {
 	refused(t, "--peer-script "+missing+": ", "pool", "--synthetic", "serving", "--memory", "256MiB", "--cache-iters", "10",
 		"--peer", "torch", "--peer-script", missing)
 	refused(t, "--peer-script "+missing+": ", "xfer", "--size", "8MiB", "--peer", "torch", "--peer-script", missing)
+}
+
+// TestPeerPythonMissingRefusedFirst: a --python that cannot be run is refused before measuring
+// (xfer and pool ran everything, then failed to start it).
+func TestPeerPythonMissingRefusedFirst(t *testing.T) {
+	script := filepath.Join(t.TempDir(), "peer.py")
+	require.NoError(t, os.WriteFile(script, nil, 0o644))
+	missing := filepath.Join(t.TempDir(), "python3")
+	refused(t, "--python "+missing+": ", "xfer", "--size", "8MiB", "--peer", "torch", "--peer-script", script, "--python", missing)
+	refused(t, "--python "+missing+": ", "pool", "--synthetic", "serving", "--memory", "256MiB", "--cache-iters", "10",
+		"--peer", "torch", "--peer-script", script, "--python", missing)
 }
