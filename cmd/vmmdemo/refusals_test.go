@@ -141,3 +141,18 @@ func TestPeerPythonMissingRefusedFirst(t *testing.T) {
 	refused(t, "--python "+missing+": ", "pool", "--synthetic", "serving", "--memory", "256MiB", "--cache-iters", "10",
 		"--peer", "torch", "--peer-script", script, "--python", missing)
 }
+
+// TestNoSubcommandUsageOnStderr: vmmdemo without a subcommand fails (status 2) with the usage on
+// stderr, as for an unknown one, leaving stdout empty; help asked for goes to stdout, status 0.
+func TestNoSubcommandUsageOnStderr(t *testing.T) {
+	code, out, stderr := runCmd(t)
+	require.Equal(t, 2, code)
+	require.Empty(t, out)
+	require.Contains(t, stderr, "usage: vmmdemo <subcommand> [flags]")
+	for _, h := range []string{"help", "-h", "--help"} {
+		code, out, stderr = runCmd(t, h)
+		require.Equal(t, 0, code, h)
+		require.Contains(t, out, "usage: vmmdemo <subcommand> [flags]", h)
+		require.Empty(t, stderr, h)
+	}
+}
