@@ -96,9 +96,17 @@ func (b *Backend) Close() error {
 }
 
 // Progress is told about long work: Begin starts a bar of total units (bytes, or steps), the bar
-// follows. A nil Progress reports nothing.
+// follows. A nil Progress reports nothing. A Progress that is also a StepProgress is given the
+// bars counted in steps through BeginSteps, so that it can show them as counts.
 type Progress interface {
 	Begin(label string, total uint64) Bar
+}
+
+// StepProgress is a Progress that tells bars of steps (sizes measured, phases, allocations
+// replayed) from bars of bytes: BeginSteps starts one of total steps.
+type StepProgress interface {
+	Progress
+	BeginSteps(label string, total uint64) Bar
 }
 
 // Bar is one piece of long work in progress.
@@ -117,6 +125,14 @@ func begin(p Progress, label string, total uint64) Bar {
 		return noBar{}
 	}
 	return p.Begin(label, total)
+}
+
+// beginSteps starts a bar of total steps: through BeginSteps where p has it, else Begin.
+func beginSteps(p Progress, label string, total uint64) Bar {
+	if sp, ok := p.(StepProgress); ok {
+		return sp.BeginSteps(label, total)
+	}
+	return begin(p, label, total)
 }
 
 // Env is what every measurement runs with.

@@ -246,7 +246,7 @@ func measureBandwidth(o *BandwidthOptions, d *vmm.Device, sizes []uint64) (res *
 	if res.Setup, err = b.makeHosts(o, top); err != nil {
 		return nil, err
 	}
-	bar := begin(o.Progress, "bandwidth", uint64(2*len(sizes)))
+	bar := beginSteps(o.Progress, "bandwidth", uint64(2*len(sizes)))
 	defer bar.Done()
 	for _, dir := range []string{"d2h", "h2d"} {
 		for _, size := range sizes {

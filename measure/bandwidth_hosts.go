@@ -179,7 +179,7 @@ func measureStaging(o *BandwidthOptions, d *vmm.Device, res *BandwidthResult) (s
 	}
 	defer func() { err = errors.Join(err, stager.Close()) }()
 	st = &BandwidthStaging{SizeBytes: size, ChunkBytes: stager.ChunkSize(), Buffers: o.StagingBuffers, SpinWait: o.StagingSpin}
-	bar := begin(o.Progress, "staging", 6)
+	bar := beginSteps(o.Progress, "staging", 6)
 	defer bar.Done()
 	ctx := context.Background()
 	var runs uint64

@@ -147,7 +147,7 @@ func (b *brokerRun) verify() error {
 // bandwidths measures each request size and direction: the workers through the broker, then raw
 // in this process (after the broker: both then find the region's pages in place).
 func (b *brokerRun) bandwidths() error {
-	bar := begin(b.o.Progress, "bandwidth", uint64(len(b.sizes)*2))
+	bar := beginSteps(b.o.Progress, "bandwidth", uint64(len(b.sizes)*2))
 	defer bar.Done()
 	for _, s := range b.sizes {
 		for _, d := range []string{brokerDirH2D, brokerDirD2H} {

@@ -162,7 +162,7 @@ func Pool(o PoolOptions) (*PoolResult, error) {
 		res.Trim.Error = err.Error()
 	}
 	if len(o.PeerCommand) > 0 {
-		bar := begin(o.Progress, "replay on "+PoolPeerTorch, 1)
+		bar := beginSteps(o.Progress, "replay on "+PoolPeerTorch, 1)
 		res.Order = append(res.Order, PoolPeerTorch)
 		res.Allocators[PoolPeerTorch] = poolPeer(o, tr)
 		bar.Done()
@@ -279,7 +279,7 @@ func poolRunOne(o PoolOptions, d *vmm.Device, name string, tr *pool.Trace, strea
 	if err != nil {
 		return nil, err
 	}
-	bar := begin(o.Progress, "replay on "+name, uint64(len(tr.Events)))
+	bar := beginSteps(o.Progress, "replay on "+name, uint64(len(tr.Events)))
 	r, err := poolReplay(o, d, a, tr, streams, bar)
 	bar.Done()
 	if err == nil {

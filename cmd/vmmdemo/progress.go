@@ -2,6 +2,7 @@ package main
 
 import (
 	"fmt"
+	"strconv"
 	"strings"
 	"time"
 
@@ -16,13 +17,27 @@ type progress struct {
 	e     *env
 	label string
 	total uint64
+	steps bool // counts steps, not bytes
 	last  time.Time
 	drawn bool
 }
 
-// Begin starts a bar (env is the measurements' measure.Progress).
+// Begin starts a bar of bytes (env is the measurements' measure.StepProgress).
 func (e *env) Begin(label string, total uint64) measure.Bar {
 	return &progress{e: e, label: label, total: total}
+}
+
+// BeginSteps starts a bar of steps, shown as counts.
+func (e *env) BeginSteps(label string, total uint64) measure.Bar {
+	return &progress{e: e, label: label, total: total, steps: true}
+}
+
+// amount is how the bar writes n: a count of steps, or a size.
+func (p *progress) amount(n uint64) string {
+	if p.steps {
+		return strconv.FormatUint(n, 10)
+	}
+	return units.FormatSize(n)
 }
 
 // Update redraws the bar for done of total bytes, at most ten times a second.
@@ -36,7 +51,7 @@ func (p *progress) Update(done uint64) {
 	frac = min(max(frac, 0), 1)
 	n := int(frac * width)
 	fmt.Fprintf(p.e.stderr, "\r%s [%s%s] %3.0f%% %s / %s ", p.label, strings.Repeat("#", n), strings.Repeat(".", width-n),
-		frac*100, units.FormatSize(done), units.FormatSize(p.total))
+		frac*100, p.amount(done), p.amount(p.total))
 	p.drawn = true
 }
 
@@ -47,3 +62,5 @@ func (p *progress) Done() {
 		p.drawn = false
 	}
 }
+
+var _ measure.StepProgress = (*env)(nil)
