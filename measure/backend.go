@@ -127,6 +127,25 @@ func begin(p Progress, label string, total uint64) Bar {
 	return p.Begin(label, total)
 }
 
+// lazyBar is a bar for a package's progress callback (update: bytes done of total): it begins
+// with the total the first call reports, which is the size asked for rounded up to the memory's
+// granularity, so that the bar never shows more done than its total; end ends it.
+func lazyBar(p Progress, label string) (update func(done, total uint64), end func()) {
+	var bar Bar
+	update = func(done, total uint64) {
+		if bar == nil {
+			bar = begin(p, label, total)
+		}
+		bar.Update(done)
+	}
+	end = func() {
+		if bar != nil {
+			bar.Done()
+		}
+	}
+	return update, end
+}
+
 // beginSteps starts a bar of total steps: through BeginSteps where p has it, else Begin.
 func beginSteps(p Progress, label string, total uint64) Bar {
 	if sp, ok := p.(StepProgress); ok {

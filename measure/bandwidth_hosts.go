@@ -46,11 +46,11 @@ type bwKind struct {
 // makeHosts makes each kind of host memory of size bytes and times how long each takes to be ready.
 func (b *bwBench) makeHosts(o *BandwidthOptions, size uint64) ([]BandwidthSetup, error) {
 	bar := func(label string) progressFunc {
-		p := begin(o.Progress, label, size)
+		update, end := lazyBar(o.Progress, label)
 		return func(done, total uint64) {
-			p.Update(done)
+			update(done, total)
 			if done >= total {
-				p.Done()
+				end()
 			}
 		}
 	}

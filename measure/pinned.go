@@ -161,12 +161,12 @@ type PinnedResult struct {
 func pinReadyTimes(o *PinnedOptions, dev *vmm.Device, res *PinnedResult) error {
 	size, baseline := o.Size, !o.NoBaseline
 	timeRegion := func(method, note string, opts pinned.Options) (float64, error) {
-		bar := begin(o.Progress, "pinning "+method, size)
-		opts.Progress = func(done, total uint64) { bar.Update(done) }
+		update, end := lazyBar(o.Progress, "pinning "+method)
+		opts.Progress = update
 		t0 := time.Now()
 		r, err := pinned.New(dev, size, opts)
 		sec := time.Since(t0).Seconds()
-		bar.Done()
+		end()
 		if err != nil {
 			return 0, fmt.Errorf("%s region of %s: %w", method, units.FormatSize(size), err)
 		}
