@@ -18,7 +18,10 @@
 //     so a simulated device pointer never collides with a host pointer, and 64 TiB can be reserved
 //     while 1 PiB cannot. Like the driver, the simulator places reservations in a large range of its
 //     own (a 4 TiB arena shared by every simulator of the process, kept for the process's life) with
-//     room after each, so a hint at the end of a reservation extends it in place.
+//     room after each, so a hint at the end of a reservation of 32 MiB or more extends it in place.
+//     A hint at the end of a reservation under 32 MiB is not taken, as the driver does not take it
+//     (such reservations sit in 32 MiB blocks of its address heap): cuMemAddressReserve succeeds at
+//     another address, so small reservations never extend in place.
 //   - Physical allocations are memfds. An FD exported with cuMemExportToShareableHandle is a real file
 //     descriptor that can be passed over a Unix socket; another process's simulator imports it and sees
 //     the same bytes. Host-NUMA memory granted to the host is mapped at its virtual address, so the CPU

@@ -11,7 +11,10 @@ import (
 //
 // The driver hands out device addresses from a large range of the process's address space it keeps
 // for itself, with room between reservations: that is why a reservation with hint = end of an existing
-// one is granted in place (measured). A plain mmap cannot reproduce that, because the kernel places
+// one of 64 MiB or more is granted in place (measured). Reservations under 32 MiB are another matter:
+// the driver packs them into 32 MiB blocks of its heap and refuses an extension at their end (measured:
+// never granted after a 2 MiB reservation), so the simulator does not take a hint at the end of a
+// reservation under smallBlock and places the range elsewhere, as the driver does. A plain mmap cannot reproduce that, because the kernel places
 // mappings top-down, right against the previous ones. So the simulator keeps an arena: one PROT_NONE,
 // MAP_NORESERVE mapping (address space only, no memory) shared by every simulator of the process, as
 // the driver's range is shared by its contexts. Reservations up to a quarter of the arena are placed in
@@ -22,6 +25,11 @@ import (
 // arenaSize is the address space of the arena: large enough that growth room is never the limit, small
 // enough that a 64 TiB reservation still fits beside it (the address space is 128 TiB).
 const arenaSize = uint64(4) << 40
+
+// smallBlock is the size of the blocks of the driver's address heap that hold reservations smaller
+// than it: a hint at the end of such a reservation is not taken (docs/driver-facts.md, section 5).
+// Between 32 and 64 MiB nothing was measured; the simulator extends those as it does larger ones.
+const smallBlock = uint64(32) << 20
 
 type vrange struct{ base, size uint64 }
 
@@ -61,6 +69,12 @@ func arenaFree(base, size uint64) bool {
 	return i == len(arena.used) || arena.used[i].base >= base+size
 }
 
+// endsSmall reports whether addr is the end of a reservation of the arena smaller than smallBlock.
+func endsSmall(addr uint64) bool {
+	i := sort.Search(len(arena.used), func(i int) bool { return arena.used[i].end() >= addr })
+	return i < len(arena.used) && arena.used[i].end() == addr && arena.used[i].size < smallBlock
+}
+
 func arenaTake(base, size uint64) {
 	arena.used = insertSorted(arena.used, vrange{base, size}, func(r vrange) uint64 { return r.base })
 }
@@ -97,11 +111,15 @@ func arenaPlace(size, align uint64) uint64 {
 }
 
 // reserveVA finds size bytes of address space aligned to align, at hint when that range is free
-// (a hint that is taken is only a hint), and makes it inaccessible. ok=false means no address space.
+// (a hint that is taken is only a hint), and makes it inaccessible. A hint at the end of a reservation
+// under smallBlock is not taken either. ok=false means no address space.
 func reserveVA(size, align, hint uint64) (uint64, bool) {
 	arena.Lock()
 	defer arena.Unlock()
 	setupArena()
+	if endsSmall(hint) {
+		hint = 0
+	}
 	if hint != 0 && hint%align == 0 && hint+size > hint {
 		if inArena(hint, size) {
 			if arenaFree(hint, size) {

@@ -129,7 +129,8 @@ func (s *Sim) reserved(addr, n uint64) bool {
 // MemAddressReserve calls cuMemAddressReserve. size must be a non-zero multiple of the granularity;
 // alignment 0 or a power of two (one below the granularity is raised to it); flags 0. A non-zero hint
 // is honored when the range there is free, which is how a reservation is extended in place (hint =
-// end of the existing one); otherwise the range goes anywhere. Sizes over MaxReservation (64 TiB), or
+// end of the existing one), except at the end of a reservation under 32 MiB, which the driver does
+// not extend (see va.go); otherwise the range goes anywhere. Sizes over MaxReservation (64 TiB), or
 // address space that cannot be had, are CUDA_ERROR_OUT_OF_MEMORY.
 func (s *Sim) MemAddressReserve(size, alignment uint64, hint driver.DevicePtr, flags uint64) (driver.DevicePtr, error) {
 	s.mu.Lock()

@@ -67,8 +67,21 @@ func TestReserveHugeRanges(t *testing.T) {
 func TestInPlaceExtension(t *testing.T) {
 	s := start(t)
 	bind(t, s, 0)
-	a := makeBuffer(t, s, deviceProp(0, 0), 2, 2*mib, rw(0))
-	end := a.base + driver.DevicePtr(a.size)
+	// A reservation of 64 MiB (the driver extends those in place; see TestSmallReservationNotExtended)
+	// whose last 4 MiB hold two chunks; only they are touched.
+	const resSize = 64 * mib
+	base, err := s.MemAddressReserve(resSize, 0, 0, 0)
+	require.NoError(t, err)
+	end := base + driver.DevicePtr(resSize)
+	a := &buffer{base: end - 4*driver.DevicePtr(mib), size: 4 * mib}
+	for i := range 2 {
+		h, err := s.MemCreate(2*mib, deviceProp(0, 0), 0)
+		require.NoError(t, err)
+		va := a.base + driver.DevicePtr(uint64(i)*2*mib)
+		require.NoError(t, s.MemMap(va, 2*mib, 0, h, 0))
+		a.chunks = append(a.chunks, chunk{h, va, 2 * mib})
+	}
+	require.NoError(t, s.MemSetAccess(a.base, a.size, []driver.AccessDesc{rw(0)}))
 
 	// Reserve with hint = end of the existing reservation: granted at the hint (measured).
 	ext, err := s.MemAddressReserve(4*mib, 0, end, 0)
@@ -90,9 +103,9 @@ func TestInPlaceExtension(t *testing.T) {
 	require.NoError(t, s.MemSetAccess(a.base, total, []driver.AccessDesc{rw(0)}))
 
 	// A hint on taken space is only a hint: the range goes elsewhere.
-	other, err := s.MemAddressReserve(2*mib, 0, a.base, 0)
+	other, err := s.MemAddressReserve(2*mib, 0, base, 0)
 	require.NoError(t, err)
-	require.NotEqual(t, a.base, other)
+	require.NotEqual(t, base, other)
 	require.NoError(t, s.MemAddressFree(other, 2*mib))
 
 	// A mapping may not straddle two reservations, even adjacent ones.
@@ -107,8 +120,50 @@ func TestInPlaceExtension(t *testing.T) {
 	for _, c := range a.chunks {
 		require.NoError(t, s.MemRelease(c.h))
 	}
-	require.ErrorIs(t, s.MemAddressFree(a.base, total), driver.ErrorInvalidValue, "not one reservation")
-	require.NoError(t, s.MemAddressFree(a.base, a.size))
+	require.ErrorIs(t, s.MemAddressFree(base, resSize+4*mib), driver.ErrorInvalidValue, "not one reservation")
+	require.NoError(t, s.MemAddressFree(base, resSize))
+}
+
+// The driver does not extend a reservation under 32 MiB in place (docs/driver-facts.md, section 5): a
+// hint at its end is not taken, and cuMemAddressReserve succeeds elsewhere.
+func TestSmallReservationNotExtended(t *testing.T) {
+	s := start(t)
+	bind(t, s, 0)
+	for _, size := range []uint64{2 * mib, 4 * mib, 30 * mib} {
+		p, err := s.MemAddressReserve(size, 0, 0, 0)
+		require.NoError(t, err)
+		end := p + driver.DevicePtr(size)
+		for _, ext := range []uint64{2 * mib, size, 64 * mib} {
+			q, err := s.MemAddressReserve(ext, 0, end, 0)
+			require.NoError(t, err, "after %d MiB, %d MiB: placed elsewhere, not refused", size/mib, ext/mib)
+			require.NotEqual(t, end, q, "after %d MiB, %d MiB at its end", size/mib, ext/mib)
+			require.True(t, q+driver.DevicePtr(ext) <= p || q >= end, "elsewhere, not over the reservation")
+			require.NoError(t, s.MemAddressFree(q, ext))
+		}
+		// The range at the end is free all the same: a hint inside it, not at the end, is taken.
+		q, err := s.MemAddressReserve(2*mib, 0, end+2*driver.DevicePtr(mib), 0)
+		require.NoError(t, err)
+		require.Equal(t, end+2*driver.DevicePtr(mib), q)
+		require.NoError(t, s.MemAddressFree(q, 2*mib))
+		require.NoError(t, s.MemAddressFree(p, size))
+	}
+
+	// 32 MiB and more extend in place (64 MiB and more: measured), by any size; but a small extension
+	// is itself a small reservation, and its end is not extended.
+	for _, size := range []uint64{32 * mib, 64 * mib} {
+		p, err := s.MemAddressReserve(size, 0, 0, 0)
+		require.NoError(t, err)
+		end := p + driver.DevicePtr(size)
+		q, err := s.MemAddressReserve(2*mib, 0, end, 0)
+		require.NoError(t, err)
+		require.Equal(t, end, q, "after %d MiB", size/mib)
+		r, err := s.MemAddressReserve(2*mib, 0, end+2*driver.DevicePtr(mib), 0)
+		require.NoError(t, err)
+		require.NotEqual(t, end+2*driver.DevicePtr(mib), r, "at the end of a 2 MiB extension")
+		require.NoError(t, s.MemAddressFree(r, 2*mib))
+		require.NoError(t, s.MemAddressFree(q, 2*mib))
+		require.NoError(t, s.MemAddressFree(p, size))
+	}
 }
 
 func TestAddressFree(t *testing.T) {
