@@ -43,17 +43,19 @@ func TestGrowRollsBack(t *testing.T) {
 func TestExtendRollsBack(t *testing.T) {
 	testutil.Run(t, func(t *testing.T, b *testutil.Backend) {
 		d := b.Device(t, 0)
-		buf, err := growbuf.New(d, growbuf.Options{MaxSize: 4 * mib, Chunk: growbuf.FixedChunks(2 * mib)})
+		// A full reservation of 64 MiB (one under 32 MiB is never extended in place); growing to
+		// 160 MiB needs an extension of 96 MiB, with three chunks.
+		buf, err := growbuf.New(d, growbuf.Options{MaxSize: 64 * mib, Chunk: growbuf.FixedChunks(32 * mib)})
 		require.NoError(t, err)
 		defer closeBuf(t, buf)
-		require.NoError(t, buf.Grow(4*mib))
-		fill(t, d, buf, 0, 4*mib, 13)
+		require.NoError(t, buf.Grow(64*mib))
+		fill(t, d, buf, 0, 64*mib, 13)
 		before, live := stateOf(buf), b.Sim.Live()
 
 		// The extension is made, then a chunk in it fails: the extension goes too.
 		for _, fn := range []string{"cuMemCreate", "cuMemMap", "cuMemSetAccess"} {
 			b.Sim.FailNth(fn, 2, driver.ErrorOutOfMemory)
-			err = buf.Grow(10 * mib)
+			err = buf.Grow(160 * mib)
 			require.ErrorIs(t, err, driver.ErrOutOfMemory, fn)
 			require.Equal(t, before, stateOf(buf), fn)
 			require.Equal(t, live, b.Sim.Live(), fn)
@@ -61,17 +63,17 @@ func TestExtendRollsBack(t *testing.T) {
 
 		// The extension itself fails.
 		b.Sim.FailNth("cuMemAddressReserve", 1, driver.ErrorOutOfMemory)
-		err = buf.Grow(10 * mib)
+		err = buf.Grow(160 * mib)
 		require.ErrorIs(t, err, growbuf.ErrReservationFull)
 		require.ErrorIs(t, err, driver.ErrOutOfMemory)
 		require.Equal(t, before, stateOf(buf))
 		require.Equal(t, live, b.Sim.Live())
-		verify(t, d, buf, 4*mib, 13)
+		verify(t, d, buf, 64*mib, 13)
 
-		require.NoError(t, buf.Grow(10*mib))
+		require.NoError(t, buf.Grow(160*mib))
 		require.Equal(t, 2, buf.Reservations())
 		require.Equal(t, before.Ptr, buf.Ptr())
-		verify(t, d, buf, 4*mib, 13)
+		verify(t, d, buf, 64*mib, 13)
 	}, testutil.SimOnly())
 }
 

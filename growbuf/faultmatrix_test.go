@@ -18,7 +18,8 @@ type growState struct {
 }
 
 // growCase is a fault matrix over buf.Grow(to) from a buffer made with opts and grown to from; with
-// block, the range after the buffer is taken, so that the grow must move.
+// block, the range after the buffer is taken (or, after a reservation under 32 MiB, refused by the
+// simulator as by the driver), so that the grow must move.
 func growCase(name string, opts growbuf.Options, from, to uint64, block bool) testutil.FaultCase[growState, struct{}] {
 	return testutil.FaultCase[growState, struct{}]{
 		Name: name,
@@ -30,8 +31,7 @@ func growCase(name string, opts growbuf.Options, from, to uint64, block bool) te
 			require.NoError(t, buf.Grow(from))
 			st := growState{buf: buf}
 			if block {
-				st.blocker, err = sys.Reserve(64*mib, vmm.ReserveOptions{Hint: buf.Ptr() + driver.DevicePtr(buf.Reserved()), RequireHint: true})
-				require.NoError(t, err)
+				st.blocker = blockAfterIn(t, sys, true, buf, 64*mib)
 			}
 			return st
 		},
@@ -49,9 +49,12 @@ func growCase(name string, opts growbuf.Options, from, to uint64, block bool) te
 func TestGrowFaultMatrix(t *testing.T) {
 	total := 0
 	total += testutil.FaultMatrix(t, growCase("growbuf Grow in place", growbuf.Options{MaxSize: 64 * mib, Chunk: growbuf.FixedChunks(2 * mib)}, 4*mib, 10*mib, false))
-	total += testutil.FaultMatrix(t, growCase("growbuf Grow with extend", growbuf.Options{MaxSize: 4 * mib, Chunk: growbuf.FixedChunks(2 * mib)}, 4*mib, 10*mib, false))
+	// Extensions start from 64 MiB: a reservation under 32 MiB is never extended in place. The
+	// extension holds three new chunks; the host-NUMA grow maps one chunk in place and two in an
+	// extension.
+	total += testutil.FaultMatrix(t, growCase("growbuf Grow with extend", growbuf.Options{MaxSize: 64 * mib, Chunk: growbuf.FixedChunks(32 * mib)}, 64*mib, 160*mib, false))
 	total += testutil.FaultMatrix(t, growCase("growbuf Grow with move", growbuf.Options{MaxSize: 6 * mib, Chunk: growbuf.FixedChunks(2 * mib), AllowMove: true}, 6*mib, 10*mib, true))
-	total += testutil.FaultMatrix(t, growCase("growbuf Grow host-NUMA", growbuf.Options{Location: driver.HostNUMALocation(0), MaxSize: 4 * mib, Chunk: growbuf.FixedChunks(2 * mib)}, 2*mib, 8*mib, false))
+	total += testutil.FaultMatrix(t, growCase("growbuf Grow host-NUMA", growbuf.Options{Location: driver.HostNUMALocation(0), MaxSize: 64 * mib, Chunk: growbuf.FixedChunks(32 * mib)}, 32*mib, 128*mib, false))
 	t.Logf("growbuf fault matrix: %d combinations in all", total)
 }
 

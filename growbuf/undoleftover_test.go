@@ -8,7 +8,6 @@ import (
 	"github.com/cuvmm/cuvmm/driver"
 	"github.com/cuvmm/cuvmm/growbuf"
 	"github.com/cuvmm/cuvmm/internal/testutil"
-	"github.com/cuvmm/cuvmm/vmm"
 )
 
 // A Grow whose step fails and whose undo fails too hands the leftover (a mapping at the buffer's
@@ -18,33 +17,35 @@ import (
 func TestGrowAfterAFailedUndo(t *testing.T) {
 	for _, c := range []struct {
 		name        string
-		max         uint64
+		max, chunk  uint64
+		from, to    uint64
 		fault, undo string
 	}{
-		{"in place: set access fails, undo unmap fails", 64 * mib, "cuMemSetAccess", "cuMemUnmap"},
-		{"extension: create fails, address free fails", 4 * mib, "cuMemCreate", "cuMemAddressFree"},
+		{"in place: set access fails, undo unmap fails", 64 * mib, 2 * mib, 4 * mib, 8 * mib, "cuMemSetAccess", "cuMemUnmap"},
+		// A full reservation of 64 MiB (one under 32 MiB is never extended in place) and an extension.
+		{"extension: create fails, address free fails", 64 * mib, 32 * mib, 64 * mib, 128 * mib, "cuMemCreate", "cuMemAddressFree"},
 	} {
 		t.Run(c.name, func(t *testing.T) {
 			testutil.Run(t, func(t *testing.T, b *testutil.Backend) {
 				d := b.Device(t, 0)
-				buf, err := growbuf.New(d, growbuf.Options{MaxSize: c.max, Chunk: growbuf.FixedChunks(2 * mib)})
+				buf, err := growbuf.New(d, growbuf.Options{MaxSize: c.max, Chunk: growbuf.FixedChunks(c.chunk)})
 				require.NoError(t, err)
 				defer closeBuf(t, buf)
-				require.NoError(t, buf.Grow(4*mib))
-				fill(t, d, buf, 0, 4*mib, 3)
+				require.NoError(t, buf.Grow(c.from))
+				fill(t, d, buf, 0, c.from, 3)
 				before := stateOf(buf)
 				ptr := buf.Ptr()
 
 				b.Sim.FailNth(c.fault, 1, driver.ErrorOutOfMemory)
 				b.Sim.FailNth(c.undo, 1, driver.ErrorUnknown)
-				require.ErrorIs(t, buf.Grow(8*mib), driver.ErrOutOfMemory)
+				require.ErrorIs(t, buf.Grow(c.to), driver.ErrOutOfMemory)
 				require.Equal(t, before, stateOf(buf))
 				require.Len(t, b.Sys.Orphans(), 1, "the leftover is kept by the System")
 
-				require.NoError(t, buf.Grow(8*mib), "no fault armed: the same grow works")
+				require.NoError(t, buf.Grow(c.to), "no fault armed: the same grow works")
 				require.Equal(t, ptr, buf.Ptr(), "in place, not moved")
 				require.Empty(t, b.Sys.Orphans(), "the leftover was freed on the way")
-				verify(t, d, buf, 4*mib, 3)
+				verify(t, d, buf, c.from, 3)
 			}, testutil.SimOnly())
 		})
 	}
@@ -61,8 +62,7 @@ func TestCloseAfterAFailedMoveUndo(t *testing.T) {
 		require.NoError(t, err)
 		require.NoError(t, buf.Grow(6*mib))
 		fill(t, d, buf, 0, 6*mib, 9)
-		blocker, err := b.Sys.Reserve(64*mib, vmm.ReserveOptions{Hint: buf.Ptr() + driver.DevicePtr(buf.Reserved()), RequireHint: true})
-		require.NoError(t, err)
+		blocker := blockAfter(t, b, buf, 64*mib)
 		defer func() { require.NoError(t, blocker.Close()) }()
 		before := stateOf(buf)
 
