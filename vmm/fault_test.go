@@ -67,7 +67,7 @@ func TestReserveFaultMatrix(t *testing.T) {
 	testutil.FaultMatrix(t, testutil.FaultCase[state, *vmm.Reservation]{
 		Name: "vmm Reserve at a taken hint with RequireHint",
 		Setup: func(t testing.TB, sys *vmm.System) state {
-			first, err := sys.Reserve(4*mib, vmm.ReserveOptions{})
+			first, err := sys.Reserve(64*mib, vmm.ReserveOptions{}) // under 32 MiB its end is refused anyway
 			require.NoError(t, err)
 			blocker, err := sys.Reserve(2*mib, vmm.ReserveOptions{Hint: first.End(), RequireHint: true})
 			require.NoError(t, err)
@@ -87,7 +87,7 @@ func TestReserveFaultMatrix(t *testing.T) {
 	testutil.FaultMatrix(t, testutil.FaultCase[*vmm.Reservation, *vmm.Reservation]{
 		Name: "vmm Reserve at a free hint",
 		Setup: func(t testing.TB, sys *vmm.System) *vmm.Reservation {
-			first, err := sys.Reserve(4*mib, vmm.ReserveOptions{})
+			first, err := sys.Reserve(64*mib, vmm.ReserveOptions{}) // the end of a smaller one is refused
 			require.NoError(t, err)
 			return first
 		},
@@ -104,7 +104,7 @@ func TestReserveFaultMatrix(t *testing.T) {
 // lost but kept by the System, which frees it in RetryOrphans (or Close).
 func TestReserveHintFreeFails(t *testing.T) {
 	testutil.Run(t, func(t *testing.T, b *testutil.Backend) {
-		first, err := b.Sys.Reserve(4*mib, vmm.ReserveOptions{})
+		first, err := b.Sys.Reserve(64*mib, vmm.ReserveOptions{}) // under 32 MiB its end is refused anyway
 		require.NoError(t, err)
 		blocker, err := b.Sys.Reserve(2*mib, vmm.ReserveOptions{Hint: first.End(), RequireHint: true})
 		require.NoError(t, err)
