@@ -5,6 +5,7 @@ import (
 
 	"github.com/stretchr/testify/require"
 
+	"github.com/cuvmm/cuvmm/growbuf"
 	"github.com/cuvmm/cuvmm/internal/testutil"
 	"github.com/cuvmm/cuvmm/offload"
 	"github.com/cuvmm/cuvmm/vmm"
@@ -15,7 +16,8 @@ import (
 func TestGrowingBufferDoesNotPileUpSlots(t *testing.T) {
 	testutil.Run(t, func(t *testing.T, b *testutil.Backend) {
 		d := b.Device(t, 0)
-		kv := newBuf(t, d, 2*mib, 2*mib, 3, nil)
+		// Reserved for all its growth: a reservation under 32 MiB cannot be extended in place.
+		kv := newBuf(t, d, 2*mib, 2*mib, 3, &growbuf.Options{MaxSize: 32 * mib})
 		set := newSet(t, b, offload.Options{SlotSize: 64 * mib})
 		require.NoError(t, set.Add("kv", kv, offload.Keep, offload.EntryOptions{}))
 		for range 8 {
