@@ -8,8 +8,8 @@
 // reserves one range, maps each chunk at its offset and grants the access it chooses, so it sees the
 // same layout as the exporter. Any vmm.Chunked value (growbuf.Buffer, stripe.Range, FromReservation
 // over a vmm.Reservation) is exported whole: every chunk, not only the first. A Buffer received here is
-// a vmm.Chunked too, but the H200's driver reports no handle types for imported memory, so it can be
-// exported again only on the simulator (see Buffer).
+// a vmm.Chunked too, but the driver reports no handle types for imported memory (measured on the H200,
+// even in the exporting process), so it cannot be exported again (see Buffer).
 //
 // # Layers
 //

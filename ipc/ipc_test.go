@@ -69,19 +69,11 @@ func TestShareDeviceMemory(t *testing.T) {
 		src.Close(t)
 		verifyChunks(t, dev, buf, 12)
 
-		// A received buffer can be exported again, whole (a broker passing memory on).
-		if e, err := ipc.Export(buf); err != nil && !b.IsSim() {
-			t.Logf("this driver does not export imported memory again: %v", err)
-		} else {
-			require.NoError(t, err)
-			require.NoError(t, e.Close())
-			r2 := exportSendReceive(t, buf)
-			require.Equal(t, buf.Descriptor().Chunks, r2.Desc.Chunks)
-			buf2, err := ipc.Open(dev, r2, vmm.ReadWrite(dev))
-			require.NoError(t, err)
-			verifyChunks(t, dev, buf2, 12)
-			require.NoError(t, buf2.Close())
-		}
+		// A received buffer cannot be exported again: imported memory reports no handle types (on
+		// the driver, measured, and in the simulator, even for an import in the exporting process).
+		_, err = ipc.Export(buf)
+		require.ErrorIs(t, err, vmm.ErrInvalidValue)
+		require.ErrorContains(t, err, "handle types none")
 		require.NoError(t, buf.Close())
 		require.NoError(t, buf.Close(), "Close is idempotent")
 		require.ErrorIs(t, buf.SetAccess(vmm.ReadWrite(dev)), vmm.ErrClosed)

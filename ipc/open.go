@@ -13,10 +13,10 @@ import (
 )
 
 // Buffer is a received buffer mapped in this process: one reservation with every chunk imported and
-// mapped at its offset, so it has the exporter's layout. It implements vmm.Chunked. (Exporting it
-// again works on the simulator; the H200's driver reports no handle types for imported memory, so
-// vmm refuses to export it there: share the original instead.) The memory stays valid until Close,
-// whatever the exporter does meanwhile.
+// mapped at its offset, so it has the exporter's layout. It implements vmm.Chunked. (The driver
+// reports no handle types for imported memory, so Export refuses it with an error wrapping
+// vmm.ErrInvalidValue: share the original instead.) The memory stays valid until Close, whatever the
+// exporter does meanwhile.
 type Buffer struct {
 	dev    *vmm.Device
 	desc   Descriptor

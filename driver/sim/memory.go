@@ -273,6 +273,7 @@ func (s *Sim) MemRelease(h driver.MemHandle) error {
 		return err
 	}
 	delete(s.handles, h)
+	delete(s.imported, h)
 	s.unref(a)
 	return nil
 }
@@ -307,7 +308,11 @@ func (s *Sim) MemGetAllocationPropertiesFromHandle(h driver.MemHandle) (driver.A
 	if err != nil {
 		return driver.AllocationProp{}, err
 	}
-	return a.prop, nil
+	p := a.prop
+	if s.imported[h] {
+		p.RequestedHandleTypes = driver.HandleTypeNone
+	}
+	return p, nil
 }
 
 // MemRetainAllocationHandle calls cuMemRetainAllocationHandle: for an address inside a mapping, a new
@@ -341,7 +346,7 @@ func (s *Sim) MemExportToShareableHandle(h driver.MemHandle, typ driver.HandleTy
 	if err != nil {
 		return -1, err
 	}
-	if typ != driver.HandleTypePosixFD || flags != 0 || a.prop.RequestedHandleTypes&driver.HandleTypePosixFD == 0 {
+	if typ != driver.HandleTypePosixFD || flags != 0 || s.imported[h] || a.prop.RequestedHandleTypes&driver.HandleTypePosixFD == 0 {
 		return -1, driver.ErrorInvalidValue
 	}
 	fd, err := unix.FcntlInt(uintptr(a.fd), unix.F_DUPFD_CLOEXEC, 0)
@@ -369,7 +374,7 @@ func (s *Sim) MemExportToFabricHandle(h driver.MemHandle, flags uint64) (driver.
 	if !s.cfg.fabric {
 		return fh, driver.ErrorNotPermitted
 	}
-	if flags != 0 || a.prop.RequestedHandleTypes&driver.HandleTypeFabric == 0 {
+	if flags != 0 || s.imported[h] || a.prop.RequestedHandleTypes&driver.HandleTypeFabric == 0 {
 		return fh, driver.ErrorInvalidValue
 	}
 	copy(fh[:], fmt.Sprintf("cuvmm-sim-fabric pid=%d dev=%d ino=%d", unix.Getpid(), a.dev, a.ino))
@@ -381,9 +386,9 @@ func (s *Sim) MemExportToFabricHandle(h driver.MemHandle, flags uint64) (driver.
 // CUDA_ERROR_INVALID_VALUE; device memory must be on a device ordinal this simulator has, else
 // CUDA_ERROR_INVALID_DEVICE. The caller keeps fd: the simulator holds its own duplicate. Imported
 // device memory is not charged again (the exporter pays). Importing an allocation that is already in
-// this simulator gives a new handle of it. An allocation imported from elsewhere has the exporter's
-// properties except its requested handle types, which are none (measured): exporting it again is
-// CUDA_ERROR_INVALID_VALUE.
+// this simulator gives a new handle of it. Imported memory has the exporter's properties except its
+// requested handle types, which are none (measured, also for an import in the exporting process):
+// exporting it again through the handle the import gave is CUDA_ERROR_INVALID_VALUE.
 func (s *Sim) MemImportFromShareableHandle(fd int, typ driver.HandleType) (driver.MemHandle, error) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
@@ -415,7 +420,9 @@ func (s *Sim) MemImportFromShareableHandle(fd int, typ driver.HandleType) (drive
 	}
 	for a := range s.allocs {
 		if a.ino == st.Ino && a.dev == st.Dev {
-			return s.newMemHandle(a), nil
+			h := s.newMemHandle(a)
+			s.imported[h] = true
+			return h, nil
 		}
 	}
 	dup, err := unix.FcntlInt(uintptr(fd), unix.F_DUPFD_CLOEXEC, 0)

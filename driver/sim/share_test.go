@@ -73,13 +73,23 @@ func TestImportInProcess(t *testing.T) {
 	require.NoError(t, s.MemcpyDtoH(ptr(one), b.base, 1))
 	require.Equal(t, byte(0x11), one[0], "the exporter sees the importer's write")
 
-	// Importing into the exporting simulator itself yields a handle of the same allocation.
+	// Importing into the exporting simulator itself yields a handle of the same allocation, which,
+	// as on the driver (measured), reports no handle types and cannot be exported again; the
+	// exporter's own handle still can.
 	fd2, err := s.MemExportToShareableHandle(b.chunks[0].h, driver.HandleTypePosixFD, 0)
 	require.NoError(t, err)
 	h2, err := s.MemImportFromShareableHandle(fd2, driver.HandleTypePosixFD)
 	require.NoError(t, err)
 	require.NoError(t, unix.Close(fd2))
 	require.Equal(t, 1, s.Live().Allocations)
+	prop, err = s.MemGetAllocationPropertiesFromHandle(h2)
+	require.NoError(t, err)
+	require.Equal(t, driver.HandleTypeNone, prop.RequestedHandleTypes)
+	_, err = s.MemExportToShareableHandle(h2, driver.HandleTypePosixFD, 0)
+	require.ErrorIs(t, err, driver.ErrorInvalidValue, "an in-process import exported again")
+	fd3, err := s.MemExportToShareableHandle(b.chunks[0].h, driver.HandleTypePosixFD, 0)
+	require.NoError(t, err)
+	require.NoError(t, unix.Close(fd3))
 	require.NoError(t, s.MemRelease(h2))
 
 	require.NoError(t, imp.MemUnmap(va, 32*mib))

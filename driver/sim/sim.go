@@ -121,9 +121,10 @@ type Sim struct {
 
 	allocs     map[*allocation]struct{}
 	handles    map[driver.MemHandle]*allocation
-	res        []*reservation // sorted by base, never overlapping
-	hosts      []*hostRange   // registrations and host allocations, sorted by base
-	hostPinned uint64         // bytes registered or host-allocated: visible to every device
+	imported   map[driver.MemHandle]bool // handles that an import made: they report no handle types
+	res        []*reservation            // sorted by base, never overlapping
+	hosts      []*hostRange              // registrations and host allocations, sorted by base
+	hostPinned uint64                    // bytes registered or host-allocated: visible to every device
 	legacy     map[driver.DevicePtr]*legacyAlloc
 	streams    map[driver.Stream]*stream
 	events     map[driver.Event]*event
@@ -170,6 +171,7 @@ func New(opts ...Option) *Sim {
 		calls:      make(map[string]int),
 		allocs:     make(map[*allocation]struct{}),
 		handles:    make(map[driver.MemHandle]*allocation),
+		imported:   make(map[driver.MemHandle]bool),
 		legacy:     make(map[driver.DevicePtr]*legacyAlloc),
 		streams:    make(map[driver.Stream]*stream),
 		events:     make(map[driver.Event]*event),
@@ -494,6 +496,7 @@ func (s *Sim) Close() error {
 		d.ctxRefs = 0
 	}
 	clear(s.handles)
+	clear(s.imported)
 	clear(s.legacy)
 	clear(s.streams)
 	clear(s.events)
