@@ -511,3 +511,24 @@ func TestOpenFails(t *testing.T) {
 		require.NoError(t, s.Close())
 	}
 }
+
+// A primary context whose release fails in System.Close is kept: a later Close retries releasing it
+// rather than reporting success with the context still retained.
+func TestSystemCloseRetriesContextRelease(t *testing.T) {
+	s := sim.New(sim.Devices(2))
+	defer s.Close()
+	sys, err := vmm.Open(s)
+	require.NoError(t, err)
+	_, err = sys.Devices()
+	require.NoError(t, err)
+	s.FailNth("cuDevicePrimaryCtxRelease", 2, driver.ErrorUnknown)
+	err = sys.Close()
+	require.ErrorIs(t, err, driver.ErrorUnknown)
+	require.ErrorContains(t, err, "device 1")
+	require.Equal(t, 1, s.Live().Contexts, "device 1's context is still retained")
+	require.NoError(t, sys.Close(), "the retry releases it")
+	require.True(t, s.Live().Zero(), s.Live().String())
+	require.NoError(t, sys.Close())
+	_, err = sys.Device(0)
+	require.ErrorIs(t, err, vmm.ErrClosed)
+}

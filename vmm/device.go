@@ -25,7 +25,8 @@ type Device struct {
 	// reservations, streams, events, registrations, plain buffers) by kind; System.Close refuses
 	// while any remain.
 	own      lifetime.Owner
-	released atomic.Bool
+	released atomic.Bool // do refuses: System.Close has begun releasing the device
+	ctxGone  bool        // the primary context is released; guarded by the System's gate
 
 	granMu sync.Mutex
 	gran   map[granKey]uint64
@@ -73,11 +74,13 @@ func openDevice(s *System, ordinal int) (*Device, error) {
 }
 
 // release frees the kernels and releases the primary context; the caller (System.Close) holds the
-// System's gate for writing, so no call is in flight on the device.
+// System's gate for writing, so no call is in flight on the device. When the context's release
+// fails the device keeps it, refusing calls, and a later release retries it.
 func (d *Device) release() error {
-	if d.released.Swap(true) {
+	if d.ctxGone {
 		return nil
 	}
+	d.released.Store(true)
 	var errs []error
 	// d.do refuses once released is set, so bind directly.
 	if err := bind(d.sys.api, d.ctx, func(api driver.API) error {
@@ -93,8 +96,9 @@ func (d *Device) release() error {
 		errs = append(errs, fmt.Errorf("vmm: device %d: unload kernels: %w", d.ordinal, err))
 	}
 	if err := d.sys.api.DevicePrimaryCtxRelease(d.dev); err != nil {
-		errs = append(errs, fmt.Errorf("vmm: device %d: cuDevicePrimaryCtxRelease: %w", d.ordinal, err))
+		return errors.Join(append(errs, fmt.Errorf("vmm: device %d: cuDevicePrimaryCtxRelease: %w", d.ordinal, err))...)
 	}
+	d.ctxGone = true
 	return errors.Join(errs...)
 }
 

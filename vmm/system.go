@@ -171,7 +171,8 @@ func (s *System) anyDevice() (*Device, error) {
 // Close releases the primary contexts of the open devices. It first retries the clean-ups that
 // failed during undos (Orphans). It fails with ErrInUse, releasing nothing and naming what remains
 // per device, while any device still owns allocations, reservations, streams or other objects, or
-// while a failed clean-up still fails (so that it keeps a context to be retried with).
+// while a failed clean-up still fails (so that it keeps a context to be retried with). A context
+// whose release fails stays retained, its device refusing calls, and a later Close retries it.
 // Calls in flight on other goroutines finish before the check; later calls fail with ErrClosed.
 func (s *System) Close() error {
 	if s == nil {
@@ -201,6 +202,19 @@ func (s *System) Close() error {
 		}
 		return err
 	}
+	retained, err := s.releaseDevices()
+	if !retained {
+		s.own.Lock()
+		s.own.MarkClosed()
+		s.own.Unlock()
+	}
+	return err
+}
+
+// releaseDevices releases the open devices' contexts; the caller holds the gate for writing and
+// s.mu. A context whose release fails stays retained (retained: the System stays open) for Close
+// to retry.
+func (s *System) releaseDevices() (retained bool, err error) {
 	var errs []error
 	for _, d := range s.devices {
 		if d == nil {
@@ -209,11 +223,9 @@ func (s *System) Close() error {
 		if err := d.release(); err != nil {
 			errs = append(errs, err)
 		}
+		retained = retained || !d.ctxGone
 	}
-	s.own.Lock()
-	s.own.MarkClosed()
-	s.own.Unlock()
-	return errors.Join(errs...)
+	return retained, errors.Join(errs...)
 }
 
 // bind runs fn on a locked OS thread with ctx current (the thread rule in the package doc).
