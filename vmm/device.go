@@ -82,8 +82,9 @@ func (d *Device) release() error {
 	}
 	d.released.Store(true)
 	var errs []error
-	// d.do refuses once released is set, so bind directly.
-	if err := bind(d.sys.api, d.ctx, func(api driver.API) error {
+	// d.do refuses once released is set, so bind directly, through the counted API as d.do does,
+	// so that Stats sees the frees.
+	if err := bind(&d.counted, d.ctx, func(api driver.API) error {
 		var errs []error
 		if err := d.lanes.free(api); err != nil {
 			errs = append(errs, err)

@@ -275,3 +275,26 @@ func TestStatsConcurrent(t *testing.T) {
 		require.Equal(t, before.Devices[0].Live, after.Devices[0].Live)
 	})
 }
+
+// System.Close frees the kernels' counter words and the pattern lanes' streams: Stats of the closed
+// System no longer reports them.
+func TestStatsAfterCloseWithKernels(t *testing.T) {
+	s := sim.New()
+	defer s.Close()
+	sys, err := vmm.Open(s)
+	require.NoError(t, err)
+	d, err := sys.Device(0)
+	require.NoError(t, err)
+	r, err := sys.Reserve(2*mib, vmm.ReserveOptions{})
+	require.NoError(t, err)
+	m, err := r.MapNew(0, 2*mib, d, vmm.AllocOptions{}, vmm.ReadWrite(d))
+	require.NoError(t, err)
+	require.NoError(t, d.Fill(m.Ptr(), 2*mib, 0, 1))
+	require.NoError(t, m.Close())
+	require.NoError(t, r.Close())
+	require.NoError(t, sys.Close())
+	require.True(t, s.Live().Zero(), s.Live().String())
+	ds := sys.Stats().Devices[0]
+	require.Zero(t, ds.PlainBytes, "the kernels' counter words are freed")
+	require.Equal(t, vmm.LiveObjects{}, ds.Live, "nothing the System made is left")
+}
