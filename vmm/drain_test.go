@@ -39,3 +39,11 @@ func TestStreamDrain(t *testing.T) {
 		require.ErrorIs(t, s.Drain(0), vmm.ErrNotDrained)
 	}, testutil.SimOnly())
 }
+
+// The nil stream (the legacy default stream) has no device to synchronize through: Synchronize and
+// Drain refuse it with ErrInvalidValue instead of crashing.
+func TestNilStreamSynchronize(t *testing.T) {
+	var s *vmm.Stream
+	require.ErrorIs(t, s.Synchronize(), vmm.ErrInvalidValue)
+	require.ErrorIs(t, s.Drain(2), vmm.ErrInvalidValue)
+}

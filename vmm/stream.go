@@ -67,8 +67,12 @@ func (s *Stream) use(op string) error {
 // Closed reports whether the stream was closed; the legacy default stream (nil) never is.
 func (s *Stream) Closed() bool { return s != nil && s.own.IsClosed() }
 
-// Synchronize waits until all work queued on the stream is done (cuStreamSynchronize).
+// Synchronize waits until all work queued on the stream is done (cuStreamSynchronize). The legacy
+// default stream (nil) belongs to no one device: use Device.Synchronize.
 func (s *Stream) Synchronize() error {
+	if s == nil {
+		return fmt.Errorf("vmm: synchronize: the legacy default stream has no device (use Device.Synchronize): %w", ErrInvalidValue)
+	}
 	if err := s.use("synchronize"); err != nil {
 		return err
 	}
@@ -89,6 +93,9 @@ var ErrNotDrained = errors.New("vmm: the stream could not be drained")
 // fails before a later one succeeds is still returned; when every attempt fails the error wraps
 // ErrNotDrained as well as each attempt's error.
 func (s *Stream) Drain(attempts int) error {
+	if s == nil {
+		return s.Synchronize() // refused: nothing was queued through it to drain
+	}
 	var errs []error
 	for range max(attempts, 1) {
 		err := s.Synchronize()
