@@ -88,3 +88,22 @@ func TestPoolAndSetNamesNotUTF8Register(t *testing.T) {
 	require.Equal(t, 5.0, value(fams, "cuvmm_pool_limit_bytes", map[string]string{"pool": `"kv\xff"`}))
 	require.Equal(t, 6.0, value(fams, "cuvmm_offload_pooled_bytes", map[string]string{"set": `"s\xff"`}))
 }
+
+// Two reservation kinds that come out as one label (an invalid one, and a valid one spelled like its
+// quoted form) make one series, their bytes summed, for device and host-NUMA memory alike: the page
+// still serves.
+func TestKindsThatQuoteAlikeKeepScrapeWorking(t *testing.T) {
+	byKind := map[string]uint64{"cache\xfe": 7, `"cache\xfe"`: 3}
+	stats := func() vmm.Stats {
+		return vmm.Stats{Devices: []vmm.DeviceStats{{Ordinal: 0, Name: "GPU", Opened: true, MappedByKind: byKind}},
+			Host: vmm.HostStats{NUMAMappedByKind: byKind}}
+	}
+	reg := prometheus.NewRegistry()
+	reg.MustRegister(metrics.NewFunc(stats, metrics.Options{}))
+	fams := scrape(t, reg)
+	kind := map[string]string{"kind": `"cache\xfe"`}
+	require.Equal(t, 10.0, value(fams, "cuvmm_mapped_bytes", kind))
+	require.Equal(t, 10.0, value(fams, "cuvmm_host_numa_mapped_bytes", kind))
+	require.Zero(t, value(fams, "cuvmm_mapped_bytes", map[string]string{"kind": vmm.KindVMM}), "the default kinds are still there")
+	require.Len(t, fams["cuvmm_mapped_bytes"].GetMetric(), 3)
+}

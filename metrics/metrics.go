@@ -100,8 +100,8 @@ func (c *Collector) Collect(ch chan<- prometheus.Metric) {
 	gauge(ch, c.d.pinned, float64(h.RegisteredBytes), "registered")
 	gauge(ch, c.d.pinned, float64(h.HostAllocBytes), "host_alloc")
 	gauge(ch, c.d.pinned, float64(h.NUMACreatedBytes), "host_numa")
-	for _, k := range kinds(h.NUMAMappedByKind) {
-		gauge(ch, c.d.numaMapped, float64(h.NUMAMappedByKind[k]), k)
+	for k, n := range kinds(h.NUMAMappedByKind) {
+		gauge(ch, c.d.numaMapped, float64(n), k)
 	}
 }
 
@@ -114,8 +114,8 @@ func (c *Collector) collectDevice(ch chan<- prometheus.Metric, d vmm.DeviceStats
 	gauge(ch, c.d.info, opened, o, d.Name)
 	gauge(ch, c.d.reserved, float64(d.ReservedBytes), o)
 	gauge(ch, c.d.created, float64(d.CreatedBytes), o)
-	for _, k := range kinds(d.MappedByKind) {
-		gauge(ch, c.d.mapped, float64(d.MappedByKind[k]), o, k)
+	for k, n := range kinds(d.MappedByKind) {
+		gauge(ch, c.d.mapped, float64(n), o, k)
 	}
 	gauge(ch, c.d.plain, float64(d.PlainBytes), o)
 	gauge(ch, c.d.visible, float64(d.HostVisibleBytes), o)
@@ -138,14 +138,14 @@ func (c *Collector) collectDevice(ch chan<- prometheus.Metric, d vmm.DeviceStats
 	}
 }
 
-// kinds lists the kinds of a by-kind map, always with the two every process can have, so that
-// their series exist from the first scrape.
-func kinds(m map[string]uint64) []string {
-	out := []string{vmm.KindVMM, vmm.KindImported}
-	for k := range m {
-		if k != vmm.KindVMM && k != vmm.KindImported {
-			out = append(out, k)
-		}
+// kinds sums a by-kind map by the label each kind is reported under (byLabel), so that an invalid
+// kind and a valid one spelled like its quoted form make one series, not two that fail the scrape;
+// the two kinds every process can have are always there, so that their series exist from the first
+// scrape.
+func kinds(m map[string]uint64) map[string]uint64 {
+	out := byLabel(m)
+	for _, k := range []string{vmm.KindVMM, vmm.KindImported} {
+		out[k] += 0
 	}
 	return out
 }
