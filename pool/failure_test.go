@@ -254,3 +254,24 @@ func TestClearRangeUnmapFailureChangesNothing(t *testing.T) {
 		closeGivesAllBack(t, p, d, before)
 	}, testutil.SimOnly(), simMemory)
 }
+
+// Close keeps an event whose destruction failed and destroys it on the next Close, which does not
+// report success while the event is still alive.
+func TestCloseRetriesAFailedEventDestroy(t *testing.T) {
+	testutil.Run(t, func(t *testing.T, b *testutil.Backend) {
+		p, d, before := newFailurePool(t, b)
+		s, err := d.NewStream(false)
+		require.NoError(t, err)
+		blk, err := p.Alloc(4*mib, s)
+		require.NoError(t, err)
+		require.NoError(t, p.Free(blk, s))
+		_, err = p.Trim() // records an event for the free: the pool keeps it as a spare
+		require.NoError(t, err)
+		b.Sim.FailNth("cuEventDestroy", 1, driver.ErrorUnknown)
+		require.ErrorIs(t, p.Close(), driver.ErrorUnknown)
+		require.NotZero(t, b.Sim.Live().Events, "the event is still alive")
+		closeGivesAllBack(t, p, d, before)
+		require.Zero(t, b.Sim.Live().Events, "the second Close destroyed it")
+		require.NoError(t, s.Close())
+	}, testutil.SimOnly(), simMemory)
+}

@@ -243,10 +243,9 @@ func (p *Pool) Close() error {
 	if _, err := p.releaseAll(); err != nil {
 		errs = append(errs, err)
 	}
-	for _, e := range p.spare {
-		errs = append(errs, e.Close())
+	if err := p.closeSpares(); err != nil {
+		errs = append(errs, err)
 	}
-	p.spare = nil
 	if err := errors.Join(errs...); err != nil {
 		return fmt.Errorf("pool: close: %w", err)
 	}
@@ -255,6 +254,20 @@ func (p *Pool) Close() error {
 	}
 	p.own.MarkClosed()
 	return nil
+}
+
+// closeSpares destroys the spare events (Close). One whose destruction fails stays a spare, so that
+// the next Close retries it rather than report success while it is alive.
+func (p *Pool) closeSpares() error {
+	var kept []*vmm.Event
+	var errs []error
+	for _, e := range p.spare {
+		if err := e.Close(); err != nil {
+			kept, errs = append(kept, e), append(errs, err)
+		}
+	}
+	p.spare = kept
+	return errors.Join(errs...)
 }
 
 // driverTime adds the time since t0 to the time spent in the driver.
