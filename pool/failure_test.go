@@ -275,3 +275,24 @@ func TestCloseRetriesAFailedEventDestroy(t *testing.T) {
 		require.NoError(t, s.Close())
 	}, testutil.SimOnly(), simMemory)
 }
+
+// A Trim counts once in Trims, also when it both retries a release that failed before and releases
+// idle pages.
+func TestTrimCountsOnceWhenItAlsoRetriesARelease(t *testing.T) {
+	testutil.Run(t, func(t *testing.T, b *testutil.Backend) {
+		p, d, before := newFailurePool(t, b)
+		allocFree(t, p, 6*mib, nil)
+		b.Sim.FailNth("cuMemRelease", 1, driver.ErrorUnknown)
+		_, err := p.Trim()
+		require.ErrorIs(t, err, driver.ErrorUnknown)
+		require.Equal(t, uint64(1), p.Stats().Trims)
+		allocFree(t, p, 6*mib, nil)
+		n, err := p.Trim()
+		require.NoError(t, err)
+		require.Equal(t, 8*mib, n, "the retried page and the three idle ones")
+		st := p.Stats()
+		require.Equal(t, uint64(2), st.Trims, "two Trim calls released memory")
+		require.Equal(t, 12*mib, st.TrimmedBytes)
+		closeGivesAllBack(t, p, d, before)
+	}, testutil.SimOnly(), simMemory)
+}

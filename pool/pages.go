@@ -286,14 +286,20 @@ func (p *Pool) forgetSmallPage(pg uint64) {
 	p.smallVA.add(pg, p.pageSize)
 }
 
-// releaseIdle unmaps and releases idle pages until at most keep bytes of them remain, large cache
+// releaseIdle is dropIdleTo counted as one trim (the high-water mark, Sleep).
+func (p *Pool) releaseIdle(keep uint64) (uint64, error) {
+	n, err := p.dropIdleTo(keep)
+	p.trimmed(n)
+	return n, err
+}
+
+// dropIdleTo unmaps and releases idle pages until at most keep bytes of them remain, large cache
 // first (the tail of the largest run), then small pages. It returns the bytes released; pages it
 // unmapped but could not release are no longer cached (they wait on p.unreleased).
-func (p *Pool) releaseIdle(keep uint64) (uint64, error) {
+func (p *Pool) dropIdleTo(keep uint64) (uint64, error) {
 	t0 := time.Now()
 	defer p.driverTime(t0)
 	var released uint64
-	defer func() { p.trimmed(released) }()
 	for p.idleBytes() > keep {
 		excess := (p.idleBytes() - keep + p.pageSize - 1) / p.pageSize
 		n, err := p.dropIdle(excess)
@@ -338,17 +344,17 @@ func (p *Pool) trimmed(n uint64) {
 
 // releaseAll retries the releases that failed before and the pages left mapped without access, then
 // releases every idle page (unless the pool is asleep: it has none), and returns the bytes released
-// (Trim, Close).
+// (Trim, Close), counted as one trim.
 func (p *Pool) releaseAll() (uint64, error) {
 	n, err := p.retryReleases()
 	s, serr := p.dropStranded()
-	n += s
-	p.trimmed(n)
-	if p.asleep {
-		return n, errors.Join(err, serr)
+	var m uint64
+	var ierr error
+	if !p.asleep {
+		m, ierr = p.dropIdleTo(0)
 	}
-	m, ierr := p.releaseIdle(0)
-	return n + m, errors.Join(err, serr, ierr)
+	p.trimmed(n + s + m)
+	return n + s + m, errors.Join(err, serr, ierr)
 }
 
 // Trim waits for pending frees (their events, not the device), then unmaps and releases every idle
