@@ -289,6 +289,7 @@ func New(dev *vmm.Device, opts Options) (*Buffer, error) {
 	}
 	b.ptr.Store(uint64(r.Ptr()))
 	b.reserved.Store(r.Size())
+	b.own.Init(nil, "growable buffer")
 	lifetime.Track(b, &b.own)
 	return b, nil
 }

@@ -95,6 +95,7 @@ func NewPool(r *Region, bufSize uint64, count int) (*Pool, error) {
 		p.free <- b
 	}
 	p.stats.Buffers, p.stats.BufferSize = count, size
+	p.own.Init(nil, "pinned pool")
 	lifetime.Track(p, &p.own)
 	return p, nil
 }

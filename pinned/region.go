@@ -47,6 +47,12 @@ type Region struct {
 	pools   []span                     // the ranges of the open pools carved from the region, by offset
 }
 
+// track names the region's owner and reports the region as a leak if it becomes unreachable open.
+func (r *Region) track() {
+	r.own.Init(nil, "pinned region")
+	lifetime.Track(r, &r.own)
+}
+
 // span is the range [off, end) of the region a pool holds.
 type span struct{ off, end uint64 }
 
@@ -178,7 +184,7 @@ func newHostNUMA(dev *vmm.Device, size uint64, opts Options) (*Region, error) {
 		r.granted[int(a.Location.ID)] = a.Flags
 	}
 	r.mem = vmm.HostView(res.Ptr(), total)
-	lifetime.Track(r, &r.own)
+	r.track()
 	return r, nil
 }
 
@@ -290,7 +296,7 @@ func newSharedMemory(dev *vmm.Device, size uint64, opts Options) (*Region, error
 	} else {
 		opts.progress(total, total)
 	}
-	lifetime.Track(r, &r.own)
+	r.track()
 	return r, nil
 }
 
@@ -396,7 +402,7 @@ func Register(dev *vmm.Device, mem []byte, opts RegisterOptions) (*Region, error
 	if err := r.register(opts.ReadOnly, opts.Progress); err != nil {
 		return nil, err
 	}
-	lifetime.Track(r, &r.own)
+	r.track()
 	return r, nil
 }
 

@@ -8,7 +8,6 @@ import (
 	"os"
 
 	"github.com/cuvmm/cuvmm/driver"
-	"github.com/cuvmm/cuvmm/internal/lifetime"
 	"github.com/cuvmm/cuvmm/internal/memfd"
 	"github.com/cuvmm/cuvmm/internal/units"
 	"github.com/cuvmm/cuvmm/ipc"
@@ -181,7 +180,7 @@ func receiveHostNUMA(conn *net.UnixConn, dev *vmm.Device, size uint64, grants []
 		r.granted[int(a.Location.ID)] = a.Flags
 	}
 	r.mem = vmm.HostView(buf.Ptr(), size)
-	lifetime.Track(r, &r.own)
+	r.track()
 	return r, nil
 }
 
@@ -226,6 +225,6 @@ func openSharedMemory(f *os.File, dev *vmm.Device, sys *vmm.System, size uint64,
 			return nil, errors.Join(err, r.undo())
 		}
 	}
-	lifetime.Track(r, &r.own)
+	r.track()
 	return r, nil
 }

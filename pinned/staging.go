@@ -122,6 +122,7 @@ func NewStager(dev *vmm.Device, opts StagerOptions) (s *Stager, err error) {
 		}
 		s.events = append(s.events, e)
 	}
+	s.own.Init(nil, "stager")
 	lifetime.Track(s, &s.own)
 	return s, nil
 }

@@ -149,6 +149,7 @@ func New(devices []*vmm.Device, size uint64, layout Layout, opts Options) (*Rang
 		return nil, fmt.Errorf("stripe: build %s %s over devices %s: %w", units.FormatSize(rounded), layout, names, err)
 	}
 	r.segs = segments(r.holders, pieces)
+	r.own.Init(nil, "stripe range")
 	lifetime.Track(r, &r.own)
 	return r, nil
 }

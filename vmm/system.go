@@ -88,6 +88,7 @@ func Open(api driver.API) (*System, error) {
 		return nil, fmt.Errorf("vmm: cuDeviceGetCount: %w", err)
 	}
 	s := &System{api: api, version: v, count: n, devices: make([]*Device, n)}
+	s.own.Init(nil, "system")
 	lifetime.Track(s, &s.own)
 	return s, nil
 }

@@ -44,8 +44,14 @@ func (o *Owner) Init(parent *Owner, kind string) {
 }
 
 // Track reports obj, which holds o, as a leak when it becomes unreachable while o is open (only in
-// builds with the cuvmmleak tag). Call it after Init.
-func Track[T any](obj *T, o *Owner) { track(obj, o) }
+// builds with the cuvmmleak tag), naming o's kind. Call it after Init; it panics on an owner Init
+// did not name, whose leak report could not say what leaked.
+func Track[T any](obj *T, o *Owner) {
+	if o.kind == "" {
+		panic("lifetime: Track of an owner with no kind (call Init first)")
+	}
+	track(obj, o)
+}
 
 // Lock locks the owner's mutex, which also guards the owning type's own state.
 func (o *Owner) Lock() { o.mu.Lock() }

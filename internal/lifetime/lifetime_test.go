@@ -41,3 +41,16 @@ func TestOwner(t *testing.T) {
 	require.Zero(t, parent.Children(), "a shut owner is no child any more")
 	require.NoError(t, parent.Close("parent", nil))
 }
+
+// TestTrackNeedsAKind: tracking an owner that Init did not name panics, in every build: its leak
+// report could not say what leaked.
+func TestTrackNeedsAKind(t *testing.T) {
+	type thing struct{ own Owner }
+	x := &thing{}
+	require.PanicsWithValue(t, "lifetime: Track of an owner with no kind (call Init first)", func() { Track(x, &x.own) })
+	x.own.Init(nil, "thing")
+	require.NotPanics(t, func() { Track(x, &x.own) })
+	x.own.Lock()
+	x.own.MarkClosed()
+	x.own.Unlock()
+}
