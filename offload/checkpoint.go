@@ -325,7 +325,8 @@ func (s *Set) staging(ctx context.Context, d *vmm.Device) (*slot, error) {
 	return f.take()
 }
 
-// readHeader reads and checks a checkpoint's header and the layout of each of its entries.
+// readHeader reads and checks a checkpoint's header, the tags (not empty, none twice) and the
+// layout of each of its entries.
 func readHeader(r io.Reader) (*ckHeader, error) {
 	var fixed [16]byte
 	if _, err := io.ReadFull(r, fixed[:]); err != nil {
@@ -354,6 +355,9 @@ func readHeader(r io.Reader) (*ckHeader, error) {
 	}
 	seen := make(map[string]int, len(hdr.Entries))
 	for i, ce := range hdr.Entries {
+		if ce.Tag == "" {
+			return nil, fmt.Errorf("offload: checkpoint entry %d: empty tag: %w", i, ErrBadCheckpoint)
+		}
 		if err := ce.check(); err != nil {
 			return nil, err
 		}

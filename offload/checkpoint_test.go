@@ -205,3 +205,28 @@ func TestCheckpointLengthBeyondChunks(t *testing.T) {
 		requirePattern(t, d, buf.Ptr(), 4*mib, 71)
 	})
 }
+
+// TestCheckpointEmptyTag: a checkpoint whose header (checksum and all) gives a buffer an empty tag,
+// which no set can hold, is a bad checkpoint for Load and Restore alike, refused before anything
+// is made.
+func TestCheckpointEmptyTag(t *testing.T) {
+	testutil.Run(t, func(t *testing.T, b *testutil.Backend) {
+		d := b.Device(t, 0)
+		buf := newBuf(t, d, 4*mib, 2*mib, 73, nil)
+		set := newSet(t, b, offload.Options{SlotSize: 2 * mib})
+		require.NoError(t, set.Add("w", buf, offload.Keep, offload.EntryOptions{}))
+		var ck bytes.Buffer
+		require.NoError(t, set.Save(bg, &ck))
+		bad := rewriteHeader(t, ck.Bytes(), func(h map[string]any) {
+			h["entries"].([]any)[0].(map[string]any)["tag"] = ""
+		})
+		before := free(t, d)
+		loaded, bufs, err := offload.Load(bg, b.Sys, bytes.NewReader(bad), offload.Options{SlotSize: 2 * mib})
+		require.ErrorIs(t, err, offload.ErrBadCheckpoint)
+		require.ErrorContains(t, err, "empty tag")
+		require.Nil(t, loaded)
+		require.Nil(t, bufs)
+		requireFreeAbout(t, b, before, free(t, d), "nothing made")
+		require.ErrorIs(t, set.Restore(bg, bytes.NewReader(bad)), offload.ErrBadCheckpoint)
+	})
+}
