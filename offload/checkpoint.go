@@ -252,7 +252,7 @@ func (s *Set) saveChunks(ctx context.Context, w io.Writer, refs []chunkRef) erro
 	for _, r := range refs {
 		if !r.e.asleep {
 			err = s.saveAwake(ctx, w, r, stage, prog)
-		} else if err = saveBackup(w, r.state(), prog); err != nil {
+		} else if err = saveBackup(ctx, w, r.state(), prog); err != nil {
 			err = fmt.Errorf("write %s chunk %d: %w", r.e, r.i, err)
 		}
 		if errors.Is(err, errNotDrained) {
@@ -301,8 +301,9 @@ func (s *Set) saveAwake(ctx context.Context, w io.Writer, r chunkRef, stage *slo
 	return nil
 }
 
-// saveBackup writes a sleeping chunk's bytes from its backup, and their checksum.
-func saveBackup(w io.Writer, cs *chunkState, prog *progress) error {
+// saveBackup writes a sleeping chunk's bytes from its backup, and their checksum; the end of ctx
+// stops it between pieces.
+func saveBackup(ctx context.Context, w io.Writer, cs *chunkState, prog *progress) error {
 	crc := uint32(0)
 	for _, hp := range cs.backup {
 		b := hp.slot.mem[hp.slotOff : hp.slotOff+hp.n]
@@ -311,6 +312,9 @@ func saveBackup(w io.Writer, cs *chunkState, prog *progress) error {
 			return err
 		}
 		prog.add(hp.n)
+		if err := ctx.Err(); err != nil {
+			return err
+		}
 	}
 	var sum [4]byte
 	binary.LittleEndian.PutUint32(sum[:], crc)

@@ -2,6 +2,7 @@ package offload_test
 
 import (
 	"bytes"
+	"context"
 	"encoding/binary"
 	"encoding/json"
 	"hash/crc32"
@@ -228,5 +229,30 @@ func TestCheckpointEmptyTag(t *testing.T) {
 		require.Nil(t, bufs)
 		requireFreeAbout(t, b, before, free(t, d), "nothing made")
 		require.ErrorIs(t, set.Restore(bg, bytes.NewReader(bad)), offload.ErrBadCheckpoint)
+	})
+}
+
+// TestSaveFromBackupCancel: a context cancelled while Save writes sleeping Keep buffers from their
+// backups stops it, as it stops a Save of awake buffers, and the buffers stay asleep and intact.
+func TestSaveFromBackupCancel(t *testing.T) {
+	testutil.Run(t, func(t *testing.T, b *testutil.Backend) {
+		d := b.Device(t, 0)
+		buf := newBuf(t, d, 8*mib, 2*mib, 74, nil)
+		ctx, cancel := context.WithCancel(bg)
+		defer cancel()
+		saving := false
+		set := newSet(t, b, offload.Options{SlotSize: 2 * mib, Progress: func(done, total uint64) {
+			if saving && done < total {
+				cancel()
+			}
+		}})
+		require.NoError(t, set.Add("w", buf, offload.Keep, offload.EntryOptions{}))
+		require.NoError(t, set.Sleep(bg))
+		saving = true
+		var ck bytes.Buffer
+		require.ErrorIs(t, set.Save(ctx, &ck), context.Canceled)
+		require.True(t, set.Asleep("w"))
+		require.NoError(t, set.Wake(bg))
+		requirePattern(t, d, buf.Ptr(), 8*mib, 74)
 	})
 }
