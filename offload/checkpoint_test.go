@@ -6,10 +6,13 @@ import (
 	"encoding/binary"
 	"encoding/json"
 	"hash/crc32"
+	"maps"
+	"strconv"
 	"testing"
 
 	"github.com/stretchr/testify/require"
 
+	"github.com/cuvmm/cuvmm/driver/sim"
 	"github.com/cuvmm/cuvmm/internal/testutil"
 	"github.com/cuvmm/cuvmm/offload"
 )
@@ -255,4 +258,43 @@ func TestSaveFromBackupCancel(t *testing.T) {
 		require.NoError(t, set.Wake(bg))
 		requirePattern(t, d, buf.Ptr(), 8*mib, 74)
 	})
+}
+
+// TestLoadTruncatedClaimsMoreThanTheDevice: a checkpoint whose header claims more chunks than the
+// device could hold, followed by the bytes of two, is refused as truncated in its third chunk: Load
+// maps a chunk only when its bytes come, so it neither maps the device full nor loops over the
+// claimed chunks first.
+func TestLoadTruncatedClaimsMoreThanTheDevice(t *testing.T) {
+	testutil.Run(t, func(t *testing.T, b *testutil.Backend) {
+		d := b.Device(t, 0)
+		var ck bytes.Buffer
+		func() {
+			buf, err := newOwnedBuf(d, 4*mib, 2*mib, 75)
+			require.NoError(t, err)
+			defer func() { require.NoError(t, buf.Close()) }()
+			set := offload.NewSet(b.Sys, offload.Options{SlotSize: 2 * mib})
+			defer func() { require.NoError(t, set.Close()) }()
+			require.NoError(t, set.Add("w", buf, offload.Keep, offload.EntryOptions{}))
+			require.NoError(t, set.Save(bg, &ck))
+		}()
+		_, total, err := d.MemInfo()
+		require.NoError(t, err)
+		bad := rewriteHeader(t, ck.Bytes(), func(h map[string]any) {
+			e := h["entries"].([]any)[0].(map[string]any)
+			chunks := e["chunks"].([]any)
+			for off := uint64(4 * mib); off <= total; off += 2 * mib {
+				c := maps.Clone(chunks[1].(map[string]any))
+				c["offset"] = json.Number(strconv.FormatUint(off, 10))
+				chunks = append(chunks, c)
+			}
+			e["chunks"] = chunks
+		})
+		before := free(t, d)
+		loaded, bufs, err := offload.Load(bg, b.Sys, bytes.NewReader(bad), offload.Options{SlotSize: 2 * mib})
+		require.ErrorIs(t, err, offload.ErrBadCheckpoint)
+		require.ErrorContains(t, err, `truncated in "w" chunk 2`)
+		require.Nil(t, loaded)
+		require.Nil(t, bufs)
+		requireFreeAbout(t, b, before, free(t, d), "nothing left mapped")
+	}, testutil.SimOptions(sim.MemoryPerDevice(4<<30)))
 }

@@ -30,6 +30,11 @@ func Load(ctx context.Context, sys *vmm.System, r io.Reader, opts Options) (*Set
 	if err != nil {
 		return nil, nil, err
 	}
+	for _, ce := range hdr.Entries {
+		if _, err := loadPolicy(ce); err != nil {
+			return nil, nil, err
+		}
+	}
 	set := NewSet(sys, opts)
 	var bufs []*Restored
 	fail := func(err error) (*Set, []*Restored, error) {
@@ -39,28 +44,26 @@ func Load(ctx context.Context, sys *vmm.System, r io.Reader, opts Options) (*Set
 		}
 		return nil, nil, errors.Join(errs...)
 	}
-	for _, ce := range hdr.Entries {
-		b, err := recreate(sys, ce)
-		if err != nil {
-			return fail(err)
-		}
-		bufs = append(bufs, b)
-		if err := addLoaded(set, ce, b); err != nil {
-			return fail(err)
-		}
-	}
 	prog := &progress{fn: set.opts.Progress}
 	for _, ce := range hdr.Entries {
 		prog.total += ce.size()
 	}
-	for i, ce := range hdr.Entries {
-		if err := set.fill(ctx, r, ce, bufs[i], prog); err != nil {
+	for _, ce := range hdr.Entries {
+		b, err := reserve(sys, ce)
+		if err != nil {
+			return fail(err)
+		}
+		if err := set.fill(ctx, r, sys, ce, b, prog); err != nil {
 			if errors.Is(err, errNotDrained) {
-				// A copy into bufs[i] may still be queued: unmapping it now would leave the copy
-				// writing to freed addresses. The System frees it once its devices are idle.
-				err = errors.Join(err, keepBusy(sys, bufs[i]))
-				bufs = slices.Delete(bufs, i, i+1)
+				// A copy into b may still be queued: unmapping it now would leave the copy writing
+				// to freed addresses. The System frees it once its devices are idle.
+				return fail(errors.Join(err, keepBusy(sys, b)))
 			}
+			bufs = append(bufs, b)
+			return fail(err)
+		}
+		bufs = append(bufs, b)
+		if err := addLoaded(set, ce, b); err != nil {
 			return fail(err)
 		}
 	}
@@ -97,47 +100,63 @@ func keepBusy(sys *vmm.System, b *Restored) error {
 	})
 }
 
-// addLoaded adds a recreated buffer to set under its saved tag and policy (File becomes Keep).
-func addLoaded(set *Set, ce ckEntry, b *Restored) error {
+// loadPolicy is the policy Load gives a saved entry (File becomes Keep).
+func loadPolicy(ce ckEntry) (Policy, error) {
 	policy, err := ParsePolicy(ce.Policy)
 	if err != nil {
-		return fmt.Errorf("offload: checkpoint entry %q: %w: %w", ce.Tag, ErrBadCheckpoint, err)
+		return 0, fmt.Errorf("offload: checkpoint entry %q: %w: %w", ce.Tag, ErrBadCheckpoint, err)
 	}
 	if policy == File {
 		policy = Keep
 	}
+	return policy, nil
+}
+
+// addLoaded adds a recreated buffer to set under its saved tag and policy (File becomes Keep).
+func addLoaded(set *Set, ce ckEntry, b *Restored) error {
+	policy, err := loadPolicy(ce)
+	if err != nil {
+		return err
+	}
 	return set.Add(ce.Tag, b, policy, EntryOptions{})
 }
 
-// recreate reserves the entry's range (at its saved address when granted) and maps its chunks. The
-// entry's layout was checked by readHeader.
-func recreate(sys *vmm.System, ce ckEntry) (*Restored, error) {
+// reserve reserves the entry's range, at its saved address when granted. fill maps the chunks as
+// their bytes come, so that a checkpoint whose header claims more than its bytes hold fails at the
+// first missing chunk, not after mapping every chunk it claims. The entry's layout was checked by
+// readHeader.
+func reserve(sys *vmm.System, ce ckEntry) (*Restored, error) {
 	res, err := sys.Reserve(ce.end(), vmm.ReserveOptions{Hint: driver.DevicePtr(ce.Ptr)})
 	if err != nil {
 		return nil, fmt.Errorf("offload: load %q: %w", ce.Tag, err)
 	}
 	res.SetKind("checkpoint")
-	b := &Restored{tag: ce.Tag, res: res, len: ce.Len, moved: res.Ptr() != driver.DevicePtr(ce.Ptr)}
-	for i, c := range ce.Chunks {
-		d, err := sys.Device(c.Device)
-		if err == nil {
-			var m *vmm.Mapping
-			m, err = res.MapNew(c.Offset, c.Size, d, c.allocOptions(), c.access()...)
-			if err == nil {
-				b.maps = append(b.maps, m)
-			}
-		}
-		if err != nil {
-			return nil, errors.Join(fmt.Errorf("offload: load %s: %w", chunkName(ce.Tag, i, c), err), b.undo())
-		}
-	}
-	return b, nil
+	return &Restored{tag: ce.Tag, res: res, len: ce.Len, moved: res.Ptr() != driver.DevicePtr(ce.Ptr)}, nil
 }
 
-// fill streams an entry's chunks from r into b through one staging slot, checking each checksum.
-func (s *Set) fill(ctx context.Context, r io.Reader, ce ckEntry, b *Restored, prog *progress) error {
+// mapChunk maps chunk i of the entry into b with its saved properties, device and access.
+func mapChunk(sys *vmm.System, ce ckEntry, i int, b *Restored) (*vmm.Allocation, error) {
+	c := ce.Chunks[i]
+	d, err := sys.Device(c.Device)
+	if err != nil {
+		return nil, fmt.Errorf("offload: load %s: %w", chunkName(ce.Tag, i, c), err)
+	}
+	m, err := b.res.MapNew(c.Offset, c.Size, d, c.allocOptions(), c.access()...)
+	if err != nil {
+		return nil, fmt.Errorf("offload: load %s: %w", chunkName(ce.Tag, i, c), err)
+	}
+	b.maps = append(b.maps, m)
+	return m.Allocation(), nil
+}
+
+// fill maps an entry's chunks into b one at a time and streams each one's bytes from r through one
+// staging slot, checking each checksum.
+func (s *Set) fill(ctx context.Context, r io.Reader, sys *vmm.System, ce ckEntry, b *Restored, prog *progress) error {
 	for i, c := range ce.Chunks {
-		a := b.maps[i].Allocation()
+		a, err := mapChunk(sys, ce, i, b)
+		if err != nil {
+			return err
+		}
 		stage, err := s.staging(ctx, a.Device())
 		if err != nil {
 			return err
