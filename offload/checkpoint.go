@@ -346,8 +346,13 @@ func readHeader(r io.Reader) (*ckHeader, error) {
 	if n > maxHeader {
 		return nil, fmt.Errorf("offload: checkpoint header of %d bytes: too large: %w", n, ErrBadCheckpoint)
 	}
-	js := make([]byte, n+4)
-	if _, err := io.ReadFull(r, js); err != nil {
+	// Read what comes rather than make room for the length claimed, which only its checksum vouches
+	// for: a short or foreign stream costs the bytes it holds.
+	js, err := io.ReadAll(io.LimitReader(r, int64(n)+4))
+	if err == nil && len(js) < int(n)+4 {
+		err = io.ErrUnexpectedEOF
+	}
+	if err != nil {
 		return nil, fmt.Errorf("offload: checkpoint header truncated: %w: %w", ErrBadCheckpoint, err)
 	}
 	if got, want := crc32.Checksum(js[:n], castagnoli), binary.LittleEndian.Uint32(js[n:]); got != want {

@@ -3,6 +3,7 @@ package offload
 import (
 	"bytes"
 	"context"
+	"runtime"
 	"testing"
 
 	"github.com/stretchr/testify/require"
@@ -43,4 +44,17 @@ func TestLoadRefusesUnknownPolicy(t *testing.T) {
 		require.Nil(t, set)
 		require.Nil(t, bufs)
 	})
+}
+
+// A checkpoint cut short after a header length of 64 MiB is refused as truncated without making
+// room for the header it claims: memory grows with the bytes that come, not the length claimed.
+func TestReadHeaderClaimedLengthAllocatesNothing(t *testing.T) {
+	claim := []byte("CUVMMCKP\x01\x00\x00\x00\x00\x00\x00\x04{}")
+	var before, after runtime.MemStats
+	runtime.ReadMemStats(&before)
+	_, err := readHeader(bytes.NewReader(claim))
+	runtime.ReadMemStats(&after)
+	require.ErrorIs(t, err, ErrBadCheckpoint)
+	require.ErrorContains(t, err, "truncated")
+	require.Less(t, after.TotalAlloc-before.TotalAlloc, uint64(1<<20), "bytes allocated for a 18-byte checkpoint")
 }
