@@ -51,10 +51,12 @@ type span struct {
 	size uint64
 }
 
-// peer is the connection to one other rank, with the messages received from it and not yet taken.
+// peer is the connection to one other rank, with the messages received from it and not yet taken,
+// by channel: a group runs its sends before its other operations, so point-to-point messages and
+// those of collectives are queued apart, each in the order it was sent.
 type peer struct {
 	conn    net.Conn
-	queue   [][]byte
+	queue   [numChannels][][]byte
 	readErr error // set when the reader stopped (the peer exited, or shutdown)
 }
 
@@ -247,11 +249,12 @@ func (c *comm) handshake(conn net.Conn, want int) error {
 func (c *comm) receive(p *peer, conn net.Conn) {
 	defer c.wait.Done()
 	for {
-		var hdr [8]byte
+		var hdr [frameHeader]byte
 		_, err := io.ReadFull(conn, hdr[:])
 		var msg []byte
+		ch := int(hdr[8]) % numChannels
 		if err == nil {
-			msg = make([]byte, binary.LittleEndian.Uint64(hdr[:]))
+			msg = make([]byte, binary.LittleEndian.Uint64(hdr[:8]))
 			_, err = io.ReadFull(conn, msg)
 		}
 		c.mu.Lock()
@@ -261,7 +264,7 @@ func (c *comm) receive(p *peer, conn net.Conn) {
 			c.mu.Unlock()
 			return
 		}
-		p.queue = append(p.queue, msg)
+		p.queue[ch] = append(p.queue[ch], msg)
 		c.cond.Broadcast()
 		c.mu.Unlock()
 	}

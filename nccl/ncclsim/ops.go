@@ -33,6 +33,23 @@ type simOp struct {
 	stream     driver.Stream
 }
 
+// Channels of the messages between two ranks: those of collectives, and those of sends and receives.
+const (
+	chanCollective = iota
+	chanP2P
+	numChannels
+)
+
+// frameHeader is a message's header on the wire: its length (8 bytes) and its channel.
+const frameHeader = 9
+
+func channel(k opKind) int {
+	if k == kSend || k == kRecv {
+		return chanP2P
+	}
+	return chanCollective
+}
+
 // group is the calls made on one OS thread between ncclGroupStart and the matching ncclGroupEnd.
 type group struct {
 	depth int
@@ -131,7 +148,7 @@ func (c *comm) run(ops []simOp) {
 	if err != nil {
 		err = fail("ncclGroupEnd", nccl.UnhandledCudaError, "cuCtxSetCurrent: %v", err)
 	}
-	for _, o := range ops {
+	for _, o := range sendsFirst(ops) {
 		if err != nil {
 			break
 		}
@@ -147,6 +164,24 @@ func (c *comm) run(ops []simOp) {
 		}
 	}
 	c.cond.Broadcast()
+}
+
+// sendsFirst orders a group's sends before its other operations, each kind keeping its order: NCCL
+// progresses a group's operations together, so a group may receive from a peer before it sends to
+// that peer (an exchange), which run, going one operation at a time, would otherwise deadlock on.
+func sendsFirst(ops []simOp) []simOp {
+	out := make([]simOp, 0, len(ops))
+	for _, o := range ops {
+		if o.kind == kSend {
+			out = append(out, o)
+		}
+	}
+	for _, o := range ops {
+		if o.kind != kSend {
+			out = append(out, o)
+		}
+	}
+	return out
 }
 
 func (c *comm) exec(o simOp) error {
@@ -211,10 +246,11 @@ func (c *comm) sendFrom(o simOp, r int, ptr driver.DevicePtr, n uint64) error {
 
 // sendTo frames b to rank r (to this rank's own queue for a send to itself).
 func (c *comm) sendTo(o simOp, r int, b []byte) error {
+	ch := channel(o.kind)
 	c.mu.Lock()
 	p := c.peers[r]
 	if r == c.rank {
-		p.queue = append(p.queue, b)
+		p.queue[ch] = append(p.queue[ch], b)
 		c.cond.Broadcast()
 		c.mu.Unlock()
 		return nil
@@ -224,8 +260,9 @@ func (c *comm) sendTo(o simOp, r int, b []byte) error {
 	if conn == nil {
 		return fail(opName(o.kind), nccl.RemoteError, "the connection to rank %d is closed", r)
 	}
-	frame := make([]byte, 8, 8+len(b))
+	frame := make([]byte, frameHeader, frameHeader+len(b))
 	binary.LittleEndian.PutUint64(frame, uint64(len(b)))
+	frame[8] = byte(ch)
 	if _, err := conn.Write(append(frame, b...)); err != nil {
 		return fail(opName(o.kind), nccl.RemoteError, "sending %d bytes to rank %d: %v", len(b), r, err)
 	}
@@ -237,14 +274,14 @@ func (c *comm) sendTo(o simOp, r int, b []byte) error {
 func (c *comm) recvFrom(o simOp, r int, n uint64) ([]byte, error) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	p := c.peers[r]
+	p, ch := c.peers[r], channel(o.kind)
 	for {
 		if c.state == stateClosed {
 			return nil, fail(opName(o.kind), nccl.RemoteError, "aborted while waiting for rank %d", r)
 		}
-		if len(p.queue) > 0 {
-			m := p.queue[0]
-			p.queue = p.queue[1:]
+		if len(p.queue[ch]) > 0 {
+			m := p.queue[ch][0]
+			p.queue[ch] = p.queue[ch][1:]
 			if uint64(len(m)) != n {
 				return nil, fail(opName(o.kind), nccl.InvalidUsage,
 					"rank %d sent %d bytes where rank %d expected %d: the ranks disagree on the count or the order of operations", r, len(m), c.rank, n)
