@@ -19,8 +19,8 @@ const disagreeDeadline = 3 * time.Second
 // itself instead of the peer that sends to it. Neither may hang past the deadline.
 //   - count: the stand-in reports the mismatch; NCCL does not check counts, and the receive ends with
 //     the bytes that were sent (seen with NCCL 2.28), so on the real NCCL only the time is checked.
-//   - peer: the receiver's communicator is aborted: at once by NCCL's invalid-usage report
-//     (ErrInvalidValue), or by the deadline on the stand-in; the sender, whose peer is gone, by the
+//   - peer: the receiver's communicator is aborted at once by the invalid-usage report of a receive
+//     from itself with no matching send (ErrInvalidValue); the sender, whose peer is gone, by the
 //     deadline.
 func TestRanksDisagree(t *testing.T) {
 	for _, tc := range []struct {

@@ -176,3 +176,51 @@ func TestSystemCloseWaitsForComm(t *testing.T) {
 	require.True(t, lib.Live().Zero(), "the simulated NCCL still holds: %s", lib.Live())
 	require.NoError(t, sys.Close())
 }
+
+// TestUnmatchedSelfTransferIsInvalidUsage: NCCL pairs a rank's send to itself with its receive from
+// itself inside one group and reports ncclInvalidUsage for one without the other, instead of
+// waiting (a receive) or keeping the bytes for a later group (a send). The communicator is aborted
+// at once, long before the deadline.
+func TestUnmatchedSelfTransferIsInvalidUsage(t *testing.T) {
+	for _, kind := range []string{"send", "recv"} {
+		t.Run(kind, func(t *testing.T) {
+			testutil.Run(t, func(t *testing.T, b *testutil.Backend) {
+				c := soloComm(t, b, library(t, b))
+				defer func() { require.NoError(t, c.Close()) }()
+				buf := buffer(t, b.Device(t, 0), 2*mib, 2*mib)
+				ctx := deadline(t, 10*time.Second)
+				start := time.Now()
+				g := c.Group()
+				if kind == "send" {
+					g.Send(buf.Ptr(), mib, nccl.Uint8, 0, nil)
+				} else {
+					g.Recv(buf.Ptr(), mib, nccl.Uint8, 0, nil)
+				}
+				err := g.Run(ctx)
+				if err == nil {
+					err = c.Wait(ctx, nil)
+				}
+				require.ErrorIs(t, err, nccl.ErrAborted)
+				require.ErrorIs(t, err, nccl.ErrInvalidValue)
+				require.Less(t, time.Since(start), abortSlack)
+			}, testutil.AllowDeviceMemoryLoss(abortedBuffers))
+		})
+	}
+}
+
+// TestMatchedSelfTransfer: a send to itself and the matching receive in one group copy the bytes.
+func TestMatchedSelfTransfer(t *testing.T) {
+	testutil.Run(t, func(t *testing.T, b *testutil.Backend) {
+		c := soloComm(t, b, library(t, b))
+		defer func() { require.NoError(t, c.Close()) }()
+		dev := b.Device(t, 0)
+		src, dst := buffer(t, dev, 2*mib, 2*mib), buffer(t, dev, 2*mib, 2*mib)
+		require.NoError(t, dev.Fill(src.Ptr(), 2*mib, 0, 7))
+		ctx := deadline(t, 10*time.Second)
+		require.NoError(t, c.Group().Send(src.Ptr(), mib, nccl.Uint8, 0, nil).Recv(dst.Ptr(), mib, nccl.Uint8, 0, nil).Run(ctx))
+		require.NoError(t, c.Wait(ctx, nil))
+		bad, err := dev.Verify(dst.Ptr(), mib, 0, 7)
+		require.NoError(t, err)
+		require.Zero(t, bad)
+	})
+}

@@ -147,6 +147,8 @@ func (c *comm) run(ops []simOp) {
 	err := c.lib.api.CtxSetCurrent(c.ctx)
 	if err != nil {
 		err = fail("ncclGroupEnd", nccl.UnhandledCudaError, "cuCtxSetCurrent: %v", err)
+	} else {
+		err = c.selfPaired(ops)
 	}
 	for _, o := range sendsFirst(ops) {
 		if err != nil {
@@ -164,6 +166,28 @@ func (c *comm) run(ops []simOp) {
 		}
 	}
 	c.cond.Broadcast()
+}
+
+// selfPaired refuses a group whose sends to this rank and receives from it do not pair up: NCCL
+// matches them inside the group and reports ncclInvalidUsage for one left alone.
+func (c *comm) selfPaired(ops []simOp) error {
+	sends, recvs := 0, 0
+	for _, o := range ops {
+		switch {
+		case o.peer != c.rank:
+		case o.kind == kSend:
+			sends++
+		case o.kind == kRecv:
+			recvs++
+		}
+	}
+	switch {
+	case sends > recvs:
+		return fail("ncclGroupEnd", nccl.InvalidUsage, "trying to send to self without a matching recv")
+	case recvs > sends:
+		return fail("ncclGroupEnd", nccl.InvalidUsage, "trying to recv from self without a matching send")
+	}
+	return nil
 }
 
 // sendsFirst orders a group's sends before its other operations, each kind keeping its order: NCCL

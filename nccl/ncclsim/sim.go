@@ -8,7 +8,8 @@
 // background and report ncclInProgress until done, polled with ncclCommGetAsyncError), groups per OS
 // thread, sends and receives matched in order per pair of ranks, the four collectives, user buffer and
 // window registrations, ncclCommAbort, and the errors: ranks that disagree on the communicator's size
-// or on a transfer's byte count get ncclInvalidUsage, a peer that exits gets ncclRemoteError, a
+// or on a transfer's byte count get ncclInvalidUsage, as does a group with a send to the rank itself
+// and no matching receive from itself (or the reverse), a peer that exits gets ncclRemoteError, a
 // receive whose sender never sends stays in progress (as NCCL hangs) until the caller aborts.
 //
 // Differences from NCCL: operations complete before the group reports success (NCCL only queues them
