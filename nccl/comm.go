@@ -296,8 +296,9 @@ func (c *Comm) Close() error {
 			return fmt.Errorf("nccl: close %v: ncclCommAbort (a later Close retries it): %w", c, err)
 		}
 	}
-	// Closed on every other way out (finalized and destroyed, or aborted): Close is not retried.
-	defer c.own.MarkClosed()
+	// Closed on every other way out (finalized and destroyed, or aborted), unless an abort on the way
+	// could not run: then the next Close retries it, above.
+	defer c.markClosed()
 	if c.aborted != nil {
 		return nil
 	}
@@ -310,6 +311,13 @@ func (c *Comm) Close() error {
 		return regErr // a deregistration's wait failed and aborted the communicator
 	}
 	return errors.Join(regErr, c.finalize())
+}
+
+// markClosed marks the communicator closed unless ncclCommAbort is still to run. c.mu is held.
+func (c *Comm) markClosed() {
+	if !c.abortLeft {
+		c.own.MarkClosed()
+	}
 }
 
 // closeTimeout is Options.CloseTimeout, or DefaultCloseTimeout when it is not set.
@@ -333,6 +341,9 @@ func (c *Comm) finalize() error {
 		if c.aborted == nil {
 			c.aborted = err
 			_ = c.ncclAbort()
+		}
+		if c.abortLeft {
+			return fmt.Errorf("nccl: close %v: ncclCommFinalize, and ncclCommAbort after it failed (a later Close retries it): %w", c, err)
 		}
 		return fmt.Errorf("nccl: close %v: ncclCommFinalize: %w", c, err)
 	}

@@ -224,3 +224,19 @@ func TestMatchedSelfTransfer(t *testing.T) {
 		require.Zero(t, bad)
 	})
 }
+
+// TestCloseWhoseFinalizeAndAbortFailIsRetried: Close cannot bind the device for ncclCommFinalize
+// nor for the ncclCommAbort that follows; it says so and keeps the communicator open, and the next
+// Close runs ncclCommAbort again, so nothing of the communicator is left.
+func TestCloseWhoseFinalizeAndAbortFailIsRetried(t *testing.T) {
+	testutil.Run(t, func(t *testing.T, b *testutil.Backend) {
+		lib := ncclsim.New(b.Sim)
+		c := soloComm(t, b, lib)
+		b.Sim.FailNth("cuCtxSetCurrent", 1, driver.ErrorUnknown) // the finalize's binding
+		b.Sim.FailNth("cuCtxSetCurrent", 1, driver.ErrorUnknown) // the abort's, the next call
+		require.ErrorContains(t, c.Close(), "a later Close retries it")
+		require.ErrorIs(t, b.Sys.Close(), vmm.ErrInUse, "the communicator is still there")
+		require.NoError(t, c.Close())
+		require.True(t, lib.Live().Zero(), "the simulated NCCL still holds: %s", lib.Live())
+	}, testutil.SimOnly())
+}
