@@ -240,3 +240,23 @@ func TestCloseWhoseFinalizeAndAbortFailIsRetried(t *testing.T) {
 		require.True(t, lib.Live().Zero(), "the simulated NCCL still holds: %s", lib.Live())
 	}, testutil.SimOnly())
 }
+
+// TestStreamClosedBeforeRunIsRefused: a stream closed after its operation was queued in a group,
+// before Run, is refused by Run as an argument error; the communicator stays usable.
+func TestStreamClosedBeforeRunIsRefused(t *testing.T) {
+	testutil.Run(t, func(t *testing.T, b *testutil.Backend) {
+		dev := b.Device(t, 0)
+		c := soloComm(t, b, library(t, b))
+		defer func() { require.NoError(t, c.Close()) }()
+		buf := buffer(t, dev, 2*mib, 2*mib)
+		s, err := dev.CreateStream(vmm.StreamOptions{NonBlocking: true})
+		require.NoError(t, err)
+		g := c.Group().AllReduce(buf.Ptr(), buf.Ptr(), 16, nccl.Float32, nccl.Sum, s)
+		require.NoError(t, s.Close())
+		err = g.Run(deadline(t, 10*time.Second))
+		require.ErrorIs(t, err, nccl.ErrInvalidValue)
+		require.ErrorContains(t, err, "the stream is closed")
+		require.NotErrorIs(t, err, nccl.ErrAborted)
+		require.NoError(t, c.AllReduce(deadline(t, 10*time.Second), buf.Ptr(), buf.Ptr(), 16, nccl.Float32, nccl.Sum, nil))
+	}, testutil.SimOnly())
+}

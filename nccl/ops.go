@@ -121,6 +121,11 @@ func (g *Group) Run(ctx context.Context) error {
 	if err := c.use(g.ops[0].String()); err != nil {
 		return err
 	}
+	for _, o := range g.ops { // a stream may have been closed since its operation was queued
+		if err := c.check(o); err != nil {
+			return err
+		}
+	}
 	var callErr error
 	if err := c.dev.Raw(func(driver.API) error {
 		callErr = c.issue(g.ops)
