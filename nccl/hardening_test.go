@@ -260,3 +260,35 @@ func TestStreamClosedBeforeRunIsRefused(t *testing.T) {
 		require.NoError(t, c.AllReduce(deadline(t, 10*time.Second), buf.Ptr(), buf.Ptr(), 16, nccl.Float32, nccl.Sum, nil))
 	}, testutil.SimOnly())
 }
+
+// TestGroupWithARefusedCallRunsNothing: a call that NCCL refuses inside a group (an unknown data
+// type) makes ncclGroupEnd fail with that error, and the group's other calls are not run.
+func TestGroupWithARefusedCallRunsNothing(t *testing.T) {
+	testutil.Run(t, func(t *testing.T, b *testutil.Backend) {
+		lib := library(t, b)
+		c := soloComm(t, b, lib)
+		defer func() { require.NoError(t, c.Close()) }()
+		dev := b.Device(t, 0)
+		buf := buffer(t, dev, 2*mib, 2*mib)
+		require.NoError(t, dev.Fill(buf.Ptr(), 2*mib, 0, 1))
+		var refused, end error
+		require.NoError(t, dev.Raw(func(driver.API) error {
+			h := c.Handle()
+			if err := lib.GroupStart(); err != nil {
+				return err
+			}
+			refused = lib.Send(buf.Ptr(), 16, nccl.DataType(99), 0, h, 0)
+			_ = lib.Send(buf.Ptr(), mib, nccl.Uint8, 0, h, 0)
+			_ = lib.Recv(buf.Ptr()+mib, mib, nccl.Uint8, 0, h, 0)
+			end = lib.GroupEnd()
+			return nil
+		}))
+		require.ErrorIs(t, refused, nccl.ErrInvalidValue)
+		require.ErrorIs(t, end, nccl.ErrInvalidValue)
+		require.NotErrorIs(t, end, nccl.ErrInProgress)
+		require.NoError(t, c.Wait(deadline(t, 10*time.Second), nil))
+		bad, err := dev.Verify(buf.Ptr()+mib, mib, mib, 1)
+		require.NoError(t, err)
+		require.Zero(t, bad, "the group's receive ran")
+	}, testutil.SimOnly())
+}

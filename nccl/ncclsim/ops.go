@@ -54,6 +54,7 @@ func channel(k opKind) int {
 type group struct {
 	depth int
 	ops   []simOp
+	err   error // the first call refused inside the group: ncclGroupEnd returns it and runs nothing
 }
 
 func (l *Lib) GroupStart() error {
@@ -82,11 +83,35 @@ func (l *Lib) GroupEnd() error {
 	}
 	delete(l.groups, tid())
 	l.mu.Unlock()
+	if g.err != nil {
+		return g.err
+	}
 	return l.launch(g.ops)
 }
 
 // enqueue checks a call and adds it to the thread's group, or launches it alone.
+// A call refused inside a group is kept by the group, as NCCL does: its ncclGroupEnd fails with it.
 func (l *Lib) enqueue(call string, h nccl.CommHandle, o simOp) error {
+	err := l.checkCall(call, h, &o)
+	l.mu.Lock()
+	if g := l.groups[tid()]; g != nil && g.depth > 0 {
+		if err == nil {
+			g.ops = append(g.ops, o)
+		} else if g.err == nil {
+			g.err = err
+		}
+		l.mu.Unlock()
+		return err
+	}
+	l.mu.Unlock()
+	if err != nil {
+		return err
+	}
+	return l.launch([]simOp{o})
+}
+
+// checkCall refuses what NCCL's argument check refuses and sets o's communicator.
+func (l *Lib) checkCall(call string, h nccl.CommHandle, o *simOp) error {
 	c := l.comm(h)
 	if c == nil {
 		return fail(call, nccl.InvalidArgument, "unknown communicator")
@@ -98,14 +123,7 @@ func (l *Lib) enqueue(call string, h nccl.CommHandle, o simOp) error {
 		return fail(call, nccl.InvalidArgument, "rank %d is not in the communicator of %d", o.peer, c.nranks)
 	}
 	o.c = c
-	l.mu.Lock()
-	if g := l.groups[tid()]; g != nil && g.depth > 0 {
-		g.ops = append(g.ops, o)
-		l.mu.Unlock()
-		return nil
-	}
-	l.mu.Unlock()
-	return l.launch([]simOp{o})
+	return nil
 }
 
 // launch starts one background run per communicator of ops and answers ncclInProgress.
