@@ -288,8 +288,13 @@ func (r *Range) Ptr() driver.DevicePtr { return r.res.Ptr() }
 // Size is the range's size in bytes: the size asked of New rounded up to Granularity.
 func (r *Range) Size() uint64 { return r.size() }
 
-// Len is Size (vmm.Chunked).
-func (r *Range) Len() uint64 { return r.size() }
+// Len is Size (vmm.Chunked), and 0 once the range is closed: the chunks (none then) cover Len.
+func (r *Range) Len() uint64 {
+	if r.isClosed() {
+		return 0
+	}
+	return r.size()
+}
 
 // Granularity is the granularity the range's size and stripes are multiples of.
 func (r *Range) Granularity() uint64 { return r.gran }

@@ -419,3 +419,18 @@ func TestChunkedExport(t *testing.T) {
 		require.NoError(t, r.Close())
 	}, testutil.Devices(2))
 }
+
+// A closed range, as a vmm.Chunked, has no chunks and so a Len of 0: the chunks always cover Len.
+func TestClosedRangeHasNoLen(t *testing.T) {
+	testutil.Run(t, func(t *testing.T, b *testutil.Backend) {
+		devs := devices(t, b, 0, 1)
+		r, err := stripe.New(devs, 8*mib, stripe.Interleaved{Stripe: 2 * mib}, stripe.Options{})
+		require.NoError(t, err)
+		var c vmm.Chunked = r
+		require.Equal(t, uint64(8*mib), c.Len())
+		require.NoError(t, r.Close())
+		require.Empty(t, c.Chunks())
+		require.Zero(t, c.Len(), "no chunks cover the Len of a closed range")
+		require.Equal(t, uint64(8*mib), r.Size(), "Size still tells what the range was")
+	}, testutil.Devices(2))
+}
