@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"math"
 
 	"github.com/cuvmm/cuvmm/driver"
 	"github.com/cuvmm/cuvmm/internal/lifetime"
@@ -210,6 +211,15 @@ func (s *Stager) reclaim() error {
 	return err
 }
 
+// checkTransfer refuses n bytes at device address p that the int64 byte count cannot report or
+// that wrap the address space: the chunk count would overflow into a transfer of nothing.
+func checkTransfer(op string, p driver.DevicePtr, n uint64) error {
+	if n > math.MaxInt64 || uint64(p)+n < uint64(p) {
+		return fmt.Errorf("pinned: %s: %d bytes at %#x: too large: %w", op, n, uint64(p), ErrInvalidValue)
+	}
+	return nil
+}
+
 // DeviceToWriter copies n bytes of device memory at src (reachable by the stager's device) into w,
 // chunk by chunk: the copy of chunk i+1 runs while chunk i is written. It returns the bytes written.
 // When w fails (or writes short, io.ErrShortWrite) or ctx is done, no further copy is queued, the
@@ -222,6 +232,9 @@ func (s *Stager) DeviceToWriter(ctx context.Context, w io.Writer, src driver.Dev
 	}
 	if n == 0 {
 		return 0, nil
+	}
+	if err := checkTransfer(op, src, n); err != nil {
+		return 0, err
 	}
 	if s.pool.region.ReadOnly() {
 		return 0, fmt.Errorf("pinned: %s: the devices may only read %s: %w", op, s.pool.region, ErrInvalidValue)
@@ -287,6 +300,9 @@ func (s *Stager) ReaderToDevice(ctx context.Context, dst driver.DevicePtr, r io.
 	}
 	if n == 0 {
 		return 0, nil
+	}
+	if err := checkTransfer(op, dst, n); err != nil {
+		return 0, err
 	}
 	bufs, err := s.begin(ctx, op)
 	if err != nil {
