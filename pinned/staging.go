@@ -325,7 +325,7 @@ func (s *Stager) ReaderToDevice(ctx context.Context, dst driver.DevicePtr, r io.
 			}
 		}
 		m := min(chunk, n-i*chunk)
-		nr, rerr := io.ReadFull(r, b.Bytes()[:m])
+		nr, rerr := io.ReadFull(checkedReader{r}, b.Bytes()[:m])
 		read += int64(nr)
 		if nr > 0 {
 			if err := s.dev.CopyHtoDAsync(dst+driver.DevicePtr(i*chunk), b.pointer(), uint64(nr), s.stream); err != nil {
@@ -343,6 +343,18 @@ func (s *Stager) ReaderToDevice(ctx context.Context, dst driver.DevicePtr, r io.
 		}
 	}
 	return read, nil
+}
+
+// checkedReader refuses a count that no io.Reader may return (negative, or more than the buffer
+// holds): io.ReadFull would pass it on, and the copy of the chunk would run past the buffer.
+type checkedReader struct{ r io.Reader }
+
+func (c checkedReader) Read(p []byte) (int, error) {
+	n, err := c.r.Read(p)
+	if n < 0 || n > len(p) {
+		return 0, fmt.Errorf("the reader returned %d bytes for a buffer of %d: %w", n, len(p), ErrInvalidValue)
+	}
+	return n, err
 }
 
 func (s *Stager) free() error {

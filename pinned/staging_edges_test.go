@@ -36,3 +36,40 @@ func TestStagerRefusesHugeSizes(t *testing.T) {
 		require.Zero(t, st.Pool().Stats().InUse)
 	})
 }
+
+// overReader claims extra bytes more than each buffer it is given holds (or, with extra < 0, a
+// negative count), as no io.Reader may.
+type overReader struct{ extra int }
+
+func (o overReader) Read(p []byte) (int, error) {
+	if o.extra < 0 {
+		return o.extra, nil
+	}
+	return len(p) + o.extra, nil
+}
+
+// A reader that reports more bytes than it was asked for (or a negative count) is an error: the
+// stager never copies past the chunk it read into, so the device memory after the transfer keeps
+// its bytes.
+func TestStagerRefusesReaderOverCount(t *testing.T) {
+	testutil.Run(t, func(t *testing.T, b *testutil.Backend) {
+		d := b.Device(t, 0)
+		const size = 4 * mib
+		dev, free := deviceBuffer(t, d, size)
+		defer free()
+		st, err := pinned.NewStager(d, pinned.StagerOptions{BufferSize: mib})
+		require.NoError(t, err)
+		defer func() { require.NoError(t, st.Close()) }()
+
+		for _, extra := range []int{4 * kib, -1} {
+			require.NoError(t, d.Fill(dev, size, 0, 21))
+			r, err := st.ReaderToDevice(t.Context(), dev, overReader{extra}, mib)
+			require.ErrorIs(t, err, pinned.ErrInvalidValue, "extra %d", extra)
+			require.LessOrEqual(t, r, int64(mib))
+			bad, err := d.Verify(dev+driverPtr(mib), size-mib, mib, 21)
+			require.NoError(t, err)
+			require.Zero(t, bad, "extra %d: the bytes after the transfer are untouched", extra)
+			require.Zero(t, st.Pool().Stats().InUse)
+		}
+	})
+}
