@@ -267,11 +267,8 @@ func (s *Stager) DeviceToWriter(ctx context.Context, w io.Writer, src driver.Dev
 			return written, fmt.Errorf("pinned: %s: chunk %d of %d: %w", op, i, chunks, err)
 		}
 		m := size(i)
-		nw, werr := w.Write(bufs[i%k].Bytes()[:m])
+		nw, werr := writeChunk(w, bufs[i%k].Bytes()[:m])
 		written += int64(nw)
-		if werr == nil && uint64(nw) < m {
-			werr = io.ErrShortWrite
-		}
 		if werr != nil {
 			return written, fmt.Errorf("pinned: %s: writing chunk %d of %d (%s written of %s): %w", op, i, chunks, units.FormatSize(uint64(written)), units.FormatSize(n), werr)
 		}
@@ -286,6 +283,19 @@ func (s *Stager) DeviceToWriter(ctx context.Context, w io.Writer, src driver.Dev
 		}
 	}
 	return written, nil
+}
+
+// writeChunk writes p to w: a short write is io.ErrShortWrite, and a count no io.Writer may return
+// (negative, or more than p) is an error that counts nothing, as in io.Copy.
+func writeChunk(w io.Writer, p []byte) (int, error) {
+	n, err := w.Write(p)
+	if n < 0 || n > len(p) {
+		return 0, errors.Join(err, fmt.Errorf("the writer returned %d bytes written of %d: %w", n, len(p), ErrInvalidValue))
+	}
+	if err == nil && n < len(p) {
+		err = io.ErrShortWrite
+	}
+	return n, err
 }
 
 // ReaderToDevice reads n bytes from r into device memory at dst (reachable by the stager's device),

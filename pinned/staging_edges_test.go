@@ -73,3 +73,29 @@ func TestStagerRefusesReaderOverCount(t *testing.T) {
 		}
 	})
 }
+
+// countWriter reports n bytes written whatever it is given, as no io.Writer may when n is negative
+// or more than it was given.
+type countWriter struct{ n int }
+
+func (c countWriter) Write([]byte) (int, error) { return c.n, nil }
+
+// A writer that reports a negative count, or more bytes than it was given, is an error and adds
+// nothing to the count of bytes written, as io.Copy treats it.
+func TestStagerRefusesWriterBadCount(t *testing.T) {
+	testutil.Run(t, func(t *testing.T, b *testutil.Backend) {
+		d := b.Device(t, 0)
+		dev, free := deviceBuffer(t, d, 2*mib)
+		defer free()
+		st, err := pinned.NewStager(d, pinned.StagerOptions{BufferSize: mib})
+		require.NoError(t, err)
+		defer func() { require.NoError(t, st.Close()) }()
+
+		for _, n := range []int{-1, 2 * mib} {
+			w, err := st.DeviceToWriter(t.Context(), countWriter{n}, dev, mib)
+			require.ErrorIs(t, err, pinned.ErrInvalidValue, "count %d", n)
+			require.Zero(t, w, "count %d", n)
+			require.Zero(t, st.Pool().Stats().InUse)
+		}
+	})
+}
