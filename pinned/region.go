@@ -3,6 +3,7 @@ package pinned
 import (
 	"errors"
 	"fmt"
+	"math"
 	"os"
 	"runtime"
 	"sort"
@@ -272,6 +273,9 @@ func newSharedMemory(dev *vmm.Device, size uint64, opts Options) (*Region, error
 	total, err := vmm.RoundUp("pinned: shared-memory region", size, pageSize)
 	if err != nil {
 		return nil, err
+	}
+	if total > math.MaxInt64 {
+		return nil, fmt.Errorf("pinned: shared-memory region of %d bytes: larger than a file can be: %w", size, ErrInvalidValue)
 	}
 	name := opts.Name
 	if name == "" {
