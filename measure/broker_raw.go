@@ -4,7 +4,6 @@ import (
 	"errors"
 	"fmt"
 	"io"
-	"sort"
 	"sync"
 	"time"
 
@@ -158,14 +157,8 @@ func brokerRawCopyUS(region *pinned.Region, d *vmm.Device, samples int) (us floa
 	return brokerMedian(times), nil
 }
 
-func brokerMedian(v []float64) float64 {
-	if len(v) == 0 {
-		return 0
-	}
-	s := append([]float64(nil), v...)
-	sort.Float64s(s)
-	return s[len(s)/2]
-}
+// brokerMedian is the median of v (the mean of the two middle values for an even count), 0 for none.
+func brokerMedian(v []float64) float64 { return median(v) }
 
 func brokerSummarize(res *BrokerResult, gpu bool) {
 	t := &res.Targets

@@ -32,3 +32,22 @@ func TestRawPartKeepsDevicesApart(t *testing.T) {
 		})
 	}
 }
+
+// An even count's median is the mean of the two middle values (RTTUS over 2 or 4 workers, and the
+// default 200 samples per worker), not the upper one.
+func TestBrokerMedianEvenCount(t *testing.T) {
+	for _, c := range []struct {
+		in   []float64
+		want float64
+	}{
+		{nil, 0},
+		{[]float64{5}, 5},
+		{[]float64{3, 1, 2}, 2},
+		{[]float64{26.51, 24.365, 26.551, 26.121}, (26.121 + 26.51) / 2},
+		{[]float64{4, 1}, 2.5},
+	} {
+		if got := brokerMedian(c.in); got != c.want {
+			t.Errorf("brokerMedian(%v) = %v, want %v", c.in, got, c.want)
+		}
+	}
+}
