@@ -3,6 +3,7 @@ package measure
 import (
 	"errors"
 	"fmt"
+	"slices"
 	"sort"
 	"time"
 
@@ -296,14 +297,25 @@ func (b *bwBench) rows(dir string, size uint64, n int) ([]BandwidthRow, error) {
 			}
 		}
 	}
-	gbs := func(t time.Duration) float64 { return float64(size) / t.Seconds() / 1e9 }
 	var rows []BandwidthRow
 	for k, h := range b.hosts {
-		ts := times[k]
-		sort.Slice(ts, func(i, j int) bool { return ts[i] < ts[j] })
-		rows = append(rows, BandwidthRow{Kind: h.kind, Direction: dir, SizeBytes: size, Iters: n, MedianGBs: gbs(ts[n/2]), BestGBs: gbs(ts[0])})
+		med, best := bwMedianBest(size, times[k])
+		rows = append(rows, BandwidthRow{Kind: h.kind, Direction: dir, SizeBytes: size, Iters: n, MedianGBs: med, BestGBs: best})
 	}
 	return rows, nil
+}
+
+// bwMedianBest is the median and the best of the iterations' rates in GB/s, each moving size bytes
+// in one of times (the median of an even count is the mean of the two middle rates).
+func bwMedianBest(size uint64, times []time.Duration) (med, best float64) {
+	gbs := make([]float64, len(times))
+	for i, t := range times {
+		gbs[i] = float64(size) / t.Seconds() / 1e9
+	}
+	if len(gbs) == 0 {
+		return 0, 0
+	}
+	return median(gbs), slices.Max(gbs)
 }
 
 // verify makes one untimed copy of top bytes in direction dir for every kind and checks all of it.

@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/stretchr/testify/require"
 
@@ -96,4 +97,16 @@ func TestBandwidthMinPinnedNotMeasured(t *testing.T) {
 	w.Reset()
 	res.Text(&w)
 	require.True(t, strings.Contains(w.String(), "lowest ratio 0.950"), w.String())
+}
+
+// The median of an even count of iterations is the mean of the two middle rates, and the best is
+// the fastest; the times' order does not matter.
+func TestBWMedianBestEvenCount(t *testing.T) {
+	const size = 1e9
+	med, best := bwMedianBest(size, []time.Duration{4 * time.Second, time.Second, 3 * time.Second, 2 * time.Second})
+	require.InDelta(t, (1.0/2+1.0/3)/2, med, 1e-12)
+	require.InDelta(t, 1.0, best, 1e-12)
+	med, best = bwMedianBest(size, []time.Duration{2 * time.Second, time.Second, 4 * time.Second})
+	require.InDelta(t, 0.5, med, 1e-12)
+	require.InDelta(t, 1.0, best, 1e-12)
 }
