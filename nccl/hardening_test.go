@@ -86,9 +86,9 @@ func TestStreamOfAnotherDeviceWrapsErrWrongDevice(t *testing.T) {
 	}, testutil.SimOnly(), testutil.Devices(2))
 }
 
-// TestClosedStreamIsRefusedUpFront: a closed stream is an argument error; the communicator stays
-// usable.
-func TestClosedStreamIsRefusedUpFront(t *testing.T) {
+// closedStreamIsRefused runs an all-reduce on a stream that run closes (before the call, or after
+// queuing it in a group): it is an argument error, not an abort, and the communicator stays usable.
+func closedStreamIsRefused(t *testing.T, run func(t *testing.T, c *nccl.Comm, buf driver.DevicePtr, s *vmm.Stream) error) {
 	testutil.Run(t, func(t *testing.T, b *testutil.Backend) {
 		dev := b.Device(t, 0)
 		c := soloComm(t, b, library(t, b))
@@ -96,13 +96,21 @@ func TestClosedStreamIsRefusedUpFront(t *testing.T) {
 		buf := buffer(t, dev, 2*mib, 2*mib)
 		s, err := dev.CreateStream(vmm.StreamOptions{NonBlocking: true})
 		require.NoError(t, err)
-		require.NoError(t, s.Close())
-		err = c.AllReduce(deadline(t, 10*time.Second), buf.Ptr(), buf.Ptr(), 16, nccl.Float32, nccl.Sum, s)
+		err = run(t, c, buf.Ptr(), s)
 		require.ErrorIs(t, err, nccl.ErrInvalidValue)
 		require.ErrorContains(t, err, "the stream is closed")
 		require.NotErrorIs(t, err, nccl.ErrAborted)
 		require.NoError(t, c.AllReduce(deadline(t, 10*time.Second), buf.Ptr(), buf.Ptr(), 16, nccl.Float32, nccl.Sum, nil))
 	}, testutil.SimOnly())
+}
+
+// TestClosedStreamIsRefusedUpFront: a closed stream is an argument error; the communicator stays
+// usable.
+func TestClosedStreamIsRefusedUpFront(t *testing.T) {
+	closedStreamIsRefused(t, func(t *testing.T, c *nccl.Comm, buf driver.DevicePtr, s *vmm.Stream) error {
+		require.NoError(t, s.Close())
+		return c.AllReduce(deadline(t, 10*time.Second), buf, buf, 16, nccl.Float32, nccl.Sum, s)
+	})
 }
 
 // TestFailedAbortIsRunAgainByClose: an Abort whose device binding fails says so, and Close runs
@@ -244,21 +252,11 @@ func TestCloseWhoseFinalizeAndAbortFailIsRetried(t *testing.T) {
 // TestStreamClosedBeforeRunIsRefused: a stream closed after its operation was queued in a group,
 // before Run, is refused by Run as an argument error; the communicator stays usable.
 func TestStreamClosedBeforeRunIsRefused(t *testing.T) {
-	testutil.Run(t, func(t *testing.T, b *testutil.Backend) {
-		dev := b.Device(t, 0)
-		c := soloComm(t, b, library(t, b))
-		defer func() { require.NoError(t, c.Close()) }()
-		buf := buffer(t, dev, 2*mib, 2*mib)
-		s, err := dev.CreateStream(vmm.StreamOptions{NonBlocking: true})
-		require.NoError(t, err)
-		g := c.Group().AllReduce(buf.Ptr(), buf.Ptr(), 16, nccl.Float32, nccl.Sum, s)
+	closedStreamIsRefused(t, func(t *testing.T, c *nccl.Comm, buf driver.DevicePtr, s *vmm.Stream) error {
+		g := c.Group().AllReduce(buf, buf, 16, nccl.Float32, nccl.Sum, s)
 		require.NoError(t, s.Close())
-		err = g.Run(deadline(t, 10*time.Second))
-		require.ErrorIs(t, err, nccl.ErrInvalidValue)
-		require.ErrorContains(t, err, "the stream is closed")
-		require.NotErrorIs(t, err, nccl.ErrAborted)
-		require.NoError(t, c.AllReduce(deadline(t, 10*time.Second), buf.Ptr(), buf.Ptr(), 16, nccl.Float32, nccl.Sum, nil))
-	}, testutil.SimOnly())
+		return g.Run(deadline(t, 10*time.Second))
+	})
 }
 
 // TestGroupWithARefusedCallRunsNothing: a call that NCCL refuses inside a group (an unknown data
