@@ -181,12 +181,7 @@ func TestMapChunksRollsBack(t *testing.T) {
 // An orphan left by a failed undo is freed by System.Close, and System.Close lists what a caller
 // still holds.
 func TestSystemCloseRetriesAndLists(t *testing.T) {
-	s := sim.New()
-	defer s.Close()
-	sys, err := vmm.Open(s)
-	require.NoError(t, err)
-	d, err := sys.Device(0)
-	require.NoError(t, err)
+	s, sys, d := ownSim(t)
 	r, err := sys.Reserve(2*mib, vmm.ReserveOptions{})
 	require.NoError(t, err)
 	s.FailNth("cuMemMap", 1, driver.ErrorOutOfMemory)
@@ -476,12 +471,7 @@ func TestKeep(t *testing.T) {
 // A kept object whose clean-up still fails holds System.Close back (ErrInUse, naming it), so that it
 // keeps a context to be retried with; once it succeeds, Close does.
 func TestCloseWaitsForAFailingKeptObject(t *testing.T) {
-	s := sim.New()
-	defer s.Close()
-	sys, err := vmm.Open(s)
-	require.NoError(t, err)
-	_, err = sys.Device(0)
-	require.NoError(t, err)
+	_, sys, _ := ownSim(t)
 	busy := true
 	_ = sys.Keep("host resource", func() error {
 		if busy {
@@ -489,7 +479,7 @@ func TestCloseWaitsForAFailingKeptObject(t *testing.T) {
 		}
 		return nil
 	})
-	err = sys.Close()
+	err := sys.Close()
 	require.ErrorIs(t, err, vmm.ErrInUse)
 	require.ErrorContains(t, err, "host resource")
 	require.Equal(t, []string{"host resource"}, sys.Orphans())
@@ -515,11 +505,8 @@ func TestOpenFails(t *testing.T) {
 // A primary context whose release fails in System.Close is kept: a later Close retries releasing it
 // rather than reporting success with the context still retained.
 func TestSystemCloseRetriesContextRelease(t *testing.T) {
-	s := sim.New(sim.Devices(2))
-	defer s.Close()
-	sys, err := vmm.Open(s)
-	require.NoError(t, err)
-	_, err = sys.Devices()
+	s, sys, _ := ownSim(t, sim.Devices(2))
+	_, err := sys.Devices()
 	require.NoError(t, err)
 	s.FailNth("cuDevicePrimaryCtxRelease", 2, driver.ErrorUnknown)
 	err = sys.Close()

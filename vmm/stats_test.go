@@ -279,12 +279,7 @@ func TestStatsConcurrent(t *testing.T) {
 // System.Close frees the kernels' counter words and the pattern lanes' streams: Stats of the closed
 // System no longer reports them.
 func TestStatsAfterCloseWithKernels(t *testing.T) {
-	s := sim.New()
-	defer s.Close()
-	sys, err := vmm.Open(s)
-	require.NoError(t, err)
-	d, err := sys.Device(0)
-	require.NoError(t, err)
+	s, sys, d := ownSim(t)
 	r, err := sys.Reserve(2*mib, vmm.ReserveOptions{})
 	require.NoError(t, err)
 	m, err := r.MapNew(0, 2*mib, d, vmm.AllocOptions{}, vmm.ReadWrite(d))

@@ -10,6 +10,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/cuvmm/cuvmm/driver"
+	"github.com/cuvmm/cuvmm/driver/sim"
 	"github.com/cuvmm/cuvmm/internal/pattern"
 	"github.com/cuvmm/cuvmm/internal/testutil"
 	"github.com/cuvmm/cuvmm/vmm"
@@ -39,6 +40,19 @@ func TestDeviceInfo(t *testing.T) {
 		_, err = b.Sys.Device(-1)
 		require.ErrorIs(t, err, vmm.ErrNoDevice)
 	})
+}
+
+// ownSim opens a System over a simulator of the test's own (closed at the end of the test), for
+// tests that close the System themselves, and opens device 0.
+func ownSim(t *testing.T, opts ...sim.Option) (*sim.Sim, *vmm.System, *vmm.Device) {
+	t.Helper()
+	s := sim.New(opts...)
+	t.Cleanup(func() { _ = s.Close() })
+	sys, err := vmm.Open(s)
+	require.NoError(t, err)
+	d, err := sys.Device(0)
+	require.NoError(t, err)
+	return s, sys, d
 }
 
 // mapFilled reserves size bytes, maps one new allocation read-write for d and fills it.
