@@ -7,20 +7,29 @@ import (
 
 	"github.com/stretchr/testify/require"
 
+	"github.com/cuvmm/cuvmm/driver"
 	"github.com/cuvmm/cuvmm/internal/testutil"
 	"github.com/cuvmm/cuvmm/pinned"
+	"github.com/cuvmm/cuvmm/vmm"
 )
+
+// edgeStager makes size bytes of device memory on d and a stager of 1 MiB buffers, both freed at
+// the end of the test (the stager first).
+func edgeStager(t *testing.T, d *vmm.Device, size uint64) (driver.DevicePtr, *pinned.Stager) {
+	t.Helper()
+	dev, free := deviceBuffer(t, d, size)
+	t.Cleanup(free)
+	st, err := pinned.NewStager(d, pinned.StagerOptions{BufferSize: mib})
+	require.NoError(t, err)
+	t.Cleanup(func() { require.NoError(t, st.Close()) })
+	return dev, st
+}
 
 // A transfer whose size no int64 count can report, or whose device range wraps the address space,
 // is refused instead of its chunk count overflowing into a transfer of nothing that succeeds.
 func TestStagerRefusesHugeSizes(t *testing.T) {
 	testutil.Run(t, func(t *testing.T, b *testutil.Backend) {
-		d := b.Device(t, 0)
-		dev, free := deviceBuffer(t, d, 2*mib)
-		defer free()
-		st, err := pinned.NewStager(d, pinned.StagerOptions{BufferSize: mib})
-		require.NoError(t, err)
-		defer func() { require.NoError(t, st.Close()) }()
+		dev, st := edgeStager(t, b.Device(t, 0), 2*mib)
 		ctx := t.Context()
 
 		for _, n := range []uint64{math.MaxUint64, math.MaxUint64 - mib + 2, math.MaxInt64 + 1} {
@@ -31,7 +40,7 @@ func TestStagerRefusesHugeSizes(t *testing.T) {
 			require.ErrorIs(t, err, pinned.ErrInvalidValue, "device to writer of %#x bytes", n)
 			require.Zero(t, w)
 		}
-		_, err = st.DeviceToWriter(ctx, &bytes.Buffer{}, driverPtr(math.MaxUint64-mib+1), 2*mib)
+		_, err := st.DeviceToWriter(ctx, &bytes.Buffer{}, driverPtr(math.MaxUint64-mib+1), 2*mib)
 		require.ErrorIs(t, err, pinned.ErrInvalidValue, "a range that wraps the address space")
 		require.Zero(t, st.Pool().Stats().InUse)
 	})
@@ -55,11 +64,7 @@ func TestStagerRefusesReaderOverCount(t *testing.T) {
 	testutil.Run(t, func(t *testing.T, b *testutil.Backend) {
 		d := b.Device(t, 0)
 		const size = 4 * mib
-		dev, free := deviceBuffer(t, d, size)
-		defer free()
-		st, err := pinned.NewStager(d, pinned.StagerOptions{BufferSize: mib})
-		require.NoError(t, err)
-		defer func() { require.NoError(t, st.Close()) }()
+		dev, st := edgeStager(t, d, size)
 
 		for _, extra := range []int{4 * kib, -1} {
 			require.NoError(t, d.Fill(dev, size, 0, 21))
@@ -84,12 +89,7 @@ func (c countWriter) Write([]byte) (int, error) { return c.n, nil }
 // nothing to the count of bytes written, as io.Copy treats it.
 func TestStagerRefusesWriterBadCount(t *testing.T) {
 	testutil.Run(t, func(t *testing.T, b *testutil.Backend) {
-		d := b.Device(t, 0)
-		dev, free := deviceBuffer(t, d, 2*mib)
-		defer free()
-		st, err := pinned.NewStager(d, pinned.StagerOptions{BufferSize: mib})
-		require.NoError(t, err)
-		defer func() { require.NoError(t, st.Close()) }()
+		dev, st := edgeStager(t, b.Device(t, 0), 2*mib)
 
 		for _, n := range []int{-1, 2 * mib} {
 			w, err := st.DeviceToWriter(t.Context(), countWriter{n}, dev, mib)
