@@ -182,12 +182,8 @@ func rewriteHeader(t *testing.T, ck []byte, edit func(h map[string]any)) []byte 
 func TestCheckpointLengthBeyondChunks(t *testing.T) {
 	testutil.Run(t, func(t *testing.T, b *testutil.Backend) {
 		d := b.Device(t, 0)
-		buf := newBuf(t, d, 4*mib, 2*mib, 71, nil)
-		set := newSet(t, b, offload.Options{SlotSize: 2 * mib})
-		require.NoError(t, set.Add("w", buf, offload.Keep, offload.EntryOptions{}))
-		var ck bytes.Buffer
-		require.NoError(t, set.Save(bg, &ck))
-		bad := rewriteHeader(t, ck.Bytes(), func(h map[string]any) {
+		buf, set, ck := savedW(t, b, d, 71)
+		bad := rewriteHeader(t, ck, func(h map[string]any) {
 			h["entries"].([]any)[0].(map[string]any)["len"] = json.Number("1152921504606846976")
 		})
 		before := free(t, d)
@@ -204,7 +200,7 @@ func TestCheckpointLengthBeyondChunks(t *testing.T) {
 		require.ErrorContains(t, err, `"w"`)
 		requirePattern(t, d, buf.Ptr(), 4*mib, 72)
 
-		same := rewriteHeader(t, ck.Bytes(), func(map[string]any) {})
+		same := rewriteHeader(t, ck, func(map[string]any) {})
 		require.NoError(t, set.Restore(bg, bytes.NewReader(same)), "a header rewritten unchanged is good")
 		requirePattern(t, d, buf.Ptr(), 4*mib, 71)
 	})
@@ -216,12 +212,8 @@ func TestCheckpointLengthBeyondChunks(t *testing.T) {
 func TestCheckpointEmptyTag(t *testing.T) {
 	testutil.Run(t, func(t *testing.T, b *testutil.Backend) {
 		d := b.Device(t, 0)
-		buf := newBuf(t, d, 4*mib, 2*mib, 73, nil)
-		set := newSet(t, b, offload.Options{SlotSize: 2 * mib})
-		require.NoError(t, set.Add("w", buf, offload.Keep, offload.EntryOptions{}))
-		var ck bytes.Buffer
-		require.NoError(t, set.Save(bg, &ck))
-		bad := rewriteHeader(t, ck.Bytes(), func(h map[string]any) {
+		_, set, ck := savedW(t, b, d, 73)
+		bad := rewriteHeader(t, ck, func(h map[string]any) {
 			h["entries"].([]any)[0].(map[string]any)["tag"] = ""
 		})
 		before := free(t, d)

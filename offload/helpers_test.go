@@ -1,6 +1,7 @@
 package offload_test
 
 import (
+	"bytes"
 	"context"
 	"errors"
 	"testing"
@@ -111,4 +112,16 @@ func requireFreeAbout(t *testing.T, b *testutil.Backend, want, got uint64, msg s
 	}
 	diff := max(want, got) - min(want, got)
 	require.LessOrEqual(t, diff, uint64(4*mib), "%s: free %d, want about %d", msg, got, want)
+}
+
+// savedW makes a 4 MiB buffer of seed's pattern on d, kept under the tag "w" in a set of 2 MiB
+// slots, and that set's checkpoint.
+func savedW(t *testing.T, b *testutil.Backend, d *vmm.Device, seed uint64) (*growbuf.Buffer, *offload.Set, []byte) {
+	t.Helper()
+	buf := newBuf(t, d, 4*mib, 2*mib, seed, nil)
+	set := newSet(t, b, offload.Options{SlotSize: 2 * mib})
+	require.NoError(t, set.Add("w", buf, offload.Keep, offload.EntryOptions{}))
+	var ck bytes.Buffer
+	require.NoError(t, set.Save(bg, &ck))
+	return buf, set, ck.Bytes()
 }
