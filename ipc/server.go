@@ -53,9 +53,10 @@ type Server struct {
 
 	// own's lock guards bufs. It is closed as soon as Close begins, so that nothing is published
 	// once Close has taken the buffers.
-	own    lifetime.Owner
-	bufs   map[string]*published
-	closed chan struct{} // closed when the first Close has returned
+	own  lifetime.Owner
+	bufs map[string]*published
+
+	closeMu sync.Mutex // held through Close, so that a second Close waits for the first
 }
 
 // published is one buffer's export, shared by the fetches in flight.
@@ -75,7 +76,7 @@ func Listen(path string, opts ServerOptions) (*Server, error) {
 	if opts.Timeout == 0 {
 		opts.Timeout = unixsock.DefaultWriteTimeout
 	}
-	s := &Server{path: path, opts: opts, bufs: map[string]*published{}, closed: make(chan struct{})}
+	s := &Server{path: path, opts: opts, bufs: map[string]*published{}}
 	ln, err := unixsock.Listen(path, unixsock.Options{AllowUIDs: opts.AllowUIDs, Authorize: opts.Authorize,
 		MaxConns: opts.MaxConns, MaxConnsPerUID: opts.MaxConnsPerUID, IdleTimeout: opts.IdleTimeout,
 		ReadTimeout: opts.ReadTimeout, WriteTimeout: opts.Timeout, MaxPayload: MaxNameLen,
@@ -267,13 +268,13 @@ func (s *Server) Close() error {
 	if s == nil {
 		return nil
 	}
+	s.closeMu.Lock()
+	defer s.closeMu.Unlock()
 	// Closed from here on: Publish refuses, and a second Close only waits for this one, even when
 	// this one fails to close something.
 	if !s.own.Shut() {
-		<-s.closed
 		return nil
 	}
-	defer close(s.closed)
 	var errs []error
 	if err := s.ln.Close(); err != nil {
 		errs = append(errs, fmt.Errorf("ipc: %w", err))

@@ -95,7 +95,8 @@ type Listener struct {
 	perUID map[uint32]int
 	closed bool
 	done   chan struct{} // closed when Close begins
-	shut   chan struct{} // closed when the first Close has returned
+
+	closeMu sync.Mutex // held through Close, so that a second Close waits for the first
 	// refusals limits the refusal log lines to one a second (a flood of peers must not flood it).
 	refusals rateLog
 	wg       sync.WaitGroup
@@ -114,7 +115,7 @@ func Listen(path string, opts Options) (*Listener, error) {
 		return nil, err
 	}
 	l := &Listener{path: path, ln: ln, opts: opts, accept: ln.AcceptUnix, peerCred: PeerCred,
-		conns: map[*Conn]struct{}{}, perUID: map[uint32]int{}, done: make(chan struct{}), shut: make(chan struct{})}
+		conns: map[*Conn]struct{}{}, perUID: map[uint32]int{}, done: make(chan struct{})}
 	return l, nil
 }
 
@@ -281,15 +282,15 @@ func (l *Listener) Close() error {
 	if l == nil {
 		return nil
 	}
+	l.closeMu.Lock()
+	defer l.closeMu.Unlock()
 	l.mu.Lock()
 	if l.closed {
 		l.mu.Unlock()
-		<-l.shut
 		return nil
 	}
 	l.closed = true
 	close(l.done)
-	defer close(l.shut)
 	err := l.ln.Close()
 	for c := range l.conns {
 		c.uc.Close()

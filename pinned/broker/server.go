@@ -140,7 +140,7 @@ type Server struct {
 	own     lifetime.Owner
 	workers map[*worker]struct{}
 	quit    chan struct{} // closed when Close begins: retired streams stop retrying (see retire)
-	closed  chan struct{} // closed when the first Close has drained the copies and closed the streams
+	closeMu sync.Mutex    // held through Close, so that a second Close waits for the first
 
 	inFlight                                              atomic.Int64
 	refused, copies, bytes, failed, drained, nbufs, drops atomic.Uint64
@@ -212,7 +212,7 @@ func Listen(region *pinned.Region, path string, opts Options) (*Server, error) {
 		return nil, err
 	}
 	s := &Server{region: region, path: path, opts: opts, lanes: map[int]*lane{}, workers: map[*worker]struct{}{},
-		quit: make(chan struct{}), closed: make(chan struct{})}
+		quit: make(chan struct{})}
 	if err := s.openLanes(devs); err != nil {
 		return nil, errors.Join(err, s.undoLanes())
 	}
@@ -415,18 +415,17 @@ func (s *Server) Close() error {
 	if s == nil {
 		return nil
 	}
+	s.closeMu.Lock()
+	defer s.closeMu.Unlock()
 	if !s.own.Shut() {
-		// Another Close runs or ran: the streams are its to destroy once the copies in flight are
-		// drained. One that failed to destroy a stream kept it: try again, and succeed only once none
-		// is left.
-		<-s.closed
+		// An earlier Close drained the copies in flight and destroyed the streams; one that failed to
+		// destroy a stream kept it: try again, and succeed only once none is left.
 		if err := s.closeLanes(); err != nil {
 			return fmt.Errorf("broker: close streams: %w", err)
 		}
 		return nil
 	}
 	close(s.quit)
-	defer close(s.closed)
 	var errs []error
 	if err := s.ln.Close(); err != nil {
 		errs = append(errs, fmt.Errorf("broker: %w", err))
