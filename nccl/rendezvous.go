@@ -7,6 +7,8 @@ import (
 	"io"
 	"net"
 	"time"
+
+	"github.com/cuvmm/cuvmm/internal/unixsock"
 )
 
 // The unique ID travels in a small frame: a magic, a version byte, the 128 bytes. The receiver
@@ -57,7 +59,7 @@ func ReceiveID(rw io.ReadWriter) (UniqueID, error) {
 // them. It fails when ctx ends first, also while a peer that connected has not acknowledged the ID,
 // with an error wrapping ErrRendezvous and ctx's error. ln stays open, without a deadline.
 func ServeID(ctx context.Context, ln net.Listener, id UniqueID, peers int) error {
-	defer deadlineWhenDone(ctx, func(t time.Time) { setAcceptDeadline(ln, t) })()
+	defer unixsock.DeadlineWhenDone(ctx, func(t time.Time) { setAcceptDeadline(ln, t) })()
 	for i := 0; i < peers; i++ {
 		conn, err := ln.Accept()
 		if err != nil {
@@ -74,7 +76,7 @@ func ServeID(ctx context.Context, ln net.Listener, id UniqueID, peers int) error
 // shareOn shares id on conn, which a past deadline interrupts when ctx ends, and closes conn.
 func shareOn(ctx context.Context, conn net.Conn, id UniqueID) error {
 	defer conn.Close()
-	defer deadlineWhenDone(ctx, func(t time.Time) { _ = conn.SetDeadline(t) })()
+	defer unixsock.DeadlineWhenDone(ctx, func(t time.Time) { _ = conn.SetDeadline(t) })()
 	if err := ShareID(conn, id); err != nil {
 		return errors.Join(err, ctx.Err())
 	}
@@ -84,29 +86,12 @@ func shareOn(ctx context.Context, conn net.Conn, id UniqueID) error {
 // receiveOn receives an ID on conn, which a past deadline interrupts when ctx ends, and closes conn.
 func receiveOn(ctx context.Context, conn net.Conn) (UniqueID, error) {
 	defer conn.Close()
-	defer deadlineWhenDone(ctx, func(t time.Time) { _ = conn.SetDeadline(t) })()
+	defer unixsock.DeadlineWhenDone(ctx, func(t time.Time) { _ = conn.SetDeadline(t) })()
 	id, err := ReceiveID(conn)
 	if err != nil {
 		return id, errors.Join(err, ctx.Err())
 	}
 	return id, nil
-}
-
-// deadlineWhenDone calls set with a past time once ctx ends (which makes a blocked Accept, Read or
-// Write return). The function it returns undoes that: it stops the watch, waits for a set already
-// under way, and clears the deadline (set with the zero time), so nothing sets it after.
-func deadlineWhenDone(ctx context.Context, set func(time.Time)) (undo func()) {
-	fired := make(chan struct{})
-	stop := context.AfterFunc(ctx, func() {
-		defer close(fired)
-		set(time.Unix(1, 0))
-	})
-	return func() {
-		if !stop() {
-			<-fired
-		}
-		set(time.Time{})
-	}
 }
 
 // ctxErr is ctx's error when ctx has ended (the reason err, a deadline's timeout, came), else err.

@@ -358,17 +358,7 @@ func (c *Client) write(ctx context.Context, req *request, exp *ipc.Exported) err
 	defer c.conn.Unlock()
 	uc := c.conn.Unix()
 	if ctx.Done() != nil {
-		cut := make(chan struct{})
-		stop := context.AfterFunc(ctx, func() {
-			_ = uc.SetWriteDeadline(time.Unix(1, 0))
-			close(cut)
-		})
-		defer func() {
-			if !stop() {
-				<-cut
-				_ = uc.SetWriteDeadline(time.Time{})
-			}
-		}()
+		defer unixsock.DeadlineWhenDone(ctx, func(t time.Time) { _ = uc.SetWriteDeadline(t) })()
 	}
 	err := writeRequest(c.conn, &c.wbuf, req)
 	if err == nil && exp != nil {
