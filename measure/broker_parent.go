@@ -213,7 +213,7 @@ func (b *brokerRun) roundTrip() error {
 		pings = append(pings, w.last.PingUS)
 		brokerCopies = append(brokerCopies, w.last.BrokerCopyUS)
 	}
-	rt.RTTUS, rt.PingUS, rt.BrokerCopyUS = brokerMedian(rt.PerWorkerRTTUS), brokerMedian(pings), brokerMedian(brokerCopies)
+	rt.RTTUS, rt.PingUS, rt.BrokerCopyUS = median(rt.PerWorkerRTTUS), median(pings), median(brokerCopies)
 	var err error
 	if rt.CopyUS, err = brokerRawCopyUS(b.region, b.devs[0], samples); err != nil {
 		return err

@@ -154,11 +154,8 @@ func brokerRawCopyUS(region *pinned.Region, d *vmm.Device, samples int) (us floa
 			times = append(times, float64(time.Since(t0).Nanoseconds())/1e3)
 		}
 	}
-	return brokerMedian(times), nil
+	return median(times), nil
 }
-
-// brokerMedian is the median of v (the mean of the two middle values for an even count), 0 for none.
-func brokerMedian(v []float64) float64 { return median(v) }
 
 func brokerSummarize(res *BrokerResult, gpu bool) {
 	t := &res.Targets

@@ -46,8 +46,8 @@ func TestBrokerMedianEvenCount(t *testing.T) {
 		{[]float64{26.51, 24.365, 26.551, 26.121}, (26.121 + 26.51) / 2},
 		{[]float64{4, 1}, 2.5},
 	} {
-		if got := brokerMedian(c.in); got != c.want {
-			t.Errorf("brokerMedian(%v) = %v, want %v", c.in, got, c.want)
+		if got := median(c.in); got != c.want {
+			t.Errorf("median(%v) = %v, want %v", c.in, got, c.want)
 		}
 	}
 }

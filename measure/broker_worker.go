@@ -282,7 +282,7 @@ func (w *brokerWorker) roundTrip(ctx context.Context, cmd brokerCmd, rep *broker
 			copies = append(copies, float64(cp.BrokerTime().Nanoseconds())/1e3)
 		}
 	}
-	rep.PingUS, rep.RTTUS, rep.BrokerCopyUS = brokerMedian(pings), brokerMedian(rtts), brokerMedian(copies)
+	rep.PingUS, rep.RTTUS, rep.BrokerCopyUS = median(pings), median(rtts), median(copies)
 	return nil
 }
 
