@@ -200,6 +200,9 @@ func (o *PoolOptions) poolDefaults() (*vmm.Device, error) {
 	if o.CacheIters < 0 {
 		return nil, fmt.Errorf("--cache-iters %d: want at least 1 (0: the default): %w", o.CacheIters, ErrInvalidOption)
 	}
+	if o.VerifyEvery < 0 {
+		return nil, fmt.Errorf("--verify-every %d: want at least 1 (0: the default): %w", o.VerifyEvery, ErrInvalidOption)
+	}
 	d, err := device(o.Backend, o.Device, "device")
 	if err != nil {
 		return nil, err

@@ -30,6 +30,7 @@ func TestPoolBadOptions(t *testing.T) {
 		{PoolOptions{Env: Env{Backend: b}, Trace: tr, FillFraction: math.Inf(1)}, "--fill-fraction +Inf"},
 		{PoolOptions{Env: Env{Backend: b}, Trace: tr, Allocators: []string{PoolCuvmm, PoolCuvmm}}, `--allocators: "cuvmm" is listed twice`},
 		{PoolOptions{Env: Env{Backend: b}, Trace: tr, CacheIters: -1}, "--cache-iters -1"},
+		{PoolOptions{Env: Env{Backend: b}, Trace: tr, VerifyEvery: -1}, "--verify-every -1"},
 		{PoolOptions{Env: Env{Backend: b}, Trace: tr, Device: 3}, "--device 3: the sim backend has 1 devices"},
 		{PoolOptions{Env: Env{Backend: b}, Trace: tr, Memory: 64 << 20}, "--memory 64 MiB: want at least 128 MiB"},
 		{PoolOptions{Env: Env{Backend: b}, Trace: tr, Memory: 1}, "--memory 1 B: want at least 128 MiB"},
