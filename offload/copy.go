@@ -59,17 +59,13 @@ func closeRetry(c interface{ Close() error }) error {
 // the device has been synchronized (see Set.quarantine and keepBusy).
 var errNotDrained = errors.New("the copy stream could not be drained, so copies may still be queued")
 
-// drainAttempts is how many times drain synchronizes a copy stream before the memory its copies
-// use is held instead of reused or freed.
-const drainAttempts = 3
-
 // drain waits for the stream after a failure, so that no copy still runs into memory about to be
 // reused or freed. When every wait fails it returns an error wrapping errNotDrained (and
 // vmm.ErrNotDrained): the caller must then keep the memory the stream's copies use out of the pool
 // and away from any free. A stream that drains on a later attempt is fine: the failure that
 // brought the caller here already carries the copy's error.
 func drain(st *vmm.Stream) error {
-	if err := st.Drain(drainAttempts); errors.Is(err, vmm.ErrNotDrained) {
+	if err := st.Drain(vmm.DrainAttempts); errors.Is(err, vmm.ErrNotDrained) {
 		return fmt.Errorf("%w: %w", errNotDrained, err)
 	}
 	return nil

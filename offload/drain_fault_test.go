@@ -24,7 +24,7 @@ func failWaitAndDrain(b *testutil.Backend) {
 // failDrain fails every synchronization of the next drain. Faults due on the same call fire on
 // consecutive calls, so each one armed fails one more attempt.
 func failDrain(b *testutil.Backend) {
-	for range offload.DrainAttempts {
+	for range vmm.DrainAttempts {
 		b.Sim.FailNth("cuStreamSynchronize", 1, driver.ErrorUnknown)
 	}
 }
@@ -341,7 +341,7 @@ func TestSleepReleaseUndoUndrainedKeepsBackup(t *testing.T) {
 		f := newTwoDeviceFixture(t, b)
 		b.Sim.FailNth("cuMemRelease", 2, driver.ErrorUnknown) // k's chunk 1: undone, still mapped
 		// After the backup's wait: the undo wake's wait and every attempt of its drain.
-		for n := range 1 + offload.DrainAttempts {
+		for n := range 1 + vmm.DrainAttempts {
 			b.Sim.FailNth("cuStreamSynchronize", 2+n, driver.ErrorUnknown)
 		}
 		b.Sim.FailNth("cuCtxSynchronize", 2, driver.ErrorUnknown) // resleepBusy's synchronize

@@ -19,7 +19,7 @@ import (
 // failUndrainedWake arms the faults of a Wake on one device that can neither drain its copies nor
 // synchronize the device.
 func failUndrainedWake(s *sim.Sim) {
-	for range 1 + offload.DrainAttempts {
+	for range 1 + vmm.DrainAttempts {
 		s.FailNth("cuStreamSynchronize", 1, driver.ErrorUnknown)
 	}
 	s.FailNth("cuCtxSynchronize", 1, driver.ErrorUnknown)
@@ -43,7 +43,7 @@ func TestWakeUndrainedOnTwoDevicesHoldsBackupForBoth(t *testing.T) {
 		require.NoError(t, set.Sleep(bg, "s"))
 		backup := set.BackupBytes()
 
-		for range 2 * (1 + offload.DrainAttempts) { // both devices' waits and drains
+		for range 2 * (1 + vmm.DrainAttempts) { // both devices' waits and drains
 			b.Sim.FailNth("cuStreamSynchronize", 1, driver.ErrorUnknown)
 		}
 		b.Sim.FailNth("cuCtxSynchronize", 1, driver.ErrorUnknown)
@@ -203,7 +203,7 @@ func TestWakeUndrainedThenSynchronizedClearsBusy(t *testing.T) {
 	failUndrainedWake(s)
 	require.ErrorContains(t, set.Wake(bg, "k"), "kept by the System")
 	s.ClearFaults()
-	for range 1 + offload.DrainAttempts {
+	for range 1 + vmm.DrainAttempts {
 		s.FailNth("cuStreamSynchronize", 1, driver.ErrorUnknown)
 	}
 	require.ErrorContains(t, set.Wake(bg, "k"), "the devices were synchronized")

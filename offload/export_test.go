@@ -2,9 +2,6 @@ package offload
 
 import "github.com/cuvmm/cuvmm/vmm"
 
-// DrainAttempts lets the tests fail every synchronization of a drain.
-const DrainAttempts = drainAttempts
-
 // BusyDevices lists the devices whose queued copies may still read the backup of tag (entry.busy).
 func BusyDevices(s *Set, tag string) []*vmm.Device {
 	s.mu.Lock()

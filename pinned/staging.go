@@ -33,10 +33,6 @@ type Stager struct {
 	held []*Buffer
 }
 
-// drainAttempts is how many times a stager synchronizes its stream at the end of a transfer before
-// it gives up and holds the buffers.
-const drainAttempts = 3
-
 // StagerOptions tunes NewStager.
 type StagerOptions struct {
 	// Buffers is the number of pinned buffers a transfer uses in turn (default 2, at least 2).
@@ -179,10 +175,10 @@ func (s *Stager) end(bufs []*Buffer, err error) error {
 	return err
 }
 
-// drain synchronizes the stream, up to drainAttempts times, until every copy queued on it is
+// drain synchronizes the stream, up to vmm.DrainAttempts times, until every copy queued on it is
 // complete. A failed synchronization is still reported: it may be the error of a queued copy.
 func (s *Stager) drain() error {
-	err := s.stream.Drain(drainAttempts)
+	err := s.stream.Drain(vmm.DrainAttempts)
 	if errors.Is(err, vmm.ErrNotDrained) {
 		return fmt.Errorf("pinned: drain the copy stream: %w: %w", err, ErrStreamNotDrained)
 	}

@@ -9,6 +9,7 @@ import (
 	"github.com/cuvmm/cuvmm/driver"
 	"github.com/cuvmm/cuvmm/internal/testutil"
 	"github.com/cuvmm/cuvmm/pinned"
+	"github.com/cuvmm/cuvmm/vmm"
 )
 
 // takeAll takes every free buffer of p and fills it with 0x5a, as another user of the pool would.
@@ -81,7 +82,7 @@ func TestStagerUndrainedStreamHoldsBuffersUntilDrained(t *testing.T) {
 				defer freeSrc()
 				require.NoError(t, d.Fill(src, 2*mib, 0, 7))
 				pool, st := stagerOnPool(t, b)
-				for range pinned.DrainAttempts {
+				for range vmm.DrainAttempts {
 					b.Sim.FailNth("cuStreamSynchronize", 1, driver.ErrorUnknown)
 				}
 				_, err := st.DeviceToWriter(t.Context(), &failingWriter{limit: 0, err: errDiskFull}, src, 2*mib)
@@ -114,7 +115,7 @@ func TestStagerReaderUndrainedStreamHoldsBuffers(t *testing.T) {
 		defer freeDst()
 		pool, st := stagerOnPool(t, b)
 		data := bytes.Repeat([]byte{0x33}, 2*mib)
-		for range pinned.DrainAttempts {
+		for range vmm.DrainAttempts {
 			b.Sim.FailNth("cuStreamSynchronize", 1, driver.ErrorUnknown)
 		}
 		_, err := st.ReaderToDevice(t.Context(), dst, bytes.NewReader(data), 2*mib)

@@ -87,6 +87,10 @@ func (s *Stream) Synchronize() error {
 // succeeds.
 var ErrNotDrained = errors.New("vmm: the stream could not be drained")
 
+// DrainAttempts is how many synchronizations the library's own drains try (offload, the stager, the
+// copy broker) before they hold the memory a failed copy used.
+const DrainAttempts = 3
+
 // Drain synchronizes the stream up to attempts times (at least once), until every operation queued
 // on it is complete; it is what to call after a queued copy failed, before the memory the copy used
 // is freed or reused. A failed synchronization may report a queued operation's error, so one that

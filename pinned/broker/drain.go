@@ -15,20 +15,16 @@ import (
 // a stream that cannot be drained is retired: it leaves the lane (a new stream takes its place) and
 // keeps a use of the buffer until one of its synchronizations succeeds.
 
-// drainAttempts is how many times the broker synchronizes a failed copy's stream before it retires
-// the stream.
-const drainAttempts = 3
-
 // The first and the longest pause between a retired stream's synchronizations.
 const (
 	retireFirstRetry = time.Millisecond
 	retireMaxRetry   = time.Second
 )
 
-// drain synchronizes the stream, up to drainAttempts times, until every copy queued on it is
+// drain synchronizes the stream, up to vmm.DrainAttempts times, until every copy queued on it is
 // complete. Its error wraps vmm.ErrNotDrained: a stream that drained on a later attempt is fine.
 func (c *copyStream) drain() error {
-	if err := c.st.Drain(drainAttempts); errors.Is(err, vmm.ErrNotDrained) {
+	if err := c.st.Drain(vmm.DrainAttempts); errors.Is(err, vmm.ErrNotDrained) {
 		return err
 	}
 	return nil

@@ -42,7 +42,7 @@ func (l oneLane) stuckCopy(t *testing.T, b *testutil.Backend) (*Client, *Buffer)
 	c := dial(t, l.path)
 	rb, err := c.Register(l.ctx, newDevBuffer(t, l.dev, 1, 2*mib))
 	require.NoError(t, err)
-	failSyncs(b, 1+drainAttempts+1000)
+	failSyncs(b, 1+vmm.DrainAttempts+1000)
 	require.ErrorIs(t, c.Copy(l.ctx, Request{Buffer: rb.ID(), Dir: ToHost, Length: mib}), ErrInternal)
 	return c, rb
 }
@@ -82,7 +82,7 @@ func TestUndrainableCopyStreamIsRetiredAndHoldsBuffer(t *testing.T) {
 		require.NoError(t, err)
 		rb2, err := c2.Register(ctx, newDevBuffer(t, dev, 1, 2*mib))
 		require.NoError(t, err)
-		failSyncs(b, 1+drainAttempts)
+		failSyncs(b, 1+vmm.DrainAttempts)
 		err = c1.Copy(ctx, Request{Buffer: rb1.ID(), Dir: ToHost, Length: mib})
 		require.ErrorIs(t, err, ErrInternal)
 		require.ErrorContains(t, err, "retired")
