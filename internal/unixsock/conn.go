@@ -56,6 +56,15 @@ func (c *Conn) SetMaxPayload(n int) { c.lim.maxPayload = min(max(n, 0), MaxPaylo
 // IdleTimeout is the idle timeout of Reads (0: none).
 func (c *Conn) IdleTimeout() time.Duration { return c.lim.idle }
 
+// MessageTimeout is how long a frame, once started, may take to arrive: the listener's ReadTimeout,
+// or with none the idle timeout (0: no bound), as Read applies them.
+func (c *Conn) MessageTimeout() time.Duration {
+	if c.lim.message > 0 {
+		return c.lim.message
+	}
+	return c.lim.idle
+}
+
 // Write sends one frame with duplicates of files (the caller keeps its files).
 func (c *Conn) Write(kind uint16, payload []byte, files []*os.File) error {
 	c.wmu.Lock()

@@ -810,10 +810,7 @@ func (w *worker) register(req request) error {
 // request half-sent (ErrTimeout).
 func (w *worker) receiveBuffer() (*ipc.Received, error) {
 	uc := w.conn.Unix()
-	d := w.s.ln.Options().ReadTimeout
-	if d <= 0 {
-		d = w.conn.IdleTimeout()
-	}
+	d := w.conn.MessageTimeout()
 	if d > 0 {
 		_ = uc.SetReadDeadline(time.Now().Add(d))
 	}
