@@ -98,7 +98,7 @@ func (s *Sim) blockingPeers(st driver.Stream, d *device) []driver.Stream {
 	}
 	out := []driver.Stream{0, 1, 2}
 	for h, x := range s.streams {
-		if x.dev == d && x.flags&driver.StreamNonBlocking == 0 {
+		if x.dev == d && s.blocking(h) {
 			out = append(out, h)
 		}
 	}

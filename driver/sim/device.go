@@ -309,7 +309,7 @@ func (s *Sim) CtxSynchronize() error {
 	if err != nil {
 		return err
 	}
-	if s.invalidateCapturesOf(d) {
+	if s.invalidateCapturesOf(d, nil) {
 		return driver.ErrorStreamCaptureUnsupported
 	}
 	s.waitFor(func() bool { return s.deviceIdle(d) })

@@ -137,12 +137,13 @@ func (s *Sim) invalidateCapture(st driver.Stream) bool {
 	return true
 }
 
-// invalidateCapturesOf marks invalid every open capture on a stream of d (its context was
-// synchronized) and reports whether there was one; the caller holds s.mu.
-func (s *Sim) invalidateCapturesOf(d *device) bool {
+// invalidateCapturesOf marks invalid every open capture on a stream of d that which accepts (nil:
+// every one; its context was synchronized) and reports whether there was one; the caller holds
+// s.mu.
+func (s *Sim) invalidateCapturesOf(d *device, which func(driver.Stream) bool) bool {
 	found := false
 	for st, c := range s.graphs.captures {
-		if x := s.streams[st]; x != nil && x.dev == d {
+		if x := s.streams[st]; x != nil && x.dev == d && (which == nil || which(st)) {
 			c.invalid = true
 			found = true
 		}
@@ -159,14 +160,7 @@ func (s *Sim) legacyDuringCapture(fn string, st *driver.Stream, d *device) bool 
 	if strings.HasPrefix(fn, replayPrefix) || (st != nil && *st != 0 && *st != 1) {
 		return false
 	}
-	found := false
-	for h, c := range s.graphs.captures {
-		if x := s.streams[h]; x != nil && x.dev == d && x.flags&driver.StreamNonBlocking == 0 {
-			c.invalid = true
-			found = true
-		}
-	}
-	return found
+	return s.invalidateCapturesOf(d, s.blocking)
 }
 
 // StreamBeginCapture calls cuStreamBeginCapture_v2.
