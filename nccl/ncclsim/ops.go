@@ -116,6 +116,7 @@ func (l *Lib) checkCall(call string, h nccl.CommHandle, o *simOp) error {
 	if c == nil {
 		return fail(call, nccl.InvalidArgument, "unknown communicator")
 	}
+	l.bound(call, c)
 	if o.dt.Size() == 0 || o.redOp < nccl.Sum || o.redOp > nccl.Avg {
 		return fail(call, nccl.InvalidArgument, "data type %d, reduction %d", o.dt, o.redOp)
 	}
