@@ -192,12 +192,16 @@ func (c *Comm) invalid(o op, format string, args ...any) error {
 }
 
 // check refuses, when an operation is queued, what NCCL would take silently or hang on: unknown
-// types and reductions, peers out of range, streams of another device, null buffers and byte counts
+// types and reductions, types newer than the library (a *VersionError), peers out of range, streams of another device, null buffers and byte counts
 // that overflow. Each argument is checked here only; whether the stream is still open is checked
 // once, by Run (streamsOpen), since it may be closed after the operation was queued.
 func (c *Comm) check(o op) error {
 	if o.dt.Size() == 0 {
 		return c.invalid(o, "unknown data type %d", int32(o.dt))
+	}
+	if v := c.lib.Version(); v < o.dt.Since() {
+		err := &VersionError{Feature: "ncclDataType_t " + o.dt.String(), Need: o.dt.Since(), Have: v}
+		return fmt.Errorf("nccl: %s on %v: %w", o, c, err)
 	}
 	if o.redOp < Sum || o.redOp > Avg {
 		return c.invalid(o, "unknown reduction %d", int32(o.redOp))

@@ -15,7 +15,9 @@
 // thread (Unbound), which NCCL would run on the wrong device.
 //
 // Differences from NCCL: operations complete before the group reports success (NCCL only queues them
-// on the stream), window registration is not collective, and data moves at socket speed.
+// on the stream), window registration is not collective, reductions of 16- and 8-bit floats are
+// computed in float32 and rounded once (float8 saturating, as CUDA's __NV_SATFINITE conversion does),
+// and data moves at socket speed.
 package ncclsim
 
 import (
