@@ -27,14 +27,15 @@ func abiConstants() map[string]int64 {
 		"((ncclConfig_t)NCCL_CONFIG_INITIALIZER).magic":              0xcafebeef,
 		"((ncclConfig_t)NCCL_CONFIG_INITIALIZER).blocking":           ConfigUndef,
 		"((ncclConfig_t)NCCL_CONFIG_INITIALIZER).nvlinkCentricSched": ConfigUndef,
-		"ncclSum": int64(Sum), "ncclProd": int64(Prod), "ncclMax": int64(Max), "ncclMin": int64(Min), "ncclAvg": int64(Avg),
+		"ncclNumTypes":                                               int64(len(dataTypeSizes)),
+		"ncclSum":                                                    int64(Sum), "ncclProd": int64(Prod), "ncclMax": int64(Max), "ncclMin": int64(Min), "ncclAvg": int64(Avg),
 	}
 	for r, n := range resultNames {
 		m[n] = int64(r)
 	}
 	types := map[DataType]string{Int8: "ncclInt8", Uint8: "ncclUint8", Int32: "ncclInt32", Uint32: "ncclUint32",
 		Int64: "ncclInt64", Uint64: "ncclUint64", Float16: "ncclFloat16", Float32: "ncclFloat32",
-		Float64: "ncclFloat64", Bfloat16: "ncclBfloat16"}
+		Float64: "ncclFloat64", Bfloat16: "ncclBfloat16", Float8e4m3: "ncclFloat8e4m3", Float8e5m2: "ncclFloat8e5m2"}
 	for t, n := range types {
 		m[n] = int64(t)
 	}

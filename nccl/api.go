@@ -25,7 +25,7 @@ type Window uintptr
 // DataType is ncclDataType_t.
 type DataType int32
 
-// ncclDataType_t values.
+// ncclDataType_t values: every type of nccl.h 2.28 (ncclNumTypes is 12).
 const (
 	Int8     DataType = 0
 	Uint8    DataType = 1
@@ -37,19 +37,34 @@ const (
 	Float32  DataType = 7
 	Float64  DataType = 8
 	Bfloat16 DataType = 9
+	// Float8e4m3 is ncclFloat8e4m3 (NCCL 2.24+): 4 exponent bits, 3 mantissa bits, no infinity.
+	// NCCL reduces float8 only on devices of compute capability 9.0 and newer; it moves it on all.
+	Float8e4m3 DataType = 10
+	// Float8e5m2 is ncclFloat8e5m2 (NCCL 2.24+): 5 exponent bits, 2 mantissa bits.
+	Float8e5m2 DataType = 11
 )
 
 var dataTypeSizes = map[DataType]uint64{
 	Int8: 1, Uint8: 1, Int32: 4, Uint32: 4, Int64: 8, Uint64: 8, Float16: 2, Float32: 4, Float64: 8, Bfloat16: 2,
+	Float8e4m3: 1, Float8e5m2: 1,
 }
 
 var dataTypeNames = map[DataType]string{
 	Int8: "int8", Uint8: "uint8", Int32: "int32", Uint32: "uint32", Int64: "int64", Uint64: "uint64",
 	Float16: "float16", Float32: "float32", Float64: "float64", Bfloat16: "bfloat16",
+	Float8e4m3: "float8e4m3", Float8e5m2: "float8e5m2",
 }
 
 // Size is the element size in bytes, 0 for an unknown type.
 func (t DataType) Size() uint64 { return dataTypeSizes[t] }
+
+// Since is the first NCCL version (NCCL_VERSION_CODE) that has the type.
+func (t DataType) Since() int {
+	if t == Float8e4m3 || t == Float8e5m2 {
+		return VersionFloat8
+	}
+	return 0
+}
 
 func (t DataType) String() string {
 	if n, ok := dataTypeNames[t]; ok {
@@ -125,6 +140,8 @@ const (
 	VersionRegister = 21900
 	// VersionWindow: ncclCommWindowRegister / ncclCommWindowDeregister.
 	VersionWindow = 22700
+	// VersionFloat8: the data types Float8e4m3 and Float8e5m2.
+	VersionFloat8 = 22400
 	// VersionConfigHeader is the version of the ncclConfig_t this package declares.
 	VersionConfigHeader = 22800
 )

@@ -10,43 +10,43 @@ import (
 )
 
 // span checks that every chunk of buf is memory of the communicator's device and returns the
-// buffer's address and the number of elements of t in its Len bytes.
+// buffer's address and the number of elements of t in its Len bytes. An unknown t counts no
+// elements: the operation's check refuses it, naming the operation.
 func (c *Comm) span(what string, buf vmm.Chunked, t DataType) (driver.DevicePtr, uint64, error) {
-	if buf == nil {
-		return 0, 0, fmt.Errorf("nccl: %s: nil buffer: %w", what, ErrInvalidValue)
-	}
-	chunks := buf.Chunks()
-	if len(chunks) == 0 {
-		return 0, 0, fmt.Errorf("nccl: %s: the buffer has no memory (closed or empty): %w", what, ErrInvalidValue)
-	}
-	if err := c.checkChunks(what, chunks); err != nil {
+	if _, err := c.chunksOf(what, buf); err != nil {
 		return 0, 0, err
 	}
-	size := t.Size()
+	size, n := t.Size(), buf.Len()
 	if size == 0 {
-		return 0, 0, fmt.Errorf("nccl: %s: unknown data type %d: %w", what, int32(t), ErrInvalidValue)
+		return buf.Ptr(), 0, nil
 	}
-	n := buf.Len()
 	if n%size != 0 {
 		return 0, 0, fmt.Errorf("nccl: %s: the buffer's %d bytes are not a whole number of %s elements: %w", what, n, t, ErrInvalidValue)
 	}
 	return buf.Ptr(), n / size, nil
 }
 
-// checkChunks refuses chunks whose memory is not on the communicator's device (NCCL would fault or
-// move the bytes over the wrong link).
-func (c *Comm) checkChunks(what string, chunks []vmm.Chunk) error {
+// chunksOf returns buf's chunks once it has checked that there are some and that all are memory
+// of the communicator's device (NCCL would fault or move the bytes over the wrong link).
+func (c *Comm) chunksOf(what string, buf vmm.Chunked) ([]vmm.Chunk, error) {
+	if buf == nil {
+		return nil, fmt.Errorf("nccl: %s: nil buffer: %w", what, ErrInvalidValue)
+	}
+	chunks := buf.Chunks()
+	if len(chunks) == 0 {
+		return nil, fmt.Errorf("nccl: %s: the buffer has no memory (closed or empty): %w", what, ErrInvalidValue)
+	}
 	want := c.dev.Location()
 	for i, ch := range chunks {
 		if ch.Allocation == nil {
-			return fmt.Errorf("nccl: %s: chunk %d has no allocation: %w", what, i, ErrInvalidValue)
+			return nil, fmt.Errorf("nccl: %s: chunk %d has no allocation: %w", what, i, ErrInvalidValue)
 		}
 		if loc := ch.Allocation.Location(); loc != want {
-			return fmt.Errorf("nccl: %s: chunk %d (offset %s) is memory of %s, the communicator is on %s: %w",
+			return nil, fmt.Errorf("nccl: %s: chunk %d (offset %s) is memory of %s, the communicator is on %s: %w",
 				what, i, units.FormatSize(ch.Offset), loc, c.dev, errWrongDevice())
 		}
 	}
-	return nil
+	return chunks, nil
 }
 
 // errWrongDevice wraps ErrWrongDevice and ErrInvalidValue.

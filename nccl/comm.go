@@ -78,12 +78,12 @@ func NewComm(ctx context.Context, lib API, id UniqueID, rank, nranks int, dev *v
 	}); err != nil {
 		return nil, fmt.Errorf("nccl: new communicator on %s: %w", dev, err)
 	}
-	what := fmt.Sprintf("rank %d of %d on %s", rank, nranks, dev)
 	if initErr != nil && !errors.Is(initErr, ErrInProgress) {
-		if c.h != 0 {
-			_ = lib.CommAbort(c.h)
+		err := fmt.Errorf("nccl: new communicator, rank %d of %d on %s: %w", rank, nranks, dev, initErr)
+		if c.h == 0 {
+			return nil, err
 		}
-		return nil, fmt.Errorf("nccl: new communicator, %s: %w", what, initErr)
+		return nil, errors.Join(err, c.release()) // NCCL asks for an abort of what it handed back
 	}
 	c.mu.Lock()
 	err := c.waitLocked(ctx, "initialize the communicator")
@@ -217,8 +217,9 @@ func (c *Comm) dropRegistrations() {
 	clear(c.regs)
 }
 
-// release frees a communicator that failed to initialize (already aborted by waitLocked). When
-// ncclCommAbort could not run, the System keeps retrying it (System.Keep), and the error says so.
+// release frees a communicator that failed to initialize: ncclCommAbort with its device bound, unless
+// waitLocked aborted it already. When ncclCommAbort could not run, the System keeps retrying it
+// (System.Keep), and the error says so.
 func (c *Comm) release() error {
 	c.mu.Lock()
 	defer c.mu.Unlock()

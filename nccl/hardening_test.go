@@ -2,6 +2,7 @@ package nccl_test
 
 import (
 	"context"
+	"errors"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -288,5 +289,60 @@ func TestGroupWithARefusedCallRunsNothing(t *testing.T) {
 		bad, err := dev.Verify(buf.Ptr()+mib, mib, mib, 1)
 		require.NoError(t, err)
 		require.Zero(t, bad, "the group's receive ran")
+	}, testutil.SimOnly())
+}
+
+// initFailsAtOnce is the simulated NCCL whose ncclCommInitRankConfig hands back a communicator
+// together with an error, as NCCL does when an initialization fails before it goes to the
+// background; the call leaves no context current on the thread, as a goroutine that moved to
+// another thread would find.
+type initFailsAtOnce struct {
+	*ncclsim.Lib
+	api driver.API
+}
+
+func (l initFailsAtOnce) CommInitRankConfig(nranks int, id nccl.UniqueID, rank int, dev driver.Device, cfg *nccl.Config) (nccl.CommHandle, error) {
+	h, err := l.Lib.CommInitRankConfig(nranks, id, rank, dev, cfg)
+	if err != nil && !errors.Is(err, nccl.ErrInProgress) {
+		return h, err
+	}
+	if err := l.api.CtxSetCurrent(0); err != nil {
+		return h, err
+	}
+	return h, nccl.SystemError
+}
+
+// TestNewCommFailingAtOnceAbortsOnItsDevice: a communicator whose initialization NCCL refuses at
+// once is aborted with its device bound on a locked OS thread, as every NCCL call is made, and
+// nothing of it is left.
+func TestNewCommFailingAtOnceAbortsOnItsDevice(t *testing.T) {
+	testutil.Run(t, func(t *testing.T, b *testutil.Backend) {
+		lib := initFailsAtOnce{Lib: ncclsim.New(b.Sim), api: b.Sim}
+		id, err := lib.GetUniqueID()
+		require.NoError(t, err)
+		c, err := nccl.NewComm(deadline(t, 10*time.Second), lib, id, 0, 1, b.Device(t, 0))
+		require.ErrorIs(t, err, nccl.ErrSystem)
+		require.Nil(t, c)
+		require.Empty(t, lib.Unbound(), "NCCL calls made without the communicator's device current")
+		require.True(t, lib.Live().Zero(), "the simulated NCCL still holds: %s", lib.Live())
+	}, testutil.SimOnly())
+}
+
+// TestNewCommFailingAtOnceWhoseAbortFailsIsKept: when the abort of a communicator refused at once
+// cannot bind the device, the System keeps it and its retry aborts it.
+func TestNewCommFailingAtOnceWhoseAbortFailsIsKept(t *testing.T) {
+	testutil.Run(t, func(t *testing.T, b *testutil.Backend) {
+		lib := initFailsAtOnce{Lib: ncclsim.New(b.Sim), api: b.Sim}
+		id, err := lib.GetUniqueID()
+		require.NoError(t, err)
+		// 1: the init's binding, 2: initFailsAtOnce clearing it, 3: the abort's binding
+		b.Sim.FailNth("cuCtxSetCurrent", 3, driver.ErrorUnknown)
+		c, err := nccl.NewComm(deadline(t, 10*time.Second), lib, id, 0, 1, b.Device(t, 0))
+		require.ErrorIs(t, err, nccl.ErrSystem)
+		require.ErrorContains(t, err, "kept by the System")
+		require.Nil(t, c)
+		require.NoError(t, b.Sys.RetryOrphans())
+		require.Empty(t, lib.Unbound(), "NCCL calls made without the communicator's device current")
+		require.True(t, lib.Live().Zero(), "the simulated NCCL still holds: %s", lib.Live())
 	}, testutil.SimOnly())
 }

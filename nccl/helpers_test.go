@@ -21,14 +21,15 @@ import (
 func requireNCCL() bool { return os.Getenv("CUVMM_REQUIRE_NCCL") == "1" }
 
 // library is the NCCL of backend b: the stand-in over the simulator, or the real library (the test
-// skips without one, or fails under CUVMM_REQUIRE_NCCL=1). The stand-in's leak check runs at the
-// end of the test.
+// skips without one, or fails under CUVMM_REQUIRE_NCCL=1). The stand-in's leak check, and its check
+// that every call had the communicator's device bound, run at the end of the test.
 func library(t *testing.T, b *testutil.Backend) nccl.API {
 	t.Helper()
 	if b.IsSim() {
 		lib := ncclsim.New(b.Sim)
 		t.Cleanup(func() {
 			require.True(t, lib.Live().Zero(), "the simulated NCCL still holds: %s", lib.Live())
+			require.Empty(t, lib.Unbound(), "NCCL calls made without the communicator's device current")
 		})
 		return lib
 	}

@@ -121,10 +121,8 @@ func (g *Group) Run(ctx context.Context) error {
 	if err := c.use(g.ops[0].String()); err != nil {
 		return err
 	}
-	for _, o := range g.ops { // a stream may have been closed since its operation was queued
-		if err := c.check(o); err != nil {
-			return err
-		}
+	if err := c.streamsOpen(g.ops); err != nil {
+		return err
 	}
 	var callErr error
 	if err := c.dev.Raw(func(driver.API) error {
@@ -188,29 +186,38 @@ func (c *Comm) call(o op) error {
 	}
 }
 
-// check refuses what NCCL would take silently or hang on: unknown types and operations, peers out
-// of range, null buffers, byte counts that overflow, and closed streams or streams of another
-// device.
+// invalid is the argument error of operation o: what is wrong, wrapping ErrInvalidValue.
+func (c *Comm) invalid(o op, format string, args ...any) error {
+	return fmt.Errorf("nccl: %s on %v: %s: %w", o, c, fmt.Sprintf(format, args...), ErrInvalidValue)
+}
+
+// check refuses, when an operation is queued, what NCCL would take silently or hang on: unknown
+// types and reductions, types newer than the library (a *VersionError), peers out of range, streams of another device, null buffers and byte counts
+// that overflow. Each argument is checked here only; whether the stream is still open is checked
+// once, by Run (streamsOpen), since it may be closed after the operation was queued.
 func (c *Comm) check(o op) error {
-	fail := func(format string, args ...any) error {
-		return fmt.Errorf("nccl: %s on %v: %s: %w", o, c, fmt.Sprintf(format, args...), ErrInvalidValue)
+	if o.dt.Size() == 0 {
+		return c.invalid(o, "unknown data type %d", int32(o.dt))
 	}
-	size := o.dt.Size()
-	if size == 0 {
-		return fail("unknown data type %d", int32(o.dt))
+	if v := c.lib.Version(); v < o.dt.Since() {
+		err := &VersionError{Feature: "ncclDataType_t " + o.dt.String(), Need: o.dt.Since(), Have: v}
+		return fmt.Errorf("nccl: %s on %v: %w", o, c, err)
 	}
 	if o.redOp < Sum || o.redOp > Avg {
-		return fail("unknown reduction %d", int32(o.redOp))
+		return c.invalid(o, "unknown reduction %d", int32(o.redOp))
 	}
 	if (o.kind == opSend || o.kind == opRecv || o.kind == opBroadcast) && (o.peer < 0 || o.peer >= c.nranks) {
-		return fail("rank %d is not in 0..%d", o.peer, c.nranks-1)
-	}
-	if o.stream.Closed() {
-		return fail("the stream is closed")
+		return c.invalid(o, "rank %d is not in 0..%d", o.peer, c.nranks-1)
 	}
 	if o.stream != nil && o.stream.Device() != c.dev {
 		return fmt.Errorf("nccl: %s on %v: the stream is on %s, the communicator on %s: %w", o, c, o.stream.Device(), c.dev, errWrongDevice())
 	}
+	return c.checkBuffers(o)
+}
+
+// checkBuffers refuses a null buffer that NCCL would use, and one whose byte count overflows or
+// wraps around the address space.
+func (c *Comm) checkBuffers(o op) error {
 	sendCount, recvCount := o.count, o.count
 	switch o.kind {
 	case opAllGather:
@@ -231,15 +238,26 @@ func (c *Comm) check(o op) error {
 		if !b.used || b.count == 0 {
 			continue
 		}
-		bytes, err := byteCount(b.count, size)
+		bytes, err := byteCount(b.count, o.dt.Size())
 		if err != nil {
-			return fail("%s: %v", b.name, err)
+			return c.invalid(o, "%s: %v", b.name, err)
 		}
 		if b.ptr == 0 {
-			return fail("%s is a null pointer", b.name)
+			return c.invalid(o, "%s is a null pointer", b.name)
 		}
 		if uint64(b.ptr)+bytes < uint64(b.ptr) {
-			return fail("%s at %#x plus %d bytes wraps around the address space", b.name, uint64(b.ptr), bytes)
+			return c.invalid(o, "%s at %#x plus %d bytes wraps around the address space", b.name, uint64(b.ptr), bytes)
+		}
+	}
+	return nil
+}
+
+// streamsOpen refuses a group with an operation whose stream is closed (before the operation was
+// queued or since). c.mu is held.
+func (c *Comm) streamsOpen(ops []op) error {
+	for _, o := range ops {
+		if o.stream.Closed() {
+			return c.invalid(o, "the stream is closed")
 		}
 	}
 	return nil

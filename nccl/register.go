@@ -56,17 +56,11 @@ func (c *Comm) Register(ctx context.Context, buf vmm.Chunked, opts ...RegisterOp
 	if len(opts) > 0 {
 		o = opts[0]
 	}
-	if buf == nil {
-		return nil, fmt.Errorf("nccl: register: nil buffer: %w", ErrInvalidValue)
-	}
-	chunks := buf.Chunks()
-	what := fmt.Sprintf("register %d-chunk buffer at %#x", len(chunks), uint64(buf.Ptr()))
-	if len(chunks) == 0 {
-		return nil, fmt.Errorf("nccl: %s: the buffer has no memory (closed or empty): %w", what, ErrInvalidValue)
-	}
-	if err := c.checkChunks(what, chunks); err != nil {
+	chunks, err := c.chunksOf("register buffer", buf)
+	if err != nil {
 		return nil, err
 	}
+	what := fmt.Sprintf("register %d-chunk buffer at %#x", len(chunks), uint64(buf.Ptr()))
 	// Held before waiting for the communicator, so that no Shrink or Close frees a chunk meanwhile;
 	// a chunk freed before its hold is refused. Holds not handed to a piece are released on return.
 	holds := make([]func(), len(chunks))

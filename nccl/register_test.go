@@ -139,6 +139,12 @@ func TestBadArguments(t *testing.T) {
 		require.ErrorContains(t, err, "null")
 		err = c.Send(ctx, mine.Ptr(), 16, nccl.DataType(99), 1, s0)
 		require.ErrorIs(t, err, nccl.ErrInvalidValue)
+		err = c.Group().AllReduceBuffer(mine, mine, nccl.DataType(99), nccl.Sum, s0).Run(ctx)
+		require.ErrorIs(t, err, nccl.ErrInvalidValue)
+		require.ErrorContains(t, err, "unknown data type 99")
+		err = c.AllReduce(ctx, mine.Ptr(), mine.Ptr(), 16, nccl.Float32, nccl.RedOp(9), s0)
+		require.ErrorIs(t, err, nccl.ErrInvalidValue)
+		require.ErrorContains(t, err, "unknown reduction 9")
 		err = c.Send(ctx, mine.Ptr(), 16, nccl.Uint8, 1, s1)
 		require.ErrorIs(t, err, nccl.ErrInvalidValue, "a stream of another device")
 

@@ -364,6 +364,7 @@ func addSpan[K ~uintptr](l *Lib, call string, version int, h nccl.CommHandle, pt
 	if c == nil {
 		return 0, fail(call, nccl.InvalidArgument, "unknown communicator")
 	}
+	l.bound(call, c)
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	if c.state != stateReady {
@@ -387,6 +388,7 @@ func dropSpan[K ~uintptr](l *Lib, call string, version int, h nccl.CommHandle, k
 	if c == nil {
 		return fail(call, nccl.InvalidArgument, "unknown communicator")
 	}
+	l.bound(call, c)
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	if _, ok := table(c)[k]; !ok {

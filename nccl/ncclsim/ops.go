@@ -116,7 +116,8 @@ func (l *Lib) checkCall(call string, h nccl.CommHandle, o *simOp) error {
 	if c == nil {
 		return fail(call, nccl.InvalidArgument, "unknown communicator")
 	}
-	if o.dt.Size() == 0 || o.redOp < nccl.Sum || o.redOp > nccl.Avg {
+	l.bound(call, c)
+	if o.dt.Size() == 0 || l.version < o.dt.Since() || o.redOp < nccl.Sum || o.redOp > nccl.Avg {
 		return fail(call, nccl.InvalidArgument, "data type %d, reduction %d", o.dt, o.redOp)
 	}
 	if o.peer < 0 || o.peer >= c.nranks {

@@ -32,8 +32,14 @@ func reduce(parts [][]byte, t nccl.DataType, op nccl.RedOp) []byte {
 		reduceAs[float32](out, parts, op)
 	case nccl.Float64:
 		reduceAs[float64](out, parts, op)
-	case nccl.Float16, nccl.Bfloat16:
-		reduceHalf(out, parts, op, t == nccl.Bfloat16)
+	case nccl.Float16:
+		reduceNarrow(out, parts, op, float16)
+	case nccl.Bfloat16:
+		reduceNarrow(out, parts, op, bfloat16)
+	case nccl.Float8e4m3:
+		reduceNarrow(out, parts, op, e4m3.format())
+	case nccl.Float8e5m2:
+		reduceNarrow(out, parts, op, e5m2.format())
 	}
 	return out
 }
@@ -74,27 +80,51 @@ func combine[T number](a, b T, op nccl.RedOp) T {
 	return a + b // Sum, and Avg before the division
 }
 
-// reduceHalf reduces 16-bit floats in float32, rounding the result back.
-func reduceHalf(out []byte, parts [][]byte, op nccl.RedOp, bf bool) {
-	to32, from32 := f16to32, f32to16
-	if bf {
-		to32, from32 = bf16to32, f32tobf16
+// narrow is a floating-point format narrower than float32: its width in bytes (1 or 2, little
+// endian) and its conversions from and to float32.
+type narrow struct {
+	width  int
+	to32   func(uint16) float32
+	from32 func(float32) uint16
+}
+
+var (
+	float16  = narrow{2, f16to32, f32to16}
+	bfloat16 = narrow{2, bf16to32, f32tobf16}
+)
+
+func (f narrow) load(b []byte, i int) float32 {
+	if f.width == 1 {
+		return f.to32(uint16(b[i]))
 	}
-	acc := make([]float32, len(out)/2)
+	return f.to32(uint16(b[2*i]) | uint16(b[2*i+1])<<8)
+}
+
+func (f narrow) store(b []byte, i int, v float32) {
+	h := f.from32(v)
+	if f.width == 1 {
+		b[i] = byte(h)
+		return
+	}
+	b[2*i], b[2*i+1] = byte(h), byte(h>>8)
+}
+
+// reduceNarrow reduces elements of format f in float32, rounding the result back once.
+func reduceNarrow(out []byte, parts [][]byte, op nccl.RedOp, f narrow) {
+	acc := make([]float32, len(out)/f.width)
 	for i := range acc {
-		acc[i] = to32(uint16(out[2*i]) | uint16(out[2*i+1])<<8)
+		acc[i] = f.load(out, i)
 	}
 	for _, p := range parts[1:] {
 		for i := range acc {
-			acc[i] = combine(acc[i], to32(uint16(p[2*i])|uint16(p[2*i+1])<<8), op)
+			acc[i] = combine(acc[i], f.load(p, i), op)
 		}
 	}
 	for i, v := range acc {
 		if op == nccl.Avg {
 			v /= float32(len(parts))
 		}
-		h := from32(v)
-		out[2*i], out[2*i+1] = byte(h), byte(h>>8)
+		f.store(out, i, v)
 	}
 }
 

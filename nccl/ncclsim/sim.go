@@ -10,10 +10,14 @@
 // window registrations, ncclCommAbort, and the errors: ranks that disagree on the communicator's size
 // or on a transfer's byte count get ncclInvalidUsage, as does a group with a send to the rank itself
 // and no matching receive from itself (or the reverse), a peer that exits gets ncclRemoteError, a
-// receive whose sender never sends stays in progress (as NCCL hangs) until the caller aborts.
+// receive whose sender never sends stays in progress (as NCCL hangs) until the caller aborts. It
+// also lists the calls made while their communicator's device was not current on the calling
+// thread (Unbound), which NCCL would run on the wrong device.
 //
 // Differences from NCCL: operations complete before the group reports success (NCCL only queues them
-// on the stream), window registration is not collective, and data moves at socket speed.
+// on the stream), window registration is not collective, reductions of 16- and 8-bit floats are
+// computed in float32 and rounded once (float8 saturating, as CUDA's __NV_SATFINITE conversion does),
+// and data moves at socket speed.
 package ncclsim
 
 import (
@@ -39,6 +43,8 @@ type Lib struct {
 	comms  map[nccl.CommHandle]*comm
 	next   nccl.CommHandle
 	groups map[int]*group // per OS thread (gettid), as ncclGroupStart nests per thread
+	// unbound lists the calls made while their communicator's device was not current (see Unbound).
+	unbound []string
 }
 
 // Option tunes New.
@@ -129,6 +135,34 @@ func (l *Lib) comm(h nccl.CommHandle) *comm {
 	return l.comms[h]
 }
 
+// Unbound lists the calls that came while their communicator's device was not current on the
+// calling OS thread, each naming the call and the rank: NCCL makes its CUDA calls in the calling
+// thread's current context (and may change it), so a caller must bind the device first, on a
+// locked thread. The stand-in still runs such calls; tests check that the list is empty, as they
+// check Live. Checked: ncclCommInitRankConfig, ncclCommFinalize, ncclCommDestroy, ncclCommAbort,
+// the registrations and the operations.
+func (l *Lib) Unbound() []string {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return append([]string(nil), l.unbound...)
+}
+
+// bound records call in Unbound when c's device (its primary context) is not current on the
+// calling thread.
+func (l *Lib) bound(call string, c *comm) {
+	cur, err := l.api.CtxGetCurrent()
+	if err == nil && cur == c.ctx {
+		return
+	}
+	what := fmt.Sprintf("%s on rank %d of device %d: current context %#x", call, c.rank, c.dev, uintptr(cur))
+	if err != nil {
+		what = fmt.Sprintf("%s on rank %d of device %d: cuCtxGetCurrent: %v", call, c.rank, c.dev, err)
+	}
+	l.mu.Lock()
+	l.unbound = append(l.unbound, what)
+	l.mu.Unlock()
+}
+
 // fail records text as the communicator's last error and returns r as a call error.
 func fail(call string, r nccl.Result, format string, args ...any) error {
 	return &nccl.CallError{Call: call, Result: r, Last: fmt.Sprintf(format, args...)}
@@ -154,6 +188,7 @@ func (l *Lib) CommInitRankConfig(nranks int, id nccl.UniqueID, rank int, dev dri
 	c := newComm(l, l.next, id, rank, nranks, dev, ctx)
 	l.comms[c.h] = c
 	l.mu.Unlock()
+	l.bound(call, c) // NCCL takes the current device as the communicator's
 	c.wait.Add(1)
 	if cfg != nil && cfg.Blocking == 0 {
 		go c.connect()
@@ -176,6 +211,7 @@ func (l *Lib) CommFinalize(h nccl.CommHandle) error {
 	if c == nil {
 		return fail("ncclCommFinalize", nccl.InvalidArgument, "unknown communicator")
 	}
+	l.bound("ncclCommFinalize", c)
 	return c.finalize()
 }
 
@@ -191,6 +227,7 @@ func (l *Lib) drop(call string, h nccl.CommHandle) error {
 	if c == nil {
 		return fail(call, nccl.InvalidArgument, "unknown communicator")
 	}
+	l.bound(call, c)
 	c.shutdown(nccl.RemoteError, "the communicator was "+map[bool]string{true: "aborted", false: "destroyed"}[call == "ncclCommAbort"])
 	c.wait.Wait()
 	if err := l.api.DevicePrimaryCtxRelease(c.dev); err != nil {
