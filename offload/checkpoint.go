@@ -256,11 +256,10 @@ func (s *Set) saveChunks(ctx context.Context, w io.Writer, refs []chunkRef) erro
 			err = fmt.Errorf("write %s chunk %d: %w", r.e, r.i, err)
 		}
 		if errors.Is(err, errNotDrained) {
-			// A copy may still write into stage: the System frees it once the device is idle.
-			return errors.Join(err, s.quarantine(r.state().alloc.Device(), stage))
+			return err // a copy may still write into stage: held out of the pool (copyWait)
 		}
 		if err != nil {
-			s.pool.put(stage) // every copy into it has finished: saveAwake waits or drains
+			s.pool.put(stage) // every copy into it has finished: copyWait waits or drains
 			return err
 		}
 	}
@@ -269,8 +268,8 @@ func (s *Set) saveChunks(ctx context.Context, w io.Writer, refs []chunkRef) erro
 }
 
 // saveAwake copies an awake chunk to w through stage, a slot at a time, then writes its checksum.
-// No copy is left running into stage when it returns, even on failure (copyWait drains), unless
-// the error wraps errNotDrained.
+// No copy is left running into stage when it returns, even on failure (copyWait), unless the error
+// wraps errNotDrained: then stage is held out of the pool.
 func (s *Set) saveAwake(ctx context.Context, w io.Writer, r chunkRef, stage *slot, prog *progress) error {
 	cs := r.state()
 	d := cs.alloc.Device()
@@ -281,7 +280,7 @@ func (s *Set) saveAwake(ctx context.Context, w io.Writer, r chunkRef, stage *slo
 	crc := uint32(0)
 	for off := uint64(0); off < cs.size; off += stage.size {
 		n := min(stage.size, cs.size-off)
-		if err := copyWait(d, stage.ptr(0), cs.ptr+ptrOff(off), n, st); err != nil {
+		if err := s.copyWait(stage.ptr(0), cs.ptr+ptrOff(off), n, st, stage); err != nil {
 			return fmt.Errorf("copy %s chunk %d: %w", r.e, r.i, err)
 		}
 		crc = crc32.Update(crc, castagnoli, stage.mem[:n])

@@ -70,10 +70,10 @@ func Load(ctx context.Context, sys *vmm.System, r io.Reader, opts Options) (*Set
 	return set, bufs, nil
 }
 
-// keepBusy releases b, which copies queued on its devices may still write into, once those devices
-// synchronize: at once when they do now (undo), else sys's RetryOrphans and Close synchronize them,
-// then close b (unmap, release, address free; a step that fails is retried the next time), and the
-// error says so.
+// keepBusy hands b, which copies queued on its devices may still write into (the device could not
+// be synchronized: see drainOrHold), to sys, whose RetryOrphans and Close synchronize those
+// devices, then close b (unmap, release, address free; a step that fails is retried the next
+// time); the error says so.
 func keepBusy(sys *vmm.System, b *Restored) error {
 	var devs []*vmm.Device
 	for _, c := range b.Chunks() {
@@ -88,9 +88,6 @@ func keepBusy(sys *vmm.System, b *Restored) error {
 			}
 		}
 		return nil
-	}
-	if idle() == nil {
-		return b.undo()
 	}
 	return sys.Keep(fmt.Sprintf("offload: restored buffer %q that copies queued on its devices may still write", b.tag), func() error {
 		if err := idle(); err != nil {
@@ -163,10 +160,9 @@ func (s *Set) fill(ctx context.Context, r io.Reader, sys *vmm.System, ce ckEntry
 		}
 		err = s.fillChunk(r, ce.Tag, i, c, b.Ptr()+driver.DevicePtr(c.Offset), a.Device(), stage, prog)
 		if errors.Is(err, errNotDrained) {
-			// A copy from stage may still be queued: the System frees it once the device is idle.
-			return errors.Join(err, s.quarantine(a.Device(), stage))
+			return err // a copy from stage may still be queued: held out of the pool (copyWait)
 		}
-		s.pool.put(stage) // no copy from it is left running: fillChunk waits or drains
+		s.pool.put(stage) // no copy from it is left running: copyWait waits or drains
 		if err != nil {
 			return err
 		}
@@ -191,7 +187,7 @@ func (s *Set) fillChunk(r io.Reader, tag string, i int, c ckChunk, ptr driver.De
 		if err := crcReader.read(stage.mem[:n], chunkName(tag, i, c)); err != nil {
 			return err
 		}
-		if err := copyWait(d, ptr+driver.DevicePtr(off), stage.ptr(0), n, st); err != nil {
+		if err := s.copyWait(ptr+driver.DevicePtr(off), stage.ptr(0), n, st, stage); err != nil {
 			return fmt.Errorf("offload: load %s: %w", chunkName(tag, i, c), err)
 		}
 		prog.add(n)
