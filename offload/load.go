@@ -30,8 +30,9 @@ func Load(ctx context.Context, sys *vmm.System, r io.Reader, opts Options) (*Set
 	if err != nil {
 		return nil, nil, err
 	}
-	for _, ce := range hdr.Entries {
-		if _, err := loadPolicy(ce); err != nil {
+	policies := make([]Policy, len(hdr.Entries)) // checked before anything is made
+	for i, ce := range hdr.Entries {
+		if policies[i], err = loadPolicy(ce); err != nil {
 			return nil, nil, err
 		}
 	}
@@ -48,7 +49,7 @@ func Load(ctx context.Context, sys *vmm.System, r io.Reader, opts Options) (*Set
 	for _, ce := range hdr.Entries {
 		prog.total += ce.size()
 	}
-	for _, ce := range hdr.Entries {
+	for i, ce := range hdr.Entries {
 		b, err := reserve(sys, ce)
 		if err != nil {
 			return fail(err)
@@ -63,7 +64,7 @@ func Load(ctx context.Context, sys *vmm.System, r io.Reader, opts Options) (*Set
 			return fail(err)
 		}
 		bufs = append(bufs, b)
-		if err := addLoaded(set, ce, b); err != nil {
+		if err := set.Add(ce.Tag, b, policies[i], EntryOptions{}); err != nil {
 			return fail(err)
 		}
 	}
@@ -107,15 +108,6 @@ func loadPolicy(ce ckEntry) (Policy, error) {
 		policy = Keep
 	}
 	return policy, nil
-}
-
-// addLoaded adds a recreated buffer to set under its saved tag and policy (File becomes Keep).
-func addLoaded(set *Set, ce ckEntry, b *Restored) error {
-	policy, err := loadPolicy(ce)
-	if err != nil {
-		return err
-	}
-	return set.Add(ce.Tag, b, policy, EntryOptions{})
 }
 
 // reserve reserves the entry's range, at its saved address when granted. fill maps the chunks as
