@@ -22,8 +22,9 @@ type hostPiece struct {
 // events block: a waiting goroutine sleeps instead of spinning on a core that a first sleep's
 // populating goroutines need.
 type pipe struct {
-	st *vmm.Stream
-	ev [2]*vmm.Event
+	st   *vmm.Stream
+	ev   [2]*vmm.Event
+	last uint64 // the bytes of the last batch marked, counted once it is done
 }
 
 func newPipe(st *vmm.Stream) (*pipe, error) {
@@ -38,8 +39,30 @@ func newPipe(st *vmm.Stream) (*pipe, error) {
 	return p, nil
 }
 
-func (p *pipe) mark(j int) error { return p.ev[j%2].Record(p.st) }
-func (p *pipe) wait(j int) error { return p.ev[j%2].Synchronize() }
+// next marks batch j of n bytes, just queued, then waits for batch j-1 and counts its bytes in
+// prog. It returns ctx's error, so that a cancelled call stops between batches.
+func (p *pipe) next(ctx context.Context, j int, n uint64, prog *progress) error {
+	if err := p.ev[j%2].Record(p.st); err != nil {
+		return err
+	}
+	if j > 0 {
+		if err := p.ev[(j-1)%2].Synchronize(); err != nil {
+			return err
+		}
+		prog.add(p.last)
+	}
+	p.last = n
+	return ctx.Err()
+}
+
+// finish waits for the last batch and counts its bytes in prog.
+func (p *pipe) finish(prog *progress) error {
+	if err := p.st.Synchronize(); err != nil {
+		return err
+	}
+	prog.add(p.last)
+	return nil
+}
 
 func (p *pipe) close() error { return errors.Join(closeRetry(p.ev[0]), closeRetry(p.ev[1])) }
 
@@ -138,24 +161,11 @@ func (s *Set) keepOut(ctx context.Context, st *vmm.Stream, u *unit, share int, p
 				return err
 			}
 		}
-		if err := p.mark(j); err != nil {
-			return err
-		}
-		if j > 0 {
-			if err := p.wait(j - 1); err != nil {
-				return err
-			}
-			prog.add(u.used(j - 1))
-		}
-		if err := ctx.Err(); err != nil {
+		if err := p.next(ctx, j, u.used(j), prog); err != nil {
 			return err
 		}
 	}
-	if err := st.Synchronize(); err != nil {
-		return err
-	}
-	prog.add(u.used(u.nSlots - 1))
-	return nil
+	return p.finish(prog)
 }
 
 // copyOut queues the copies of the unit's bytes that slot j backs up into sl.
@@ -186,7 +196,6 @@ func keepIn(ctx context.Context, st *vmm.Stream, refs []chunkRef, recreate func(
 	}()
 	d := st.Device()
 	j := 0
-	var last uint64
 	for _, r := range refs {
 		if err := recreate(r); err != nil {
 			return err
@@ -196,26 +205,13 @@ func keepIn(ctx context.Context, st *vmm.Stream, refs []chunkRef, recreate func(
 			if err := d.CopyAsync(cs.ptr+ptrOff(hp.off), hp.slot.ptr(hp.slotOff), hp.n, st); err != nil {
 				return err
 			}
-			if err := p.mark(j); err != nil {
+			if err := p.next(ctx, j, hp.n, prog); err != nil {
 				return err
 			}
-			if j > 0 {
-				if err := p.wait(j - 1); err != nil {
-					return err
-				}
-				prog.add(last)
-			}
-			if err := ctx.Err(); err != nil {
-				return err
-			}
-			j, last = j+1, hp.n
+			j++
 		}
 	}
-	if err := st.Synchronize(); err != nil {
-		return err
-	}
-	prog.add(last)
-	return nil
+	return p.finish(prog)
 }
 
 // ring takes n staging slots of size bytes for File units to move through.
