@@ -175,8 +175,7 @@ func (s *Set) Save(ctx context.Context, w io.Writer, tags ...string) error {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	defer s.publish()
-	s.reap()
-	s.pool.settle() // slots a failed call held are pooled again once their device is idle
+	s.catchUp()
 	es, err := s.selectEntries("save", tags)
 	if err != nil {
 		return err

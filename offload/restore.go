@@ -25,8 +25,7 @@ func (s *Set) Restore(ctx context.Context, r io.Reader) error {
 	if s.own.IsClosed() {
 		return fmt.Errorf("offload: restore: %w", ErrClosed)
 	}
-	s.reap()
-	s.pool.settle() // slots a failed call held are pooled again once their device is idle
+	s.catchUp()
 	hdr, err := readHeader(r)
 	if err != nil {
 		return err
