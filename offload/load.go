@@ -146,15 +146,9 @@ func (s *Set) fill(ctx context.Context, r io.Reader, sys *vmm.System, ce ckEntry
 		if err != nil {
 			return err
 		}
-		stage, err := s.staging(ctx, a.Device())
-		if err != nil {
-			return err
-		}
-		err = s.fillChunk(r, ce.Tag, i, c, b.Ptr()+driver.DevicePtr(c.Offset), a.Device(), stage, prog)
-		if errors.Is(err, errNotDrained) {
-			return err // a copy from stage may still be queued: held out of the pool (copyWait)
-		}
-		s.pool.put(stage) // no copy from it is left running: copyWait waits or drains
+		err = s.withStaging(ctx, a.Device(), func(stage *slot) error {
+			return s.fillChunk(r, ce.Tag, i, c, b.Ptr()+driver.DevicePtr(c.Offset), a.Device(), stage, prog)
+		})
 		if err != nil {
 			return err
 		}
