@@ -175,8 +175,7 @@ func (s *Set) Save(ctx context.Context, w io.Writer, tags ...string) error {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	defer s.publish()
-	s.reap()
-	s.pool.settle() // slots a failed call held are pooled again once their device is idle
+	s.catchUp()
 	es, err := s.selectEntries("save", tags)
 	if err != nil {
 		return err
@@ -245,32 +244,23 @@ func (s *Set) saveChunks(ctx context.Context, w io.Writer, refs []chunkRef) erro
 	for _, r := range refs {
 		prog.total += r.state().size
 	}
-	stage, err := s.staging(ctx, refs[0].state().alloc.Device())
-	if err != nil {
-		return err
-	}
-	for _, r := range refs {
-		if !r.e.asleep {
-			err = s.saveAwake(ctx, w, r, stage, prog)
-		} else if err = saveBackup(ctx, w, r.state(), prog); err != nil {
-			err = fmt.Errorf("write %s chunk %d: %w", r.e, r.i, err)
+	return s.withStaging(ctx, refs[0].state().alloc.Device(), func(stage *slot) error {
+		for _, r := range refs {
+			if !r.e.asleep {
+				if err := s.saveAwake(ctx, w, r, stage, prog); err != nil {
+					return err
+				}
+			} else if err := saveBackup(ctx, w, r.state(), prog); err != nil {
+				return fmt.Errorf("write %s chunk %d: %w", r.e, r.i, err)
+			}
 		}
-		if errors.Is(err, errNotDrained) {
-			// A copy may still write into stage: the System frees it once the device is idle.
-			return errors.Join(err, s.quarantine(r.state().alloc.Device(), stage))
-		}
-		if err != nil {
-			s.pool.put(stage) // every copy into it has finished: saveAwake waits or drains
-			return err
-		}
-	}
-	s.pool.put(stage)
-	return nil
+		return nil
+	})
 }
 
 // saveAwake copies an awake chunk to w through stage, a slot at a time, then writes its checksum.
-// No copy is left running into stage when it returns, even on failure (copyWait drains), unless
-// the error wraps errNotDrained.
+// No copy is left running into stage when it returns, even on failure (copyWait), unless the error
+// wraps errNotDrained: then stage is held out of the pool.
 func (s *Set) saveAwake(ctx context.Context, w io.Writer, r chunkRef, stage *slot, prog *progress) error {
 	cs := r.state()
 	d := cs.alloc.Device()
@@ -281,7 +271,7 @@ func (s *Set) saveAwake(ctx context.Context, w io.Writer, r chunkRef, stage *slo
 	crc := uint32(0)
 	for off := uint64(0); off < cs.size; off += stage.size {
 		n := min(stage.size, cs.size-off)
-		if err := copyWait(d, stage.ptr(0), cs.ptr+ptrOff(off), n, st); err != nil {
+		if err := s.copyWait(stage.ptr(0), cs.ptr+ptrOff(off), n, st, stage); err != nil {
 			return fmt.Errorf("copy %s chunk %d: %w", r.e, r.i, err)
 		}
 		crc = crc32.Update(crc, castagnoli, stage.mem[:n])
@@ -322,11 +312,21 @@ func saveBackup(ctx context.Context, w io.Writer, cs *chunkState, prog *progress
 	return err
 }
 
-// staging takes one slot of the set's slot size from the pool (pinning one if needed).
-func (s *Set) staging(ctx context.Context, d *vmm.Device) (*slot, error) {
+// withStaging runs fn with a slot of the set's slot size taken from the pool (pinning one if needed)
+// and pools it again after, unless fn's error wraps errNotDrained: a copy may then still use the
+// slot, which copyWait has held out of the pool.
+func (s *Set) withStaging(ctx context.Context, d *vmm.Device, fn func(stage *slot) error) error {
 	f := s.pool.feed(ctx, d, 1, s.opts.SlotSize)
-	defer f.finish()
-	return f.take()
+	stage, err := f.take()
+	f.finish()
+	if err != nil {
+		return err
+	}
+	err = fn(stage)
+	if !errors.Is(err, errNotDrained) {
+		s.pool.put(stage) // every copy into or from it has finished: copyWait waits or drains
+	}
+	return err
 }
 
 // readHeader reads and checks a checkpoint's header, the tags (not empty, none twice) and the

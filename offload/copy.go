@@ -22,8 +22,9 @@ type hostPiece struct {
 // events block: a waiting goroutine sleeps instead of spinning on a core that a first sleep's
 // populating goroutines need.
 type pipe struct {
-	st *vmm.Stream
-	ev [2]*vmm.Event
+	st   *vmm.Stream
+	ev   [2]*vmm.Event
+	last uint64 // the bytes of the last batch marked, counted once it is done
 }
 
 func newPipe(st *vmm.Stream) (*pipe, error) {
@@ -38,8 +39,30 @@ func newPipe(st *vmm.Stream) (*pipe, error) {
 	return p, nil
 }
 
-func (p *pipe) mark(j int) error { return p.ev[j%2].Record(p.st) }
-func (p *pipe) wait(j int) error { return p.ev[j%2].Synchronize() }
+// next marks batch j of n bytes, just queued, then waits for batch j-1 and counts its bytes in
+// prog. It returns ctx's error, so that a cancelled call stops between batches.
+func (p *pipe) next(ctx context.Context, j int, n uint64, prog *progress) error {
+	if err := p.ev[j%2].Record(p.st); err != nil {
+		return err
+	}
+	if j > 0 {
+		if err := p.ev[(j-1)%2].Synchronize(); err != nil {
+			return err
+		}
+		prog.add(p.last)
+	}
+	p.last = n
+	return ctx.Err()
+}
+
+// finish waits for the last batch and counts its bytes in prog.
+func (p *pipe) finish(prog *progress) error {
+	if err := p.st.Synchronize(); err != nil {
+		return err
+	}
+	prog.add(p.last)
+	return nil
+}
 
 func (p *pipe) close() error { return errors.Join(closeRetry(p.ev[0]), closeRetry(p.ev[1])) }
 
@@ -54,9 +77,9 @@ func closeRetry(c interface{ Close() error }) error {
 	return nil
 }
 
-// errNotDrained marks a failure after which the copy stream could not be drained either: copies may
-// still be queued on it, so the memory they read or write must be neither reused nor freed until
-// the device has been synchronized (see Set.quarantine and keepBusy).
+// errNotDrained marks a failure after which the copy stream could not be drained, nor its device
+// synchronized: copies may still be queued on it, so the memory they read or write must be neither
+// reused nor freed until the device has been synchronized (see Set.drainOrHold and keepBusy).
 var errNotDrained = errors.New("the copy stream could not be drained, so copies may still be queued")
 
 // drain waits for the stream after a failure, so that no copy still runs into memory about to be
@@ -71,20 +94,36 @@ func drain(st *vmm.Stream) error {
 	return nil
 }
 
+// drainOrHold is what a call does after a failure on st, before it pools, reuses or frees the
+// memory st's copies use, and before it returns: it drains st and, when that fails, synchronizes
+// st's device, so that no copy is left queued (one still reading a buffer that the caller unmaps
+// next would fault). It returns nil when st drained, and an error saying so when only the device
+// synchronized. When both fail it holds slots (those the copies may use) out of the pool until
+// the device synchronizes (the set's next call pools them, its Close hands them to the System:
+// see hostPool.hold) and returns an error wrapping errNotDrained: the caller must then leave
+// slots alone, and keep any device memory the copies use from being freed.
+func (s *Set) drainOrHold(st *vmm.Stream, slots ...*slot) error {
+	derr := drain(st)
+	if derr == nil {
+		return nil
+	}
+	d := st.Device()
+	serr := d.Synchronize()
+	if serr == nil {
+		return fmt.Errorf("offload: the copy stream could not be drained, but %s was synchronized, so no copy is left queued", d)
+	}
+	return errors.Join(derr, fmt.Errorf("offload: synchronizing %s failed too: %w", d, serr), s.pool.hold(slots, d))
+}
+
 // copyWait copies n bytes from src to dst on st and waits for the copy. When either fails it
-// drains st before returning, so that the caller may reuse or pool the memory at once, unless the
-// error wraps errNotDrained.
-func copyWait(d *vmm.Device, dst, src driver.DevicePtr, n uint64, st *vmm.Stream) error {
-	if err := errors.Join(d.CopyAsync(dst, src, n, st), st.Synchronize()); err != nil {
-		return errors.Join(err, drain(st))
+// leaves no copy queued (drainOrHold), so that the caller may pool stage at once, unless the error
+// wraps errNotDrained: then stage is held out of the pool.
+func (s *Set) copyWait(dst, src driver.DevicePtr, n uint64, st *vmm.Stream, stage *slot) error {
+	if err := errors.Join(st.Device().CopyAsync(dst, src, n, st), st.Synchronize()); err != nil {
+		return errors.Join(err, s.drainOrHold(st, stage))
 	}
 	return nil
 }
-
-// quarantine keeps slots that copies queued on d may still use (after errNotDrained) out of the
-// pool: the set's next call puts them back once d synchronizes, and Close hands what is left to
-// the System (see hostPool.hold). The error says so, for the caller's error message.
-func (s *Set) quarantine(d *vmm.Device, slots ...*slot) error { return s.pool.hold(slots, d) }
 
 // keepOut copies a Keep unit's chunks into slots taken from the pool (pinned on the way when the
 // pool has too few), recording where each piece went; share devices do the same at once.
@@ -100,18 +139,16 @@ func (s *Set) keepOut(ctx context.Context, st *vmm.Stream, u *unit, share int, p
 	defer func() {
 		f.finish() // first: no slot's copy is queued after the drain
 		if err != nil {
-			if derr := drain(st); derr != nil {
-				// Copies may still run into these slots, and into those the pinning goroutines
-				// queued copies into but that were never taken: held until the device
-				// synchronizes, not pooled.
-				err = errors.Join(err, derr, s.quarantine(u.dev, append(slices.Clip(u.slots), f.spent...)...))
+			// Copies may still run into these slots, and into those the pinning goroutines queued
+			// copies into but that were never taken: held if the stream cannot be drained.
+			herr := s.drainOrHold(st, append(slices.Clip(u.slots), f.spent...)...)
+			err = errors.Join(err, herr)
+			if errors.Is(herr, errNotDrained) {
 				clear(u.slots)
 				return
 			}
 		}
-		if len(f.spent) > 0 { // the stream is drained (or the copies finished): they are free again
-			s.pool.put(f.spent...)
-		}
+		s.pool.put(f.spent...) // no copy into them is left queued: free again
 	}()
 	for j := 0; j < u.nSlots; j++ {
 		sl, queued, err := f.takeUsed()
@@ -124,24 +161,11 @@ func (s *Set) keepOut(ctx context.Context, st *vmm.Stream, u *unit, share int, p
 				return err
 			}
 		}
-		if err := p.mark(j); err != nil {
-			return err
-		}
-		if j > 0 {
-			if err := p.wait(j - 1); err != nil {
-				return err
-			}
-			prog.add(u.used(j - 1))
-		}
-		if err := ctx.Err(); err != nil {
+		if err := p.next(ctx, j, u.used(j), prog); err != nil {
 			return err
 		}
 	}
-	if err := st.Synchronize(); err != nil {
-		return err
-	}
-	prog.add(u.used(u.nSlots - 1))
-	return nil
+	return p.finish(prog)
 }
 
 // copyOut queues the copies of the unit's bytes that slot j backs up into sl.
@@ -155,7 +179,10 @@ func (u *unit) copyOut(j int, sl *slot, st *vmm.Stream) error {
 }
 
 // keepIn recreates Keep chunks (recreate) and copies them back from their backup pieces, two
-// pieces in flight: chunk k+1 is recreated while chunk k's copies run.
+// pieces in flight: chunk k+1 is recreated while chunk k's copies run. On failure it only drains
+// st: the backup slots stay the entries', and when the drain fails, the Wake's undo
+// (resleepBusy) synchronizes the devices itself once every device has stopped, since it decides
+// by device which chunks to release at once and which backups copies may still read.
 func keepIn(ctx context.Context, st *vmm.Stream, refs []chunkRef, recreate func(chunkRef) error, prog *progress) (err error) {
 	p, err := newPipe(st)
 	if err != nil {
@@ -169,7 +196,6 @@ func keepIn(ctx context.Context, st *vmm.Stream, refs []chunkRef, recreate func(
 	}()
 	d := st.Device()
 	j := 0
-	var last uint64
 	for _, r := range refs {
 		if err := recreate(r); err != nil {
 			return err
@@ -179,26 +205,13 @@ func keepIn(ctx context.Context, st *vmm.Stream, refs []chunkRef, recreate func(
 			if err := d.CopyAsync(cs.ptr+ptrOff(hp.off), hp.slot.ptr(hp.slotOff), hp.n, st); err != nil {
 				return err
 			}
-			if err := p.mark(j); err != nil {
+			if err := p.next(ctx, j, hp.n, prog); err != nil {
 				return err
 			}
-			if j > 0 {
-				if err := p.wait(j - 1); err != nil {
-					return err
-				}
-				prog.add(last)
-			}
-			if err := ctx.Err(); err != nil {
-				return err
-			}
-			j, last = j+1, hp.n
+			j++
 		}
 	}
-	if err := st.Synchronize(); err != nil {
-		return err
-	}
-	prog.add(last)
-	return nil
+	return p.finish(prog)
 }
 
 // ring takes n staging slots of size bytes for File units to move through.

@@ -3,6 +3,8 @@ package offload_test
 import (
 	"bytes"
 	"encoding/json"
+	"errors"
+	"os"
 	"testing"
 
 	"github.com/stretchr/testify/require"
@@ -29,13 +31,14 @@ func failDrain(b *testutil.Backend) {
 	}
 }
 
-// TestSaveUndrainedSlotStaysOutOfPool: a Save whose wait and drain both fail holds its staging slot
-// out of the pool until the device synchronizes (the set's next call), so the copy still queued
-// into it cannot overwrite a later sleep's backup.
+// TestSaveUndrainedSlotStaysOutOfPool: a Save whose wait, drain and device synchronization all
+// fail holds its staging slot out of the pool until the device synchronizes (the set's next call),
+// so the copy still queued into it cannot overwrite a later sleep's backup.
 func TestSaveUndrainedSlotStaysOutOfPool(t *testing.T) {
 	testutil.Run(t, func(t *testing.T, b *testutil.Backend) {
 		f := newTwoDeviceFixture(t, b)
 		failWaitAndDrain(b)
+		b.Sim.FailNth("cuCtxSynchronize", 1, driver.ErrorUnknown) // after the drain
 		err := f.set.Save(bg, &bytes.Buffer{}, "v")
 		require.ErrorIs(t, err, driver.ErrorUnknown)
 		require.ErrorContains(t, err, "held out of the pool")
@@ -84,14 +87,15 @@ func TestRestoreUndrainedSynchronizesDevice(t *testing.T) {
 }
 
 // TestSleepUndrainedHoldsSlotsItsPinningCopiedInto: a first Sleep whose copy into a slot the
-// pinning goroutine queued fails half-way, and whose drain fails too, holds that slot (never taken
-// into the backup) out of the pool until the device synchronizes, so the copy still queued into it
-// cannot overwrite a later sleep's backup.
+// pinning goroutine queued fails half-way, and whose drain and device synchronization fail too,
+// holds that slot (never taken into the backup) out of the pool until the device synchronizes, so
+// the copy still queued into it cannot overwrite a later sleep's backup.
 func TestSleepUndrainedHoldsSlotsItsPinningCopiedInto(t *testing.T) {
 	testutil.Run(t, func(t *testing.T, b *testutil.Backend) {
 		f := newTwoDeviceFixture(t, b)
 		b.Sim.FailNth("cuMemcpyAsync", 2, driver.ErrorUnknown) // v's second chunk, queued by the pinning goroutine
 		failDrain(b)
+		b.Sim.FailNth("cuCtxSynchronize", 2, driver.ErrorUnknown) // after the drain (the first waits for v's work)
 		err := f.set.Sleep(bg, "v")
 		require.ErrorIs(t, err, driver.ErrorUnknown)
 		require.ErrorContains(t, err, "held out of the pool")
@@ -155,9 +159,9 @@ func TestWakeUndrainedHandsChunksToSystem(t *testing.T) {
 	}
 }
 
-// TestLoadUndrainedFreesNothingUnderQueuedCopy: a Load whose wait and drain both fail frees neither
-// the staging slot nor the buffer a copy may still be queued into before the device synchronizes,
-// so no copy is left reading freed host memory or writing unmapped addresses.
+// TestLoadUndrainedFreesNothingUnderQueuedCopy: a Load whose wait and drain both fail synchronizes
+// the device before it frees the staging slot and the buffer a copy may still be queued into, so
+// no copy is left reading freed host memory or writing unmapped addresses.
 func TestLoadUndrainedFreesNothingUnderQueuedCopy(t *testing.T) {
 	ck := saveTwoBuffers(t)
 	testutil.Run(t, func(t *testing.T, b *testutil.Backend) {
@@ -165,7 +169,8 @@ func TestLoadUndrainedFreesNothingUnderQueuedCopy(t *testing.T) {
 		_, bufs, err := offload.Load(bg, b.Sys, bytes.NewReader(ck), offload.Options{SlotSize: 2 * mib})
 		b.Sim.ClearFaults()
 		require.ErrorIs(t, err, driver.ErrorUnknown)
-		require.ErrorContains(t, err, "held out of the pool")
+		require.ErrorContains(t, err, "was synchronized, so no copy is left queued")
+		require.NotContains(t, err.Error(), "held out of the pool")
 		require.Nil(t, bufs)
 		require.NoError(t, b.Device(t, 0).Synchronize(), "no copy left queued from a freed slot")
 		require.Empty(t, b.Sys.Orphans(), "the device synchronized at once: everything was freed")
@@ -179,7 +184,7 @@ func TestLoadUndrainedHandsSlotAndBufferToSystem(t *testing.T) {
 	ck := saveTwoBuffers(t)
 	testutil.Run(t, func(t *testing.T, b *testutil.Backend) {
 		failWaitAndDrain(b)
-		b.Sim.FailNth("cuCtxSynchronize", 1, driver.ErrorUnknown) // before undoing the buffer
+		b.Sim.FailNth("cuCtxSynchronize", 1, driver.ErrorUnknown) // after the drain
 		b.Sim.FailNth("cuCtxSynchronize", 1, driver.ErrorUnknown) // Set.Close, before pooling the slot
 		_, bufs, err := offload.Load(bg, b.Sys, bytes.NewReader(ck), offload.Options{SlotSize: 2 * mib})
 		b.Sim.ClearFaults()
@@ -357,4 +362,50 @@ func TestSleepReleaseUndoUndrainedKeepsBackup(t *testing.T) {
 		require.NoError(t, f.set.Wake(bg, "k"))
 		requirePattern(t, f.d0, f.k.Ptr(), 4*mib, 81)
 	}, testutil.Devices(2), testutil.SimOnly())
+}
+
+// TestUndrainedCopyOutSynchronizesDevice: a Sleep (to the backup or to a file) or a Save whose
+// wait and drain both fail synchronizes the device before it returns, as Restore, Wake and Load
+// do, so that no copy it queued is left reading the buffer: the caller may unmap the buffer's
+// memory at once (a reservation's mappings do not wait for queued work, as growbuf does), and no
+// copy then reads unmapped addresses. Nothing is held out of the pool: no copy is left to use a slot.
+func TestUndrainedCopyOutSynchronizesDevice(t *testing.T) {
+	failPartWaitAndDrain := func(b *testutil.Backend) {
+		b.Sim.FailNth("cuEventSynchronize", 1, driver.ErrorUnknown) // the wait for the first part
+		failDrain(b)
+	}
+	for name, tc := range map[string]struct {
+		policy offload.Policy
+		fail   func(*testutil.Backend)
+		call   func(*offload.Set) error
+	}{
+		"sleep":         {offload.Keep, failWaitAndDrain, func(s *offload.Set) error { return s.Sleep(bg, "m") }},
+		"sleep to file": {offload.File, failPartWaitAndDrain, func(s *offload.Set) error { return s.Sleep(bg, "m") }},
+		"save":          {offload.Keep, failWaitAndDrain, func(s *offload.Set) error { return s.Save(bg, &bytes.Buffer{}, "m") }},
+	} {
+		t.Run(name, func(t *testing.T) {
+			testutil.Run(t, func(t *testing.T, b *testutil.Backend) {
+				d := b.Device(t, 0)
+				res, err := b.Sys.Reserve(4*mib, vmm.ReserveOptions{})
+				require.NoError(t, err)
+				m, err := res.MapNew(0, 4*mib, d, vmm.AllocOptions{}, vmm.ReadWrite(d))
+				require.NoError(t, err)
+				t.Cleanup(func() { require.NoError(t, errors.Join(m.Close(), res.Close())) })
+				set := newSet(t, b, offload.Options{SlotSize: 4 * mib})
+				file, err := os.CreateTemp(t.TempDir(), "m")
+				require.NoError(t, err)
+				t.Cleanup(func() { file.Close() })
+				require.NoError(t, set.Add("m", offload.Mappings(res), tc.policy, offload.EntryOptions{File: file}))
+				tc.fail(b)
+				err = tc.call(set)
+				b.Sim.ClearFaults()
+				require.ErrorIs(t, err, driver.ErrorUnknown)
+				require.ErrorContains(t, err, "was synchronized, so no copy is left queued")
+				require.NotContains(t, err.Error(), "held out of the pool")
+				require.False(t, set.Asleep("m"))
+				require.NoError(t, errors.Join(m.Close(), res.Close()))
+				require.NoError(t, d.Synchronize(), "no copy left queued from unmapped memory")
+			}, testutil.SimOnly())
+		})
+	}
 }

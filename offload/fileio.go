@@ -146,23 +146,23 @@ func (s *Set) moveFiles(ctx context.Context, st *vmm.Stream, us []*unit, step fu
 	if err != nil {
 		return err
 	}
-	defer func() {
-		if errors.Is(err, errNotDrained) { // copies may still use the ring: the System frees it
-			err = errors.Join(err, s.quarantine(st.Device(), ring...))
-			return
-		}
-		s.pool.put(ring...)
-	}()
 	bufs, err := newStaging(st.Device(), ring, part, nBufs, workers)
 	if err != nil {
+		s.pool.put(ring...)
 		return err
 	}
 	defer func() {
-		if err != nil {
-			err = errors.Join(err, drain(st)) // first: no copy still uses a buffer
+		held := false
+		if err != nil { // first: no copy still uses a buffer, or the ring is held
+			herr := s.drainOrHold(st, ring...)
+			held = errors.Is(herr, errNotDrained)
+			err = errors.Join(err, herr)
 		}
 		for _, b := range bufs {
 			err = errors.Join(err, closeStaging(b))
+		}
+		if !held {
+			s.pool.put(ring...)
 		}
 	}()
 	next := make(chan fileJob, len(jobs))

@@ -46,7 +46,7 @@ type slot struct {
 	region *pinned.Region
 	size   uint64
 
-	closeMu sync.Mutex // close may be retried by the System (hostPool.free, Set.quarantine)
+	closeMu sync.Mutex // close may be retried by the System (hostPool.free, hostPool.handOver)
 	freed   bool
 }
 

@@ -30,8 +30,9 @@ func Load(ctx context.Context, sys *vmm.System, r io.Reader, opts Options) (*Set
 	if err != nil {
 		return nil, nil, err
 	}
-	for _, ce := range hdr.Entries {
-		if _, err := loadPolicy(ce); err != nil {
+	policies := make([]Policy, len(hdr.Entries)) // checked before anything is made
+	for i, ce := range hdr.Entries {
+		if policies[i], err = loadPolicy(ce); err != nil {
 			return nil, nil, err
 		}
 	}
@@ -48,7 +49,7 @@ func Load(ctx context.Context, sys *vmm.System, r io.Reader, opts Options) (*Set
 	for _, ce := range hdr.Entries {
 		prog.total += ce.size()
 	}
-	for _, ce := range hdr.Entries {
+	for i, ce := range hdr.Entries {
 		b, err := reserve(sys, ce)
 		if err != nil {
 			return fail(err)
@@ -63,17 +64,17 @@ func Load(ctx context.Context, sys *vmm.System, r io.Reader, opts Options) (*Set
 			return fail(err)
 		}
 		bufs = append(bufs, b)
-		if err := addLoaded(set, ce, b); err != nil {
+		if err := set.Add(ce.Tag, b, policies[i], EntryOptions{}); err != nil {
 			return fail(err)
 		}
 	}
 	return set, bufs, nil
 }
 
-// keepBusy releases b, which copies queued on its devices may still write into, once those devices
-// synchronize: at once when they do now (undo), else sys's RetryOrphans and Close synchronize them,
-// then close b (unmap, release, address free; a step that fails is retried the next time), and the
-// error says so.
+// keepBusy hands b, which copies queued on its devices may still write into (the device could not
+// be synchronized: see drainOrHold), to sys, whose RetryOrphans and Close synchronize those
+// devices, then close b (unmap, release, address free; a step that fails is retried the next
+// time); the error says so.
 func keepBusy(sys *vmm.System, b *Restored) error {
 	var devs []*vmm.Device
 	for _, c := range b.Chunks() {
@@ -88,9 +89,6 @@ func keepBusy(sys *vmm.System, b *Restored) error {
 			}
 		}
 		return nil
-	}
-	if idle() == nil {
-		return b.undo()
 	}
 	return sys.Keep(fmt.Sprintf("offload: restored buffer %q that copies queued on its devices may still write", b.tag), func() error {
 		if err := idle(); err != nil {
@@ -110,15 +108,6 @@ func loadPolicy(ce ckEntry) (Policy, error) {
 		policy = Keep
 	}
 	return policy, nil
-}
-
-// addLoaded adds a recreated buffer to set under its saved tag and policy (File becomes Keep).
-func addLoaded(set *Set, ce ckEntry, b *Restored) error {
-	policy, err := loadPolicy(ce)
-	if err != nil {
-		return err
-	}
-	return set.Add(ce.Tag, b, policy, EntryOptions{})
 }
 
 // reserve reserves the entry's range, at its saved address when granted. fill maps the chunks as
@@ -157,16 +146,9 @@ func (s *Set) fill(ctx context.Context, r io.Reader, sys *vmm.System, ce ckEntry
 		if err != nil {
 			return err
 		}
-		stage, err := s.staging(ctx, a.Device())
-		if err != nil {
-			return err
-		}
-		err = s.fillChunk(r, ce.Tag, i, c, b.Ptr()+driver.DevicePtr(c.Offset), a.Device(), stage, prog)
-		if errors.Is(err, errNotDrained) {
-			// A copy from stage may still be queued: the System frees it once the device is idle.
-			return errors.Join(err, s.quarantine(a.Device(), stage))
-		}
-		s.pool.put(stage) // no copy from it is left running: fillChunk waits or drains
+		err = s.withStaging(ctx, a.Device(), func(stage *slot) error {
+			return s.fillChunk(r, ce.Tag, i, c, b.Ptr()+driver.DevicePtr(c.Offset), a.Device(), stage, prog)
+		})
 		if err != nil {
 			return err
 		}
@@ -191,7 +173,7 @@ func (s *Set) fillChunk(r io.Reader, tag string, i int, c ckChunk, ptr driver.De
 		if err := crcReader.read(stage.mem[:n], chunkName(tag, i, c)); err != nil {
 			return err
 		}
-		if err := copyWait(d, ptr+driver.DevicePtr(off), stage.ptr(0), n, st); err != nil {
+		if err := s.copyWait(ptr+driver.DevicePtr(off), stage.ptr(0), n, st, stage); err != nil {
 			return fmt.Errorf("offload: load %s: %w", chunkName(tag, i, c), err)
 		}
 		prog.add(n)

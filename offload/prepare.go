@@ -21,8 +21,7 @@ func (s *Set) Prepare(ctx context.Context, tags ...string) error {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	defer s.publish()
-	s.reap()
-	s.pool.settle() // slots a failed call held are pooled again once their device is idle
+	s.catchUp()
 	es, err := s.selectEntries("prepare", tags)
 	if err != nil {
 		return err

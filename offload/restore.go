@@ -25,8 +25,7 @@ func (s *Set) Restore(ctx context.Context, r io.Reader) error {
 	if s.own.IsClosed() {
 		return fmt.Errorf("offload: restore: %w", ErrClosed)
 	}
-	s.reap()
-	s.pool.settle() // slots a failed call held are pooled again once their device is idle
+	s.catchUp()
 	hdr, err := readHeader(r)
 	if err != nil {
 		return err
@@ -63,32 +62,27 @@ func (s *Set) Restore(ctx context.Context, r io.Reader) error {
 	})
 }
 
-// restoreDevice copies the staged units of d to the device and waits. On failure it drains st, so
-// that no copy still reads a slot once the slots go back to the pool. When the drain fails too, it
-// synchronizes d once more; when that fails as well, the units' slots are held out of the pool
-// (quarantine) and cleared from the units, so that none goes back to the pool while a copy from it
-// may still be queued. The error says which.
+// restoreDevice copies the staged units of d to the device and waits. On failure no copy is left
+// queued (drainOrHold) when the slots go back to the pool, unless neither st nor d can be
+// synchronized: then the units' slots are held out of the pool and cleared from the units, and the
+// error says that copies may still write into the buffers.
 func (s *Set) restoreDevice(d *vmm.Device, st *vmm.Stream, us []*unit) (err error) {
 	defer func() {
 		if err == nil {
 			return
 		}
-		if derr := drain(st); derr != nil {
-			// Copies may still write the checkpoint's bytes into the buffers: synchronize the
-			// device once more, so that none is left running when Restore returns.
-			serr := d.Synchronize()
-			if serr == nil {
-				err = errors.Join(err, derr, fmt.Errorf("offload: restore: %s was synchronized, so no copy is left queued", d))
-				return
-			}
-			derr = errors.Join(derr, fmt.Errorf("offload: restore: synchronizing %s failed too, so copies may still write the checkpoint's bytes into the buffers until the set's next call synchronizes it: %w", d, serr))
-			var slots []*slot
+		var slots []*slot
+		for _, u := range us {
+			slots = append(slots, u.slots...)
+		}
+		herr := s.drainOrHold(st, slots...)
+		if errors.Is(herr, errNotDrained) {
+			herr = fmt.Errorf("offload: restore: copies may still write the checkpoint's bytes into the buffers until the set's next call synchronizes %s: %w", d, herr)
 			for _, u := range us {
-				slots = append(slots, u.slots...)
 				clear(u.slots)
 			}
-			err = errors.Join(err, derr, s.quarantine(d, slots...))
 		}
+		err = errors.Join(err, herr)
 	}()
 	for _, u := range us {
 		for _, pc := range u.pieces {

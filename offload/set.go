@@ -401,6 +401,14 @@ func (s *Set) stream(d *vmm.Device) (*vmm.Stream, error) {
 	return st, nil
 }
 
+// catchUp is how a call that uses the entries or the pool begins (the caller holds s.mu): it drops
+// the entries closed while asleep (reap) and pools again the slots a failed call held, once their
+// device is idle (hostPool.settle).
+func (s *Set) catchUp() {
+	s.reap()
+	s.pool.settle()
+}
+
 // reap drops the sleeping entries whose buffers were closed while asleep and frees their backups;
 // the caller holds s.mu.
 func (s *Set) reap() {

@@ -28,8 +28,7 @@ func (s *Set) Sleep(ctx context.Context, tags ...string) error {
 // sleep is Sleep with s.mu held; n is the GPU memory of the buffers it puts to sleep (0 when none
 // is awake).
 func (s *Set) sleep(ctx context.Context, tags []string) (n uint64, err error) {
-	s.reap()
-	s.pool.settle() // slots a failed call held are pooled again once their device is idle
+	s.catchUp()
 	es, err := s.selectEntries("sleep", tags)
 	if err != nil {
 		return 0, err

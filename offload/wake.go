@@ -25,8 +25,7 @@ func (s *Set) Wake(ctx context.Context, tags ...string) error {
 
 // wake is Wake with s.mu held; n is the GPU memory of the buffers it wakes (0 when none sleeps).
 func (s *Set) wake(ctx context.Context, tags []string) (n uint64, err error) {
-	s.reap()
-	s.pool.settle() // slots a failed call held are pooled again once their device is idle
+	s.catchUp()
 	es, err := s.selectEntries("wake", tags)
 	if err != nil {
 		return 0, err
