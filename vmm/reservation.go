@@ -378,6 +378,12 @@ func (r *Reservation) SetAccess(off, size uint64, access ...Access) error {
 	if err := r.coveredByMappings(off, size); err != nil {
 		return err
 	}
+	return r.setAccessLocked(off, size, access)
+}
+
+// setAccessLocked is cuMemSetAccess over [off, off+size); the caller holds r's lock and has checked
+// that the range is made of whole mappings.
+func (r *Reservation) setAccessLocked(off, size uint64, access []Access) error {
 	ptr := r.ptr + driver.DevicePtr(off)
 	descs := accessDescs(access)
 	if err := r.dev.do(func(api driver.API) error { return api.MemSetAccess(ptr, size, descs) }); err != nil {
@@ -584,15 +590,24 @@ func (m *Mapping) String() string {
 	return fmt.Sprintf("mapping of %s at %#x", units.FormatSize(m.size), uint64(m.Ptr()))
 }
 
-// SetAccess grants access to the whole mapping (cuMemSetAccess).
+// SetAccess grants access to the whole mapping (cuMemSetAccess). It fails with ErrClosed once the
+// mapping is closed or unmapped, even when another mapping has since taken its place.
 func (m *Mapping) SetAccess(access ...Access) error {
 	if m == nil {
 		return fmt.Errorf("vmm: set access: nil mapping: %w", ErrInvalidValue)
 	}
+	if len(access) == 0 {
+		return fmt.Errorf("vmm: set access on %s: no access descriptors: %w", m, ErrInvalidValue)
+	}
+	r := m.res
+	r.own.Lock()
+	defer r.own.Unlock()
+	// Checked under the lock that Close and UnmapRange hold, so that the mapping cannot go between
+	// the check and the call.
 	if m.gone() {
 		return fmt.Errorf("vmm: set access on %s: %w", m, ErrClosed)
 	}
-	return m.res.SetAccess(m.off, m.size, access...)
+	return r.setAccessLocked(m.off, m.size, access)
 }
 
 // Access reads the access flags loc has on the mapping (cuMemGetAccess).
