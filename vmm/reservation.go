@@ -610,8 +610,14 @@ func (m *Mapping) SetAccess(access ...Access) error {
 	return r.setAccessLocked(m.off, m.size, access)
 }
 
-// Access reads the access flags loc has on the mapping (cuMemGetAccess).
+// Access reads the access flags loc has on the mapping (cuMemGetAccess). It fails with ErrClosed
+// once the mapping is closed or unmapped.
 func (m *Mapping) Access(loc driver.Location) (driver.AccessFlags, error) {
+	if m == nil {
+		return 0, fmt.Errorf("vmm: get access: nil mapping: %w", ErrInvalidValue)
+	}
+	m.res.own.Lock()
+	defer m.res.own.Unlock()
 	if m.gone() {
 		return 0, fmt.Errorf("vmm: get access on %s: %w", m, ErrClosed)
 	}

@@ -487,3 +487,38 @@ func TestSetAccessRacesClose(t *testing.T) {
 		}
 	}, testutil.SimOnly())
 }
+
+// Access on a mapping racing its Close (and a new mapping without access made at the same offset
+// right after): Access reads the closed mapping's read-write flags or fails with ErrClosed; it never
+// reads its successor's flags nor fails with the driver's error for an unmapped range.
+func TestAccessRacesClose(t *testing.T) {
+	testutil.Run(t, func(t *testing.T, b *testutil.Backend) {
+		d := b.Device(t, 0)
+		r, err := b.Sys.Reserve(2*mib, vmm.ReserveOptions{})
+		require.NoError(t, err)
+		defer func() { require.NoError(t, r.Close()) }()
+		for range 300 {
+			m, err := r.MapNew(0, 2*mib, d, vmm.AllocOptions{}, vmm.ReadWrite(d))
+			require.NoError(t, err)
+			var next *vmm.Mapping
+			var flags driver.AccessFlags
+			var aerr, cerr, nerr error
+			var wg sync.WaitGroup
+			wg.Go(func() { flags, aerr = m.Access(d.Location()) })
+			wg.Go(func() {
+				if cerr = m.Close(); cerr == nil {
+					next, nerr = r.MapNew(0, 2*mib, d, vmm.AllocOptions{})
+				}
+			})
+			wg.Wait()
+			require.NoError(t, cerr)
+			require.NoError(t, nerr)
+			require.NoError(t, next.Close())
+			if aerr != nil {
+				require.ErrorIs(t, aerr, vmm.ErrClosed)
+				continue
+			}
+			require.Equal(t, driver.AccessReadWrite, flags, "access of a closed mapping read its successor's")
+		}
+	}, testutil.SimOnly())
+}
