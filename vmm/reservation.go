@@ -451,6 +451,9 @@ func (r *Reservation) UnmapRange(off, size uint64) error {
 	if r == nil {
 		return nil
 	}
+	for _, a := range r.allocationsIn(off, size) {
+		a.unblockRelease(1)
+	}
 	r.own.Lock()
 	defer r.own.Unlock()
 	if err := r.checkRange("unmap", off, size); err != nil {
@@ -483,6 +486,23 @@ func (r *Reservation) UnmapRange(off, size uint64) error {
 	return errors.Join(errs...)
 }
 
+// allocationsIn lists the allocations mapped in [off, off+size) (none when the range is not made of
+// whole mappings: UnmapRange refuses it).
+func (r *Reservation) allocationsIn(off, size uint64) []*Allocation {
+	r.own.Lock()
+	defer r.own.Unlock()
+	if r.checkRange("unmap", off, size) != nil || r.coveredByMappings(off, size) != nil {
+		return nil
+	}
+	var as []*Allocation
+	for pos := off; pos < off+size; {
+		m := r.mappings[pos]
+		as = append(as, m.alloc)
+		pos = m.off + m.size
+	}
+	return as
+}
+
 // forget drops an unmapped mapping from the reservation and, when it owns its allocation,
 // releases it; the caller holds r's lock. Should the release fail, the mapping stays open (and still
 // counts as the reservation's child) so that its Close retries the release.
@@ -503,7 +523,7 @@ func (r *Reservation) forget(m *Mapping) error {
 // finish releases an unmapped mapping's allocation when it owns it, then closes the mapping.
 func (m *Mapping) finish() error {
 	if m.ownsAlloc {
-		if err := m.alloc.Close(); err != nil {
+		if err := m.alloc.release(); err != nil {
 			return err
 		}
 	}
@@ -641,6 +661,7 @@ func (m *Mapping) Close() error {
 		return nil
 	}
 	r := m.res
+	m.alloc.unblockRelease(1)
 	r.own.Lock()
 	defer r.own.Unlock()
 	return m.closeLocked()
