@@ -522,3 +522,16 @@ func TestAccessRacesClose(t *testing.T) {
 		}
 	}, testutil.SimOnly())
 }
+
+// A dependent (AddDependent: an object of another package using the device through Raw) makes
+// System.Close fail with ErrInUse, naming its kind, until its done is called; done is idempotent.
+func TestAddDependent(t *testing.T) {
+	_, sys, d := ownSim(t)
+	done := d.AddDependent("test communicator")
+	err := sys.Close()
+	require.ErrorIs(t, err, vmm.ErrInUse)
+	require.ErrorContains(t, err, "1 test communicator(s)")
+	done()
+	done()
+	require.NoError(t, sys.Close())
+}
