@@ -821,11 +821,8 @@ func (b *Buffer) unmapFrom(first int) error {
 			j--
 		}
 		start, end := b.chunks[j].off, last.off+last.size
-		for _, c := range b.chunks[j:] {
-			// A failed move's undo may have left a chunk mapped in a range the System keeps: it
-			// would keep the chunk from being released.
-			_ = b.sys.RetryOrphansMapping(c.m.Allocation())
-		}
+		// A range that a failed move's undo left mapping a chunk, kept by the System, is retried
+		// by UnmapRange before it releases the chunk.
 		if err := seg.res.UnmapRange(start-seg.off, end-start); err != nil {
 			// cuMemUnmap failing changes nothing; a release failing after the unmap leaves those
 			// mappings open with the release pending: Close retries them.

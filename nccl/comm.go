@@ -39,6 +39,10 @@ type Comm struct {
 	abortReq  chan struct{} // closed by Abort: a call in progress aborts at once
 	abortOnce sync.Once
 
+	// dependent ends the communicator's count as its device's dependent (vmm.Device.AddDependent);
+	// called when own closes.
+	dependent func()
+
 	// mu is the communicator's lock, held by every call that uses h (NCCL requires one call at a
 	// time per communicator); it guards the fields below and own's closed flag. Close only tries it.
 	mu      sync.Mutex
@@ -91,7 +95,8 @@ func NewComm(ctx context.Context, lib API, id UniqueID, rank, nranks int, dev *v
 	if err != nil {
 		return nil, errors.Join(err, c.release())
 	}
-	dev.AddDependent(&c.own, "nccl communicator") // System.Close refuses while it is open
+	c.own.Init(nil, "nccl communicator")
+	c.dependent = dev.AddDependent("nccl communicator") // System.Close refuses while it is open
 	lifetime.Track(c, &c.own)
 	return c, nil
 }
@@ -318,6 +323,7 @@ func (c *Comm) Close() error {
 func (c *Comm) markClosed() {
 	if !c.abortLeft {
 		c.own.MarkClosed()
+		c.dependent()
 	}
 }
 

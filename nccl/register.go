@@ -49,8 +49,9 @@ type regPiece struct {
 // registered in one call would have only its first chunk registered; one call per chunk registers
 // them all. Operations use the registrations when each lies inside one chunk: move registered
 // buffers with SendChunks and RecvChunks. Registering a buffer that overlaps one already registered
-// with this communicator fails with ErrAlreadyRegistered; a failure part-way deregisters what was
-// done. The communicator's Close deregisters what is left.
+// with this communicator fails with ErrAlreadyRegistered, and one with a chunk closed or asleep
+// (released to sleep, as offload does) with ErrInvalidValue and vmm.ErrClosed or vmm.ErrAsleep; a
+// failure part-way deregisters what was done. The communicator's Close deregisters what is left.
 func (c *Comm) Register(ctx context.Context, buf vmm.Chunked, opts ...RegisterOptions) (*Registration, error) {
 	var o RegisterOptions
 	if len(opts) > 0 {
@@ -61,12 +62,10 @@ func (c *Comm) Register(ctx context.Context, buf vmm.Chunked, opts ...RegisterOp
 		return nil, err
 	}
 	what := fmt.Sprintf("register %d-chunk buffer at %#x", len(chunks), uint64(buf.Ptr()))
-	// Held before waiting for the communicator, so that no Shrink or Close frees a chunk meanwhile;
-	// a chunk freed before its hold is refused. Holds not handed to a piece are released on return.
+	// Held before waiting for the communicator, so that no Shrink, Close or sleep frees a chunk
+	// meanwhile; a chunk freed or asleep before its hold is refused. Holds not handed to a piece are
+	// released on return.
 	holds := make([]func(), len(chunks))
-	for i, ch := range chunks {
-		holds[i] = ch.Allocation.Hold("an NCCL registration")
-	}
 	defer func() {
 		for _, release := range holds {
 			if release != nil {
@@ -75,9 +74,11 @@ func (c *Comm) Register(ctx context.Context, buf vmm.Chunked, opts ...RegisterOp
 		}
 	}()
 	for i, ch := range chunks {
-		if ch.Allocation.Closed() {
-			return nil, fmt.Errorf("nccl: %s: chunk %d (offset %s) was freed meanwhile: %w", what, i, units.FormatSize(ch.Offset), ErrInvalidValue)
+		release, err := ch.Allocation.Hold("an NCCL registration")
+		if err != nil {
+			return nil, fmt.Errorf("nccl: %s: chunk %d (offset %s) has no memory to register: %w: %w", what, i, units.FormatSize(ch.Offset), err, ErrInvalidValue)
 		}
+		holds[i] = release
 	}
 	need, call := VersionRegister, "ncclCommRegister"
 	if o.Window {

@@ -10,6 +10,7 @@ import (
 
 	"github.com/stretchr/testify/require"
 
+	"github.com/cuvmm/cuvmm/driver"
 	"github.com/cuvmm/cuvmm/growbuf"
 	"github.com/cuvmm/cuvmm/internal/testutil"
 	"github.com/cuvmm/cuvmm/ipc"
@@ -359,4 +360,30 @@ func TestRegisterClosedReceivedBuffer(t *testing.T) {
 		require.NoError(t, reg.Close())
 		require.NoError(t, c.Close())
 	}, testutil.SimOnly())
+}
+
+// A buffer whose chunk is asleep (vmm.Allocation.ReleaseAt, as offload does) has no memory there:
+// Register refuses it with vmm.ErrAsleep and registers nothing, rather than holding memory that is
+// gone. Once the chunk is awake again, the buffer registers.
+func TestRegisterAsleepChunk(t *testing.T) {
+	testutil.Run(t, func(t *testing.T, b *testutil.Backend) {
+		dev := b.Device(t, 0)
+		c := soloComm(t, b, library(t, b))
+		defer func() { require.NoError(t, c.Close()) }()
+		buf := buffer(t, dev, 4*mib, 2*mib)
+		ch := buf.Chunks()[1]
+		ptr := buf.Ptr() + driver.DevicePtr(ch.Offset)
+		rw := []vmm.Access{vmm.ReadWrite(dev)}
+		require.NoError(t, ch.Allocation.ReleaseAt(ptr, rw, true, nil))
+
+		reg, err := c.Register(deadline(t, 10*time.Second), buf)
+		require.ErrorIs(t, err, vmm.ErrAsleep)
+		require.ErrorIs(t, err, nccl.ErrInvalidValue)
+		require.NoError(t, reg.Close())
+
+		require.NoError(t, ch.Allocation.RecreateAt(ptr, rw))
+		reg, err = c.Register(deadline(t, 10*time.Second), buf)
+		require.NoError(t, err)
+		require.NoError(t, reg.Close())
+	})
 }

@@ -264,19 +264,36 @@ func (d *Device) Import(f *os.File, size uint64, typ driver.HandleType) (*Alloca
 // undo closes an allocation an operation made and is giving up; when that fails the System keeps it
 // (to retry in its Close) and the error says so.
 func (a *Allocation) undo() error {
-	if err := a.Close(); err != nil {
+	if err := a.release(); err != nil {
 		return errors.Join(fmt.Errorf("undo: %w", err), a.dev.sys.adopt(a.String(), &a.own, a.Close))
 	}
 	return nil
 }
 
 // Close releases the allocation (cuMemRelease). It fails with ErrInUse while the allocation is
-// mapped: close the mappings first. Close is idempotent and safe on nil; when the release fails the
-// allocation stays open and a later Close retries.
+// mapped: close the mappings first. (A range that a failed undo left mapping it, kept by the System,
+// is retried first: see RetryOrphansMapping.) Close is idempotent and safe on nil; when the release
+// fails the allocation stays open and a later Close retries.
 func (a *Allocation) Close() error {
 	if a == nil {
 		return nil
 	}
+	a.unblockRelease(0)
+	return a.release()
+}
+
+// unblockRelease retries freeing the ranges the System keeps that still map a (RetryOrphansMapping)
+// when a has more than mine mappings, so that its release is not refused for a mapping that no
+// caller holds. What still fails stays the System's, listed in Orphans. The caller holds no lock of
+// this package: freeing those ranges takes their reservations' locks.
+func (a *Allocation) unblockRelease(mine int) {
+	if a.mappings.count() > mine {
+		_ = a.dev.sys.RetryOrphansMapping(a)
+	}
+}
+
+// release is Close without unblockRelease, for callers holding a reservation's lock.
+func (a *Allocation) release() error {
 	return a.own.Close("vmm: close "+a.String(), func() error {
 		if n := a.mappings.count(); n > 0 {
 			return fmt.Errorf("vmm: close %s: %d mappings still use it: %w", a, n, ErrInUse)

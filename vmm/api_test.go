@@ -519,3 +519,37 @@ func TestSystemCloseRetriesContextRelease(t *testing.T) {
 	_, err = sys.Device(0)
 	require.ErrorIs(t, err, vmm.ErrClosed)
 }
+
+// An allocation mapped in a second range whose undo failed (the range, still mapping it, is kept by
+// the System) is released by its owner's Close or UnmapRange without the owner knowing of that
+// range: the release retries the System's ranges that still map the allocation first, and nothing
+// is left.
+func TestReleaseRetriesOrphanMappingIt(t *testing.T) {
+	for name, unmap := range map[string]func(r *vmm.Reservation, m *vmm.Mapping) error{
+		"Mapping.Close":          func(_ *vmm.Reservation, m *vmm.Mapping) error { return m.Close() },
+		"Reservation.UnmapRange": func(r *vmm.Reservation, m *vmm.Mapping) error { return r.UnmapRange(0, m.Size()) },
+	} {
+		t.Run(name, func(t *testing.T) {
+			testutil.Run(t, func(t *testing.T, b *testutil.Backend) {
+				d := b.Device(t, 0)
+				r, m := mapFilled(t, d, 2*mib, 4)
+				rw := []vmm.Access{vmm.ReadWrite(d)}
+				specs := []vmm.ChunkSpec{
+					{Offset: 0, Allocation: m.Allocation(), Access: rw},
+					{Offset: 2 * mib, Size: 2 * mib, Device: d, Access: rw},
+				}
+				b.Sim.FailNth("cuMemCreate", 1, driver.ErrorOutOfMemory)
+				b.Sim.FailNth("cuMemUnmap", 1, driver.ErrorUnknown) // the undo's unmap
+				b.Sim.FailNth("cuMemUnmap", 2, driver.ErrorUnknown) // its retry, as the range is freed
+				_, _, err := b.Sys.ReserveChunks(4*mib, vmm.ReserveOptions{}, specs)
+				require.ErrorIs(t, err, driver.ErrOutOfMemory)
+				require.NotEmpty(t, b.Sys.Orphans(), "the second range still maps the allocation")
+
+				require.NoError(t, unmap(r, m), "unmapped and released")
+				require.True(t, m.Allocation().Closed())
+				require.NoError(t, r.Close())
+				require.Empty(t, b.Sys.Orphans())
+			}, testutil.SimOnly())
+		})
+	}
+}

@@ -120,10 +120,16 @@ func (d *Device) do(fn func(api driver.API) error) error {
 // package's methods (System.Close waits for Raw to return).
 func (d *Device) Raw(fn func(api driver.API) error) error { return d.do(fn) }
 
-// AddDependent counts o, of kind (such as "nccl communicator"), as an object of this module that
-// uses the device through Raw, holding something that vmm does not own: until o is marked closed,
-// System.Close fails with an error wrapping ErrInUse that names it, as for the device's own objects.
-func (d *Device) AddDependent(o *lifetime.Owner, kind string) { o.Init(&d.own, kind) }
+// AddDependent counts an object of another package that uses the device through Raw, holding
+// something that vmm does not own (an NCCL communicator, say), as one of the device's objects of
+// kind (such as "nccl communicator") until done is called: until then System.Close fails with an
+// error wrapping ErrInUse that names it, as for the device's own objects. done is idempotent; call it
+// once the object has freed what it holds.
+func (d *Device) AddDependent(kind string) (done func()) {
+	o := new(lifetime.Owner)
+	o.Init(&d.own, kind)
+	return func() { o.Shut() }
+}
 
 // System is the system the device belongs to.
 func (d *Device) System() *System { return d.sys }

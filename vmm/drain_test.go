@@ -47,3 +47,17 @@ func TestNilStreamSynchronize(t *testing.T) {
 	require.ErrorIs(t, s.Synchronize(), vmm.ErrInvalidValue)
 	require.ErrorIs(t, s.Drain(2), vmm.ErrInvalidValue)
 }
+
+// A closed stream cannot be drained: cuStreamDestroy lets the work queued on it run on, and nothing
+// can wait for that stream any more. Drain says both: ErrNotDrained, so that callers keep the memory
+// that work may use (offload's drain returns nil for any other error), and ErrClosed, for why.
+func TestDrainClosedStream(t *testing.T) {
+	testutil.Run(t, func(t *testing.T, b *testutil.Backend) {
+		s, err := b.Device(t, 0).CreateStream(vmm.StreamOptions{})
+		require.NoError(t, err)
+		require.NoError(t, s.Close())
+		err = s.Drain(vmm.DrainAttempts)
+		require.ErrorIs(t, err, vmm.ErrNotDrained)
+		require.ErrorIs(t, err, vmm.ErrClosed)
+	})
+}

@@ -84,7 +84,8 @@ func TestHoldAndStats(t *testing.T) {
 		r.SetKind("test")
 		m, err := r.MapNew(0, 2*mib, d, vmm.AllocOptions{}, vmm.ReadWrite(d))
 		require.NoError(t, err)
-		release := m.Allocation().Hold("a test")
+		release, err := m.Allocation().Hold("a test")
+		require.NoError(t, err)
 		err = m.Close()
 		require.ErrorIs(t, err, vmm.ErrInUse)
 		require.ErrorContains(t, err, "held by a test")
@@ -151,5 +152,34 @@ func TestBlockingEvent(t *testing.T) {
 		require.Error(t, err, "a blocking event has no timing")
 		require.NoError(t, e.Close())
 		require.ErrorIs(t, e.Synchronize(), vmm.ErrClosed)
+	})
+}
+
+// Hold refuses an allocation with no memory to hold: a closed one (ErrClosed) and one asleep
+// (ErrAsleep); the allocation is not held after either, and holds again once awake.
+func TestHoldRefusesClosedAndAsleep(t *testing.T) {
+	testutil.Run(t, func(t *testing.T, b *testutil.Backend) {
+		d := b.Device(t, 0)
+		a, err := d.Allocate(2*mib, vmm.AllocOptions{})
+		require.NoError(t, err)
+		require.NoError(t, a.Close())
+		release, err := a.Hold("a test")
+		require.ErrorIs(t, err, vmm.ErrClosed)
+		require.Nil(t, release)
+
+		r, m := mapFilled(t, d, 2*mib, 5)
+		defer func() { require.NoError(t, r.Close()) }()
+		defer func() { require.NoError(t, m.Close()) }()
+		rw := []vmm.Access{vmm.ReadWrite(d)}
+		require.NoError(t, m.Allocation().ReleaseAt(m.Ptr(), rw, true, nil))
+		release, err = m.Allocation().Hold("a test")
+		require.ErrorIs(t, err, vmm.ErrAsleep)
+		require.ErrorContains(t, err, "for a test")
+		require.Nil(t, release)
+		require.NoError(t, m.Allocation().RecreateAt(m.Ptr(), rw), "not held: it wakes")
+		release, err = m.Allocation().Hold("a test")
+		require.NoError(t, err)
+		require.ErrorIs(t, m.Close(), vmm.ErrInUse)
+		release()
 	})
 }

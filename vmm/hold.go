@@ -15,9 +15,24 @@ type holdCount struct {
 
 // Hold marks the allocation as used by something outside vmm (by names it, for example "an NCCL
 // registration") until the returned release is called: until then, closing the allocation or any
-// mapping of it fails with an error wrapping ErrInUse, so the memory cannot vanish under the holder.
-// Holds nest; release is idempotent.
-func (a *Allocation) Hold(by string) (release func()) {
+// mapping of it, or releasing it to sleep (ReleaseAt), fails with an error wrapping ErrInUse, so the
+// memory cannot vanish under the holder. Hold refuses an allocation that has no memory to hold: a
+// closed one with ErrClosed, one asleep with ErrAsleep; release is then nil. Holds nest; release is
+// idempotent.
+func (a *Allocation) Hold(by string) (release func(), err error) {
+	if err := a.check("hold for " + by); err != nil {
+		return nil, err
+	}
+	// Under the allocation's lock, which Close and ReleaseAt hold while they check for holds: the
+	// allocation is either refused here or held before they look.
+	a.own.Lock()
+	defer a.own.Unlock()
+	switch {
+	case a.own.Closed():
+		return nil, fmt.Errorf("vmm: hold %s for %s: %w", a, by, ErrClosed)
+	case a.sleep.asleep:
+		return nil, fmt.Errorf("vmm: hold %s for %s: %w", a, by, ErrAsleep)
+	}
 	h := &a.hold
 	h.mu.Lock()
 	h.n++
@@ -30,7 +45,7 @@ func (a *Allocation) Hold(by string) (release func()) {
 			h.n--
 			h.mu.Unlock()
 		})
-	}
+	}, nil
 }
 
 // checkHeld fails when a is held.

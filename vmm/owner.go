@@ -106,8 +106,9 @@ func (s *System) retryIn(lo, hi driver.DevicePtr) error {
 
 // RetryOrphansMapping retries freeing the orphaned reservations (see Orphans) in which a is still
 // mapped: a failed undo that could not unmap a from a new range keeps a from being released until
-// that range goes, so an owner about to release a calls this first. It returns the errors of those
-// that still fail.
+// that range goes. Allocation.Close, Mapping.Close and Reservation.UnmapRange call it before they
+// release a, so owners need not; it remains for a caller that wants the errors of those that still
+// fail, which it returns.
 func (s *System) RetryOrphansMapping(a *Allocation) error {
 	if s == nil || a == nil {
 		return nil

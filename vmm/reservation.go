@@ -378,6 +378,12 @@ func (r *Reservation) SetAccess(off, size uint64, access ...Access) error {
 	if err := r.coveredByMappings(off, size); err != nil {
 		return err
 	}
+	return r.setAccessLocked(off, size, access)
+}
+
+// setAccessLocked is cuMemSetAccess over [off, off+size); the caller holds r's lock and has checked
+// that the range is made of whole mappings.
+func (r *Reservation) setAccessLocked(off, size uint64, access []Access) error {
 	ptr := r.ptr + driver.DevicePtr(off)
 	descs := accessDescs(access)
 	if err := r.dev.do(func(api driver.API) error { return api.MemSetAccess(ptr, size, descs) }); err != nil {
@@ -445,6 +451,9 @@ func (r *Reservation) UnmapRange(off, size uint64) error {
 	if r == nil {
 		return nil
 	}
+	for _, a := range r.allocationsIn(off, size) {
+		a.unblockRelease(1)
+	}
 	r.own.Lock()
 	defer r.own.Unlock()
 	if err := r.checkRange("unmap", off, size); err != nil {
@@ -477,6 +486,23 @@ func (r *Reservation) UnmapRange(off, size uint64) error {
 	return errors.Join(errs...)
 }
 
+// allocationsIn lists the allocations mapped in [off, off+size) (none when the range is not made of
+// whole mappings: UnmapRange refuses it).
+func (r *Reservation) allocationsIn(off, size uint64) []*Allocation {
+	r.own.Lock()
+	defer r.own.Unlock()
+	if r.checkRange("unmap", off, size) != nil || r.coveredByMappings(off, size) != nil {
+		return nil
+	}
+	var as []*Allocation
+	for pos := off; pos < off+size; {
+		m := r.mappings[pos]
+		as = append(as, m.alloc)
+		pos = m.off + m.size
+	}
+	return as
+}
+
 // forget drops an unmapped mapping from the reservation and, when it owns its allocation,
 // releases it; the caller holds r's lock. Should the release fail, the mapping stays open (and still
 // counts as the reservation's child) so that its Close retries the release.
@@ -497,7 +523,7 @@ func (r *Reservation) forget(m *Mapping) error {
 // finish releases an unmapped mapping's allocation when it owns it, then closes the mapping.
 func (m *Mapping) finish() error {
 	if m.ownsAlloc {
-		if err := m.alloc.Close(); err != nil {
+		if err := m.alloc.release(); err != nil {
 			return err
 		}
 	}
@@ -584,19 +610,34 @@ func (m *Mapping) String() string {
 	return fmt.Sprintf("mapping of %s at %#x", units.FormatSize(m.size), uint64(m.Ptr()))
 }
 
-// SetAccess grants access to the whole mapping (cuMemSetAccess).
+// SetAccess grants access to the whole mapping (cuMemSetAccess). It fails with ErrClosed once the
+// mapping is closed or unmapped, even when another mapping has since taken its place.
 func (m *Mapping) SetAccess(access ...Access) error {
 	if m == nil {
 		return fmt.Errorf("vmm: set access: nil mapping: %w", ErrInvalidValue)
 	}
+	if len(access) == 0 {
+		return fmt.Errorf("vmm: set access on %s: no access descriptors: %w", m, ErrInvalidValue)
+	}
+	r := m.res
+	r.own.Lock()
+	defer r.own.Unlock()
+	// Checked under the lock that Close and UnmapRange hold, so that the mapping cannot go between
+	// the check and the call.
 	if m.gone() {
 		return fmt.Errorf("vmm: set access on %s: %w", m, ErrClosed)
 	}
-	return m.res.SetAccess(m.off, m.size, access...)
+	return r.setAccessLocked(m.off, m.size, access)
 }
 
-// Access reads the access flags loc has on the mapping (cuMemGetAccess).
+// Access reads the access flags loc has on the mapping (cuMemGetAccess). It fails with ErrClosed
+// once the mapping is closed or unmapped.
 func (m *Mapping) Access(loc driver.Location) (driver.AccessFlags, error) {
+	if m == nil {
+		return 0, fmt.Errorf("vmm: get access: nil mapping: %w", ErrInvalidValue)
+	}
+	m.res.own.Lock()
+	defer m.res.own.Unlock()
 	if m.gone() {
 		return 0, fmt.Errorf("vmm: get access on %s: %w", m, ErrClosed)
 	}
@@ -620,6 +661,7 @@ func (m *Mapping) Close() error {
 		return nil
 	}
 	r := m.res
+	m.alloc.unblockRelease(1)
 	r.own.Lock()
 	defer r.own.Unlock()
 	return m.closeLocked()

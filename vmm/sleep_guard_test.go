@@ -34,7 +34,8 @@ func TestReleaseAtRefusesWhatIsInUse(t *testing.T) {
 		require.ErrorContains(t, err, "one mapping, at that address")
 		requireFilled(t, d, m2.Ptr(), 2<<20, 7)
 
-		release := m2.Allocation().Hold("an NCCL registration")
+		release, err := m2.Allocation().Hold("an NCCL registration")
+		require.NoError(t, err)
 		err = m2.Allocation().ReleaseAt(m2.Ptr(), rw, false, nil)
 		require.ErrorIs(t, err, vmm.ErrInUse)
 		require.ErrorContains(t, err, "an NCCL registration")

@@ -95,7 +95,9 @@ const DrainAttempts = 3
 // on it is complete; it is what to call after a queued copy failed, before the memory the copy used
 // is freed or reused. A failed synchronization may report a queued operation's error, so one that
 // fails before a later one succeeds is still returned; when every attempt fails the error wraps
-// ErrNotDrained as well as each attempt's error.
+// ErrNotDrained as well as each attempt's error. A closed stream cannot be drained (the work queued
+// before its Close still runs, and only Device.Synchronize can wait for it): its error wraps
+// ErrNotDrained and ErrClosed.
 func (s *Stream) Drain(attempts int) error {
 	if s == nil {
 		return s.Synchronize() // refused: nothing was queued through it to drain

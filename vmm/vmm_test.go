@@ -3,6 +3,7 @@ package vmm_test
 import (
 	"errors"
 	"os"
+	"sync"
 	"testing"
 	"unsafe"
 
@@ -450,4 +451,87 @@ func TestAllocationClosed(t *testing.T) {
 		require.NoError(t, m.Close())
 		require.True(t, owned.Closed(), "closing the owning mapping closes the allocation")
 	})
+}
+
+// SetAccess on a mapping racing its Close (and a new mapping made at the same offset right after):
+// SetAccess either happens before the Close or fails with ErrClosed; it never reports the range as
+// not made of mappings, nor grants access on the mapping that took the closed one's place.
+func TestSetAccessRacesClose(t *testing.T) {
+	testutil.Run(t, func(t *testing.T, b *testutil.Backend) {
+		d := b.Device(t, 0)
+		r, err := b.Sys.Reserve(2*mib, vmm.ReserveOptions{})
+		require.NoError(t, err)
+		defer func() { require.NoError(t, r.Close()) }()
+		for range 300 {
+			m, err := r.MapNew(0, 2*mib, d, vmm.AllocOptions{})
+			require.NoError(t, err)
+			var next *vmm.Mapping
+			var serr, cerr, nerr error
+			var wg sync.WaitGroup
+			wg.Go(func() { serr = m.SetAccess(vmm.ReadWrite(d)) })
+			wg.Go(func() {
+				if cerr = m.Close(); cerr == nil {
+					next, nerr = r.MapNew(0, 2*mib, d, vmm.AllocOptions{})
+				}
+			})
+			wg.Wait()
+			require.NoError(t, cerr)
+			require.NoError(t, nerr)
+			flags, ferr := next.Access(d.Location())
+			require.NoError(t, next.Close())
+			require.NoError(t, ferr)
+			require.Equal(t, driver.AccessNone, flags, "set access of a closed mapping reached its successor")
+			if serr != nil {
+				require.ErrorIs(t, serr, vmm.ErrClosed)
+			}
+		}
+	}, testutil.SimOnly())
+}
+
+// Access on a mapping racing its Close (and a new mapping without access made at the same offset
+// right after): Access reads the closed mapping's read-write flags or fails with ErrClosed; it never
+// reads its successor's flags nor fails with the driver's error for an unmapped range.
+func TestAccessRacesClose(t *testing.T) {
+	testutil.Run(t, func(t *testing.T, b *testutil.Backend) {
+		d := b.Device(t, 0)
+		r, err := b.Sys.Reserve(2*mib, vmm.ReserveOptions{})
+		require.NoError(t, err)
+		defer func() { require.NoError(t, r.Close()) }()
+		for range 300 {
+			m, err := r.MapNew(0, 2*mib, d, vmm.AllocOptions{}, vmm.ReadWrite(d))
+			require.NoError(t, err)
+			var next *vmm.Mapping
+			var flags driver.AccessFlags
+			var aerr, cerr, nerr error
+			var wg sync.WaitGroup
+			wg.Go(func() { flags, aerr = m.Access(d.Location()) })
+			wg.Go(func() {
+				if cerr = m.Close(); cerr == nil {
+					next, nerr = r.MapNew(0, 2*mib, d, vmm.AllocOptions{})
+				}
+			})
+			wg.Wait()
+			require.NoError(t, cerr)
+			require.NoError(t, nerr)
+			require.NoError(t, next.Close())
+			if aerr != nil {
+				require.ErrorIs(t, aerr, vmm.ErrClosed)
+				continue
+			}
+			require.Equal(t, driver.AccessReadWrite, flags, "access of a closed mapping read its successor's")
+		}
+	}, testutil.SimOnly())
+}
+
+// A dependent (AddDependent: an object of another package using the device through Raw) makes
+// System.Close fail with ErrInUse, naming its kind, until its done is called; done is idempotent.
+func TestAddDependent(t *testing.T) {
+	_, sys, d := ownSim(t)
+	done := d.AddDependent("test communicator")
+	err := sys.Close()
+	require.ErrorIs(t, err, vmm.ErrInUse)
+	require.ErrorContains(t, err, "1 test communicator(s)")
+	done()
+	done()
+	require.NoError(t, sys.Close())
 }
