@@ -379,11 +379,16 @@ func (s *Sim) destroyContextObjects(d *device) {
 				delete(s.as.waits, h)
 				delete(s.as.holds, h)
 			}
+			s.streamGone(h)
 		}
 	}
 	for h, e := range s.events {
 		if e.dev == d {
 			delete(s.events, h)
+			if s.as != nil {
+				delete(s.as.events, h)
+			}
+			s.freedEvents.keep(uint64(h), s.cfg.reuse)
 		}
 	}
 	for h, m := range s.modules {

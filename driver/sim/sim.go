@@ -50,6 +50,7 @@ type config struct {
 	ctxMemory   uint64
 	kernels     map[string]KernelFunc
 	deferWork   bool // DeferWork (deferred.go)
+	reuse       bool // ReuseHandles
 }
 
 type attrOverride struct {
@@ -91,6 +92,13 @@ func PeerAccess(a, b int, ok bool) Option {
 // CUDA_ERROR_NOT_PERMITTED, alone or combined with POSIX_FD, as measured on the H200 host.
 func EnableFabric() Option { return func(c *config) { c.fabric = true } }
 
+// ReuseHandles makes cuStreamCreate and cuEventCreate hand out again the value of the stream or event
+// destroyed last, as the driver may (its handles are addresses of its own structures, which it frees
+// and allocates again). A stale handle then names the object made since instead of being refused with
+// CUDA_ERROR_INVALID_HANDLE, which is what code that calls the driver with a handle its owner has
+// destroyed does on a GPU. By default every handle is new.
+func ReuseHandles() Option { return func(c *config) { c.reuse = true } }
+
 // DriverVersion sets what cuDriverGetVersion reports (default 13000).
 func DriverVersion(v int) Option { return func(c *config) { c.version = v } }
 
@@ -128,10 +136,12 @@ type Sim struct {
 	legacy     map[driver.DevicePtr]*legacyAlloc
 	streams    map[driver.Stream]*stream
 	events     map[driver.Event]*event
-	eventsMade map[uint32]int // events created so far, by flags
-	modules    map[driver.Module]*module
-	funcs      map[driver.Function]*function
-	fds        int // file descriptors the simulator holds open
+	// destroyed streams' and events' values, which ReuseHandles hands out again
+	freedStreams, freedEvents freeList
+	eventsMade                map[uint32]int // events created so far, by flags
+	modules                   map[driver.Module]*module
+	funcs                     map[driver.Function]*function
+	fds                       int // file descriptors the simulator holds open
 
 	graphs graphTables // stream captures, graphs and executable graphs (graph.go)
 	as     *asyncState // stream order and the default memory pools (async.go), made on first use

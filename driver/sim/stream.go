@@ -21,6 +21,28 @@ type event struct {
 	at       time.Time
 }
 
+// freeList holds the values of destroyed streams or events, the last destroyed last, for ReuseHandles;
+// the caller holds s.mu.
+type freeList []uint64
+
+// keep remembers h, just destroyed, when reuse is on.
+func (l *freeList) keep(h uint64, reuse bool) {
+	if reuse {
+		*l = append(*l, h)
+	}
+}
+
+// take is the value of the object destroyed last, or a new one.
+func (l *freeList) take() uint64 {
+	n := len(*l)
+	if n == 0 {
+		return newHandle()
+	}
+	h := (*l)[n-1]
+	*l = (*l)[:n-1]
+	return h
+}
+
 // StreamCreate calls cuStreamCreate (flags DEFAULT or NON_BLOCKING).
 func (s *Sim) StreamCreate(flags uint32) (driver.Stream, error) {
 	s.mu.Lock()
@@ -32,7 +54,7 @@ func (s *Sim) StreamCreate(flags uint32) (driver.Stream, error) {
 	if flags&^driver.StreamNonBlocking != 0 {
 		return 0, driver.ErrorInvalidValue
 	}
-	h := driver.Stream(newHandle())
+	h := driver.Stream(s.freedStreams.take())
 	s.streams[h] = &stream{dev: d, flags: flags}
 	return h, nil
 }
@@ -58,7 +80,16 @@ func (s *Sim) StreamDestroy(st driver.Stream) error {
 		delete(s.as.waits, st)
 		delete(s.as.holds, st)
 	}
+	s.streamGone(st)
 	return nil
+}
+
+// streamGone offers the value of st, destroyed, for reuse (ReuseHandles), unless work queued on it
+// still waits to run: the value still names that work's queue here, so it is never given again.
+func (s *Sim) streamGone(st driver.Stream) {
+	if s.as == nil || len(s.as.queue[st]) == 0 {
+		s.freedStreams.keep(uint64(st), s.cfg.reuse)
+	}
 }
 
 // StreamSynchronize calls cuStreamSynchronize; an unknown stream is CUDA_ERROR_INVALID_HANDLE.
@@ -96,7 +127,7 @@ func (s *Sim) EventCreate(flags uint32) (driver.Event, error) {
 		(flags&interprocess != 0 && flags&driver.EventDisableTiming == 0) {
 		return 0, driver.ErrorInvalidValue
 	}
-	h := driver.Event(newHandle())
+	h := driver.Event(s.freedEvents.take())
 	s.events[h] = &event{dev: d, flags: flags}
 	s.eventsMade[flags]++
 	return h, nil
@@ -174,6 +205,7 @@ func (s *Sim) EventDestroy(e driver.Event) error {
 		return driver.ErrorInvalidHandle
 	}
 	delete(s.events, e)
+	s.freedEvents.keep(uint64(e), s.cfg.reuse)
 	if s.as != nil {
 		delete(s.as.events, e)
 	}

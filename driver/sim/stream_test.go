@@ -60,3 +60,60 @@ func TestEvents(t *testing.T) {
 	require.ErrorIs(t, s.EventSynchronize(a), driver.ErrorInvalidHandle)
 	require.ErrorIs(t, s.EventRecord(a, 0), driver.ErrorInvalidHandle)
 }
+
+// With ReuseHandles a destroyed stream's or event's value names the next one made, as the driver's
+// may: a stale handle then reaches the new object instead of being refused. Without it, it is refused.
+func TestReuseHandles(t *testing.T) {
+	s := start(t, ReuseHandles())
+	bind(t, s, 0)
+	st, err := s.StreamCreate(driver.StreamDefault)
+	require.NoError(t, err)
+	require.NoError(t, s.StreamDestroy(st))
+	require.ErrorIs(t, s.StreamSynchronize(st), driver.ErrorInvalidHandle, "not made again yet")
+	next, err := s.StreamCreate(driver.StreamNonBlocking)
+	require.NoError(t, err)
+	require.Equal(t, st, next)
+	require.NoError(t, s.StreamSynchronize(st), "the stale handle names the new stream")
+	require.NoError(t, s.StreamDestroy(next))
+
+	e, err := s.EventCreate(driver.EventDisableTiming)
+	require.NoError(t, err)
+	require.NoError(t, s.EventDestroy(e))
+	again, err := s.EventCreate(driver.EventDefault)
+	require.NoError(t, err)
+	require.Equal(t, e, again)
+	require.NoError(t, s.EventRecord(e, 0), "the stale handle names the new event")
+	require.NoError(t, s.EventDestroy(again))
+
+	plain := start(t)
+	bind(t, plain, 0)
+	a, err := plain.StreamCreate(driver.StreamDefault)
+	require.NoError(t, err)
+	require.NoError(t, plain.StreamDestroy(a))
+	b, err := plain.StreamCreate(driver.StreamDefault)
+	require.NoError(t, err)
+	require.NotEqual(t, a, b, "by default every handle is new")
+	require.ErrorIs(t, plain.StreamSynchronize(a), driver.ErrorInvalidHandle)
+	require.NoError(t, plain.StreamDestroy(b))
+}
+
+// A stream destroyed while work queued on it still waits (a held stream) never gives its value
+// again: it still names that work's queue, which a new stream must not join.
+func TestReuseHandlesKeepsQueuedStream(t *testing.T) {
+	s := start(t, ReuseHandles(), DeferWork())
+	bind(t, s, 0)
+	st, err := s.StreamCreate(driver.StreamDefault)
+	require.NoError(t, err)
+	ptr, err := s.MemAlloc(4096)
+	require.NoError(t, err)
+	require.NoError(t, s.HoldStream(st))
+	require.NoError(t, s.MemsetD8Async(ptr, 7, 4096, st))
+	require.NoError(t, s.StreamDestroy(st))
+	next, err := s.StreamCreate(driver.StreamDefault)
+	require.NoError(t, err)
+	require.NotEqual(t, st, next)
+	require.NoError(t, s.ReleaseStream(st))
+	require.NoError(t, s.CtxSynchronize())
+	require.NoError(t, s.MemFree(ptr))
+	require.NoError(t, s.StreamDestroy(next))
+}
