@@ -29,6 +29,10 @@ type Owner struct {
 	kind   string
 	leak   *leakState
 
+	calls   int        // calls in progress on the object, from Begin to End
+	closing bool       // Close waits for the calls in progress: Begin refuses
+	idle    *sync.Cond // broadcast when calls drops to zero; L is &mu, made by the first Close that waits
+
 	kidsMu sync.Mutex
 	kids   map[string]int
 	nkids  int
@@ -86,6 +90,7 @@ func (o *Owner) MarkClosed() {
 
 // Shut marks the owner closed, taking the lock, and reports whether it was open: for a Close that
 // must look closed to concurrent calls at once and frees afterwards without the lock.
+// It does not wait for calls counted by Begin: an owner that counts calls is closed with Close.
 func (o *Owner) Shut() (wasOpen bool) {
 	o.mu.Lock()
 	defer o.mu.Unlock()
@@ -94,9 +99,50 @@ func (o *Owner) Shut() (wasOpen bool) {
 	return wasOpen
 }
 
+// Begin counts a call in progress on the object, one that passes its driver handle to the driver,
+// until End. It reports false, counting nothing, once the owner is closed or while Close waits for
+// the calls in progress. Close frees only after every counted call has ended, so a call between
+// Begin and End never passes a freed handle (which the driver may since have given to a new object).
+// The owner's lock is not held in between, so calls on one object run concurrently.
+func (o *Owner) Begin() bool {
+	o.mu.Lock()
+	defer o.mu.Unlock()
+	if o.closed || o.closing {
+		return false
+	}
+	o.calls++
+	return true
+}
+
+// End ends a call counted by Begin.
+func (o *Owner) End() {
+	o.mu.Lock()
+	defer o.mu.Unlock()
+	if o.calls--; o.calls == 0 && o.idle != nil {
+		o.idle.Broadcast()
+	}
+}
+
+// waitCalls waits, with the lock released meanwhile, until no call counted by Begin is in progress;
+// new ones are refused until then. The caller holds the lock.
+func (o *Owner) waitCalls() {
+	if o.calls == 0 {
+		return
+	}
+	if o.idle == nil {
+		o.idle = sync.NewCond(&o.mu)
+	}
+	o.closing = true
+	for o.calls > 0 {
+		o.idle.Wait()
+	}
+	o.closing = false // the lock is held from here until free is done
+}
+
 // Close is the common Close: nothing when already closed; an error wrapping ErrInUse, naming what
-// still depends on it, while children remain; otherwise free, and on success the owner is closed. A
-// failed free leaves the owner open, so Close can be retried. what names the object in errors.
+// still depends on it, while children remain; otherwise, once the calls in progress (Begin) have
+// ended, free, and on success the owner is closed. A failed free leaves the owner open, so Close can
+// be retried. what names the object in errors.
 func (o *Owner) Close(what string, free func() error) error {
 	o.mu.Lock()
 	defer o.mu.Unlock()
@@ -105,6 +151,9 @@ func (o *Owner) Close(what string, free func() error) error {
 	}
 	if n := o.Children(); n > 0 {
 		return fmt.Errorf("%s: still owns %s: %w", what, o.Remaining(), ErrInUse)
+	}
+	if o.waitCalls(); o.closed {
+		return nil // closed by another Close while this one waited
 	}
 	if free != nil {
 		if err := free(); err != nil {

@@ -3,6 +3,7 @@ package lifetime
 import (
 	"errors"
 	"testing"
+	"time"
 
 	"github.com/stretchr/testify/require"
 )
@@ -53,4 +54,42 @@ func TestTrackNeedsAKind(t *testing.T) {
 	x.own.Lock()
 	x.own.MarkClosed()
 	x.own.Unlock()
+}
+
+// Close waits for the calls counted by Begin before it frees; while it waits, Begin refuses, and
+// calls on one owner overlap (Begin holds no lock). A failed free leaves the owner open to Begin.
+func TestCloseWaitsForCalls(t *testing.T) {
+	var o Owner
+	require.True(t, o.Begin())
+	require.True(t, o.Begin(), "calls overlap")
+	o.End()
+	freed := make(chan struct{})
+	closed := make(chan error)
+	go func() {
+		closed <- o.Close("object", func() error { close(freed); return nil })
+	}()
+	require.Eventually(t, func() bool {
+		if o.Begin() {
+			o.End()
+			return false
+		}
+		return true
+	}, 5*time.Second, time.Millisecond, "Begin refuses while Close waits")
+	select {
+	case <-freed:
+		t.Fatal("freed while a call was in progress")
+	case <-time.After(20 * time.Millisecond):
+	}
+	o.End()
+	require.NoError(t, <-closed)
+	require.False(t, o.Begin(), "closed")
+	require.NoError(t, o.Close("object", nil))
+
+	var p Owner
+	require.True(t, p.Begin())
+	go func() { time.Sleep(10 * time.Millisecond); p.End() }()
+	require.Error(t, p.Close("object", func() error { return errors.New("boom") }))
+	require.True(t, p.Begin(), "a failed free leaves the owner open")
+	p.End()
+	require.NoError(t, p.Close("object", nil))
 }
