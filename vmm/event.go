@@ -9,9 +9,11 @@ import (
 // Query reports whether the work captured by the event's last Record has completed, without waiting
 // (cuEventQuery). An event never recorded counts as complete.
 func (e *Event) Query() (bool, error) {
-	if err := e.use("query"); err != nil {
+	end, err := e.begin("query")
+	if err != nil {
 		return false, err
 	}
+	defer end()
 	var done bool
 	if err := e.dev.do(func(api driver.API) error {
 		var err error
@@ -26,12 +28,16 @@ func (e *Event) Query() (bool, error) {
 // WaitEvent makes work queued on s from now on wait until e's last Record has completed, without
 // blocking the caller (cuStreamWaitEvent). s nil is the legacy default stream.
 func (s *Stream) WaitEvent(e *Event) error {
-	if err := s.use("wait for event"); err != nil {
+	end, err := s.begin("wait for event")
+	if err != nil {
 		return err
 	}
-	if err := e.use("wait for event"); err != nil {
+	defer end()
+	endE, err := e.begin("wait for event")
+	if err != nil {
 		return err
 	}
+	defer endE()
 	if err := e.dev.do(func(api driver.API) error { return api.StreamWaitEvent(s.Handle(), e.e, 0) }); err != nil {
 		return fmt.Errorf("vmm: device %d: cuStreamWaitEvent: %w", e.dev.ordinal, err)
 	}

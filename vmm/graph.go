@@ -16,9 +16,11 @@ func (s *Stream) BeginCapture() error {
 	if s == nil {
 		return fmt.Errorf("vmm: begin capture: the legacy default stream cannot capture: %w", ErrInvalidValue)
 	}
-	if err := s.use("begin capture"); err != nil {
+	end, err := s.begin("begin capture")
+	if err != nil {
 		return err
 	}
+	defer end()
 	if err := s.dev.do(func(api driver.API) error { return api.StreamBeginCapture(s.s, driver.CaptureModeRelaxed) }); err != nil {
 		return fmt.Errorf("vmm: device %d: cuStreamBeginCapture: %w", s.dev.ordinal, err)
 	}
@@ -31,9 +33,11 @@ func (s *Stream) EndCapture() (*Graph, error) {
 	if s == nil {
 		return nil, fmt.Errorf("vmm: end capture: the legacy default stream cannot capture: %w", ErrInvalidValue)
 	}
-	if err := s.use("end capture"); err != nil {
+	end, err := s.begin("end capture")
+	if err != nil {
 		return nil, err
 	}
+	defer end()
 	g := &Graph{owner: owner{dev: s.dev}}
 	if err := s.dev.create(&g.own, "graph", func(api driver.API) error {
 		var err error
@@ -60,9 +64,11 @@ func (g *Graph) Instantiate() (*GraphExec, error) {
 	if g == nil {
 		return nil, fmt.Errorf("vmm: instantiate: nil graph: %w", ErrInvalidValue)
 	}
-	if err := g.use("instantiate a closed graph"); err != nil {
+	end, err := g.begin("instantiate a closed graph")
+	if err != nil {
 		return nil, err
 	}
+	defer end()
 	e := &GraphExec{owner: owner{dev: g.dev}}
 	if err := g.dev.create(&e.own, "executable graph", func(api driver.API) error {
 		var err error
@@ -75,7 +81,8 @@ func (g *Graph) Instantiate() (*GraphExec, error) {
 	return e, nil
 }
 
-// Close destroys the graph (cuGraphDestroy). Idempotent, nil-safe.
+// Close destroys the graph (cuGraphDestroy), after an Instantiate in progress on another goroutine.
+// Idempotent, nil-safe.
 func (g *Graph) Close() error {
 	if g == nil {
 		return nil
@@ -96,19 +103,24 @@ func (e *GraphExec) Launch(s *Stream) error {
 	if e == nil {
 		return fmt.Errorf("vmm: launch graph: nil graph: %w", ErrInvalidValue)
 	}
-	if err := e.use("launch a closed graph"); err != nil {
+	end, err := e.begin("launch a closed graph")
+	if err != nil {
 		return err
 	}
-	if err := s.use("launch graph"); err != nil {
+	defer end()
+	endS, err := s.begin("launch graph")
+	if err != nil {
 		return err
 	}
+	defer endS()
 	if err := e.dev.do(func(api driver.API) error { return api.GraphLaunch(e.e, s.Handle()) }); err != nil {
 		return fmt.Errorf("vmm: device %d: cuGraphLaunch: %w", e.dev.ordinal, err)
 	}
 	return nil
 }
 
-// Close destroys the executable graph (cuGraphExecDestroy). Idempotent, nil-safe.
+// Close destroys the executable graph (cuGraphExecDestroy), after a Launch in progress on another
+// goroutine. Idempotent, nil-safe.
 func (e *GraphExec) Close() error {
 	if e == nil {
 		return nil
@@ -127,9 +139,11 @@ func (d *Device) LaunchVerify(ptr driver.DevicePtr, size, patternOffset, seed ui
 	if counter == 0 || counter%8 != 0 {
 		return fmt.Errorf("vmm: verify: counter address %#x is not 8-byte aligned: %w", uint64(counter), ErrInvalidValue)
 	}
-	if err := s.use("verify kernel"); err != nil {
+	end, err := s.begin("verify kernel")
+	if err != nil {
 		return err
 	}
+	defer end()
 	ks, err := d.loadKernels()
 	if err != nil {
 		return err

@@ -199,9 +199,11 @@ func (d *Device) LaunchRead(ptr driver.DevicePtr, size uint64, s *Stream) error 
 	if size == 0 || size%16 != 0 || uint64(ptr)%16 != 0 {
 		return fmt.Errorf("vmm: read %s at %#x: address and size must be non-zero multiples of 16: %w", units.FormatSize(size), uint64(ptr), ErrInvalidValue)
 	}
-	if err := s.use("read kernel"); err != nil {
+	end, err := s.begin("read kernel")
+	if err != nil {
 		return err
 	}
+	defer end()
 	ks, err := d.loadKernels()
 	if err != nil {
 		return err

@@ -22,12 +22,16 @@ func (o *owner) Device() *Device { return o.dev }
 
 func (o *owner) lifetimeOwner() *lifetime.Owner { return &o.own }
 
-// use reports ErrClosed, naming op, once the owner is closed.
-func (o *owner) use(op string) error {
-	if o.own.IsClosed() {
-		return fmt.Errorf("vmm: %s: %w", op, ErrClosed)
+// begin counts a call that passes the object's handle to the driver, until end is called; once the
+// owner is closed, or while its Close waits for the calls in progress, it fails with ErrClosed,
+// naming op. Close frees the object only after every such call has ended, so that the handle is
+// neither destroyed during the call nor, by then, the driver's name for an object made since. It
+// holds no lock in between: calls on one object still run concurrently.
+func (o *owner) begin(op string) (end func(), err error) {
+	if !o.own.Begin() {
+		return nil, fmt.Errorf("vmm: %s: %w", op, ErrClosed)
 	}
-	return nil
+	return o.own.End, nil
 }
 
 // close frees the object with free (run with the device's context bound) the first time it succeeds;

@@ -49,7 +49,10 @@ func (d *Device) NewStream(nonBlocking bool) (*Stream, error) {
 	return d.CreateStream(StreamOptions{NonBlocking: nonBlocking})
 }
 
-// Handle is the raw CUstream; nil (*Stream)(nil) means the legacy default stream 0.
+// Handle is the raw CUstream; nil (*Stream)(nil) means the legacy default stream 0. It is valid
+// until Close, which the stream's own methods wait for but a call made with the raw value does not:
+// after Close the driver may give the value to a new stream. Like os.File.Fd, it is the caller's to
+// keep from racing Close.
 func (s *Stream) Handle() driver.Stream {
 	if s == nil {
 		return 0
@@ -57,11 +60,12 @@ func (s *Stream) Handle() driver.Stream {
 	return s.s
 }
 
-func (s *Stream) use(op string) error {
+// begin counts a call that passes the stream's handle to the driver until end (see owner.begin).
+func (s *Stream) begin(op string) (end func(), err error) {
 	if s == nil {
-		return nil // the legacy default stream
+		return func() {}, nil // the legacy default stream
 	}
-	return s.owner.use(op + " on a closed stream")
+	return s.owner.begin(op + " on a closed stream")
 }
 
 // Closed reports whether the stream was closed; the legacy default stream (nil) never is.
@@ -73,9 +77,11 @@ func (s *Stream) Synchronize() error {
 	if s == nil {
 		return fmt.Errorf("vmm: synchronize: the legacy default stream has no device (use Device.Synchronize): %w", ErrInvalidValue)
 	}
-	if err := s.use("synchronize"); err != nil {
+	end, err := s.begin("synchronize")
+	if err != nil {
 		return err
 	}
+	defer end()
 	if err := s.dev.do(func(api driver.API) error { return api.StreamSynchronize(s.s) }); err != nil {
 		return fmt.Errorf("vmm: device %d: cuStreamSynchronize: %w", s.dev.ordinal, err)
 	}
@@ -119,7 +125,9 @@ func (s *Stream) Drain(attempts int) error {
 	return fmt.Errorf("vmm: stream drained on attempt %d: %w", len(errs)+1, errors.Join(errs...))
 }
 
-// Close destroys the stream (cuStreamDestroy); queued work still completes. Idempotent, nil-safe.
+// Close destroys the stream (cuStreamDestroy); queued work still completes. Calls on the stream in
+// progress on other goroutines end first (Close waits for a Synchronize until its work is done), and
+// calls made from then on fail with ErrClosed. Idempotent, nil-safe.
 func (s *Stream) Close() error {
 	if s == nil {
 		return nil
@@ -165,21 +173,26 @@ func (d *Device) newEvent(flags uint32) (*Event, error) {
 	return e, nil
 }
 
-func (e *Event) use(op string) error {
+// begin counts a call that passes the event's handle to the driver until end (see owner.begin).
+func (e *Event) begin(op string) (end func(), err error) {
 	if e == nil {
-		return fmt.Errorf("vmm: %s: nil event: %w", op, ErrInvalidValue)
+		return nil, fmt.Errorf("vmm: %s: nil event: %w", op, ErrInvalidValue)
 	}
-	return e.owner.use(op + " on a closed event")
+	return e.owner.begin(op + " on a closed event")
 }
 
 // Record records the event on s (nil: the default stream) (cuEventRecord).
 func (e *Event) Record(s *Stream) error {
-	if err := e.use("record"); err != nil {
+	end, err := e.begin("record")
+	if err != nil {
 		return err
 	}
-	if err := s.use("record event"); err != nil {
+	defer end()
+	endS, err := s.begin("record event")
+	if err != nil {
 		return err
 	}
+	defer endS()
 	if err := e.dev.do(func(api driver.API) error { return api.EventRecord(e.e, s.Handle()) }); err != nil {
 		return fmt.Errorf("vmm: device %d: cuEventRecord: %w", e.dev.ordinal, err)
 	}
@@ -188,9 +201,11 @@ func (e *Event) Record(s *Stream) error {
 
 // Synchronize waits for the event (cuEventSynchronize).
 func (e *Event) Synchronize() error {
-	if err := e.use("synchronize"); err != nil {
+	end, err := e.begin("synchronize")
+	if err != nil {
 		return err
 	}
+	defer end()
 	if err := e.dev.do(func(api driver.API) error { return api.EventSynchronize(e.e) }); err != nil {
 		return fmt.Errorf("vmm: device %d: cuEventSynchronize: %w", e.dev.ordinal, err)
 	}
@@ -199,12 +214,16 @@ func (e *Event) Synchronize() error {
 
 // Elapsed is the GPU time from start to e, both recorded and complete (cuEventElapsedTime).
 func (e *Event) Elapsed(start *Event) (time.Duration, error) {
-	if err := e.use("elapsed time"); err != nil {
+	end, err := e.begin("elapsed time")
+	if err != nil {
 		return 0, err
 	}
-	if err := start.use("elapsed time"); err != nil {
+	defer end()
+	endStart, err := start.begin("elapsed time")
+	if err != nil {
 		return 0, err
 	}
+	defer endStart()
 	var ms float32
 	if err := e.dev.do(func(api driver.API) error {
 		var err error
@@ -216,7 +235,9 @@ func (e *Event) Elapsed(start *Event) (time.Duration, error) {
 	return time.Duration(float64(ms) * float64(time.Millisecond)), nil
 }
 
-// Close destroys the event. Idempotent, nil-safe.
+// Close destroys the event (cuEventDestroy). Calls on the event in progress on other goroutines end
+// first (Close waits for a Synchronize until the recorded work is done), and calls made from then on
+// fail with ErrClosed. Idempotent, nil-safe.
 func (e *Event) Close() error {
 	if e == nil {
 		return nil
@@ -261,9 +282,11 @@ func (d *Device) Copy(dst, src driver.DevicePtr, n uint64) error {
 // CopyAsync queues a copy of n bytes between unified addresses on s (cuMemcpyAsync). Host memory
 // involved must be pinned and stay valid until the stream passes the copy.
 func (d *Device) CopyAsync(dst, src driver.DevicePtr, n uint64, s *Stream) error {
-	if err := s.use("copy"); err != nil {
+	end, err := s.begin("copy")
+	if err != nil {
 		return err
 	}
+	defer end()
 	if err := d.do(func(api driver.API) error { return api.MemcpyAsync(dst, src, n, s.Handle()) }); err != nil {
 		return fmt.Errorf("vmm: device %d: async copy %s from %#x to %#x: %w", d.ordinal, units.FormatSize(n), uint64(src), uint64(dst), err)
 	}
@@ -273,9 +296,11 @@ func (d *Device) CopyAsync(dst, src driver.DevicePtr, n uint64, s *Stream) error
 // CopyHtoDAsync queues a host-to-device copy on s (cuMemcpyHtoDAsync); src must be pinned memory
 // (never the Go heap) that stays valid until the copy completes.
 func (d *Device) CopyHtoDAsync(dst driver.DevicePtr, src unsafe.Pointer, n uint64, s *Stream) error {
-	if err := s.use("copy"); err != nil {
+	end, err := s.begin("copy")
+	if err != nil {
 		return err
 	}
+	defer end()
 	if err := d.do(func(api driver.API) error { return api.MemcpyHtoDAsync(dst, src, n, s.Handle()) }); err != nil {
 		return fmt.Errorf("vmm: device %d: async copy %s host to device %#x: %w", d.ordinal, units.FormatSize(n), uint64(dst), err)
 	}
@@ -285,9 +310,11 @@ func (d *Device) CopyHtoDAsync(dst driver.DevicePtr, src unsafe.Pointer, n uint6
 // CopyDtoHAsync queues a device-to-host copy on s (cuMemcpyDtoHAsync); dst must be pinned memory
 // that stays valid until the copy completes.
 func (d *Device) CopyDtoHAsync(dst unsafe.Pointer, src driver.DevicePtr, n uint64, s *Stream) error {
-	if err := s.use("copy"); err != nil {
+	end, err := s.begin("copy")
+	if err != nil {
 		return err
 	}
+	defer end()
 	if err := d.do(func(api driver.API) error { return api.MemcpyDtoHAsync(dst, src, n, s.Handle()) }); err != nil {
 		return fmt.Errorf("vmm: device %d: async copy %s device %#x to host: %w", d.ordinal, units.FormatSize(n), uint64(src), err)
 	}

@@ -1,0 +1,130 @@
+package vmm_test
+
+import (
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/require"
+
+	"github.com/cuvmm/cuvmm/driver/sim"
+	"github.com/cuvmm/cuvmm/internal/testutil"
+	"github.com/cuvmm/cuvmm/vmm"
+)
+
+// reuse makes the simulator give a destroyed stream's or event's value to the next one made, as the
+// driver may, so that a call that reaches a closed object's handle acts on its successor.
+var reuse = testutil.SimOptions(sim.ReuseHandles())
+
+// Synchronize in a loop racing the stream's Close, and a new stream (which takes the closed one's
+// handle) beginning a capture right after: every Synchronize either happens before the Close or
+// fails with ErrClosed; none reaches the new stream, where it would invalidate the capture.
+func TestStreamSynchronizeRacesClose(t *testing.T) {
+	testutil.Run(t, func(t *testing.T, b *testutil.Backend) {
+		d := b.Device(t, 0)
+		for range 1000 {
+			s, err := d.CreateStream(vmm.StreamOptions{})
+			require.NoError(t, err)
+			var next *vmm.Stream
+			var serr, cerr, nerr error
+			var wg sync.WaitGroup
+			running := make(chan struct{})
+			wg.Go(func() {
+				for n := 0; serr == nil; n++ {
+					if n == 1 {
+						close(running)
+					}
+					serr = s.Synchronize()
+				}
+			})
+			wg.Go(func() {
+				<-running
+				if cerr = s.Close(); cerr == nil {
+					if next, nerr = d.CreateStream(vmm.StreamOptions{}); nerr == nil {
+						nerr = next.BeginCapture()
+					}
+				}
+			})
+			wg.Wait()
+			require.NoError(t, cerr)
+			require.NoError(t, nerr)
+			g, gerr := next.EndCapture()
+			if gerr == nil {
+				require.NoError(t, g.Close())
+			}
+			require.NoError(t, next.Close())
+			require.NoError(t, gerr, "a synchronize of the closed stream reached its successor")
+			require.ErrorIs(t, serr, vmm.ErrClosed)
+		}
+	}, testutil.SimOnly(), reuse)
+}
+
+// Record and Query in a loop racing the event's Close, and a new event (which takes the closed one's
+// handle) made right after: each call either happens before the Close or fails with ErrClosed; no
+// Record reaches the new event, which stays never recorded (complete) although the stream recorded
+// on is held.
+func TestEventRecordRacesClose(t *testing.T) {
+	testutil.Run(t, func(t *testing.T, b *testutil.Backend) {
+		d := b.Device(t, 0)
+		st, err := d.CreateStream(vmm.StreamOptions{})
+		require.NoError(t, err)
+		defer func() { require.NoError(t, st.Close()) }()
+		require.NoError(t, b.Sim.HoldStream(st.Handle()))
+		defer func() { require.NoError(t, b.Sim.ReleaseStream(st.Handle())) }()
+		for range 1000 {
+			e, err := d.NewEvent(false)
+			require.NoError(t, err)
+			var next *vmm.Event
+			var rerr, cerr, nerr error
+			var wg sync.WaitGroup
+			running := make(chan struct{})
+			wg.Go(func() {
+				for n := 0; rerr == nil; n++ {
+					if n == 1 {
+						close(running)
+					}
+					if rerr = e.Record(st); rerr == nil {
+						_, rerr = e.Query()
+					}
+				}
+			})
+			wg.Go(func() {
+				<-running
+				if cerr = e.Close(); cerr == nil {
+					next, nerr = d.NewEvent(false)
+				}
+			})
+			wg.Wait()
+			require.NoError(t, cerr)
+			require.NoError(t, nerr)
+			done, qerr := next.Query()
+			require.NoError(t, next.Close())
+			require.NoError(t, qerr)
+			require.True(t, done, "a record of the closed event reached its successor")
+			require.ErrorIs(t, rerr, vmm.ErrClosed)
+		}
+	}, testutil.SimOnly(), reuse)
+}
+
+// Close waits for a Synchronize in progress on another goroutine, which waits for the stream's work
+// (here a held stream), and then destroys the stream; both succeed.
+func TestStreamCloseWaitsForSynchronize(t *testing.T) {
+	testutil.Run(t, func(t *testing.T, b *testutil.Backend) {
+		s, err := b.Device(t, 0).CreateStream(vmm.StreamOptions{})
+		require.NoError(t, err)
+		require.NoError(t, b.Sim.HoldStream(s.Handle()))
+		synced, closed := make(chan error), make(chan error)
+		go func() { synced <- s.Synchronize() }()
+		time.Sleep(20 * time.Millisecond) // let Synchronize begin
+		go func() { closed <- s.Close() }()
+		select {
+		case err := <-closed:
+			t.Fatalf("Close returned (%v) while a Synchronize was waiting", err)
+		case <-time.After(50 * time.Millisecond):
+		}
+		require.NoError(t, b.Sim.ReleaseStream(s.Handle()))
+		require.NoError(t, <-synced)
+		require.NoError(t, <-closed)
+		require.ErrorIs(t, s.Synchronize(), vmm.ErrClosed)
+	}, testutil.SimOnly())
+}
