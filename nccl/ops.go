@@ -121,14 +121,17 @@ func (g *Group) Run(ctx context.Context) error {
 	if err := c.use(g.ops[0].String()); err != nil {
 		return err
 	}
-	if err := c.streamsOpen(g.ops); err != nil {
+	release, err := c.holdStreams(g.ops)
+	if err != nil {
 		return err
 	}
 	var callErr error
-	if err := c.dev.Raw(func(driver.API) error {
+	err = c.dev.Raw(func(driver.API) error {
 		callErr = c.issue(g.ops)
 		return nil
-	}); err != nil {
+	})
+	release()
+	if err != nil {
 		return fmt.Errorf("nccl: %v: %w", c, err)
 	}
 	if callErr != nil && !errors.Is(callErr, ErrInProgress) {
@@ -194,7 +197,7 @@ func (c *Comm) invalid(o op, format string, args ...any) error {
 // check refuses, when an operation is queued, what NCCL would take silently or hang on: unknown
 // types and reductions, types newer than the library (a *VersionError), peers out of range, streams of another device, null buffers and byte counts
 // that overflow. Each argument is checked here only; whether the stream is still open is checked
-// once, by Run (streamsOpen), since it may be closed after the operation was queued.
+// once, by Run (holdStreams), since it may be closed after the operation was queued.
 func (c *Comm) check(o op) error {
 	if o.dt.Size() == 0 {
 		return c.invalid(o, "unknown data type %d", int32(o.dt))
@@ -252,15 +255,25 @@ func (c *Comm) checkBuffers(o op) error {
 	return nil
 }
 
-// streamsOpen refuses a group with an operation whose stream is closed (before the operation was
-// queued or since). c.mu is held.
-func (c *Comm) streamsOpen(ops []op) error {
-	for _, o := range ops {
-		if o.stream.Closed() {
-			return c.invalid(o, "the stream is closed")
+// holdStreams refuses a group with an operation whose stream is closed (before the operation was
+// queued or since), and else holds every stream (vmm.Stream.Hold) until release, so that none is
+// destroyed, and its handle given to a new stream, while the operations are queued. c.mu is held.
+func (c *Comm) holdStreams(ops []op) (release func(), err error) {
+	var held []func()
+	release = func() {
+		for _, r := range held {
+			r()
 		}
 	}
-	return nil
+	for _, o := range ops {
+		r, err := o.stream.Hold()
+		if err != nil {
+			release()
+			return nil, c.invalid(o, "the stream is closed")
+		}
+		held = append(held, r)
+	}
+	return release, nil
 }
 
 // maxBytes caps one operation: NCCL's counts are size_t, but byte offsets are computed in signed

@@ -3,6 +3,7 @@ package vmm
 import (
 	"errors"
 	"fmt"
+	"sync"
 	"time"
 	"unsafe"
 
@@ -66,6 +67,21 @@ func (s *Stream) begin(op string) (end func(), err error) {
 		return func() {}, nil // the legacy default stream
 	}
 	return s.owner.begin(op + " on a closed stream")
+}
+
+// Hold keeps the stream's handle valid until release is called: Close waits for every hold to be
+// released (new holds are refused with ErrClosed meanwhile). It is for a caller that passes Handle
+// to the driver or to another library itself, as nccl does when it queues operations, so that a
+// Close on another goroutine cannot destroy the stream, and the driver give its value to a new one,
+// in between. Release promptly: hold only while making the calls, not while their work runs. The
+// legacy default stream (nil) needs no hold. A closed stream is refused with an error wrapping
+// ErrClosed. Calling release again does nothing.
+func (s *Stream) Hold() (release func(), err error) {
+	end, err := s.begin("hold")
+	if err != nil {
+		return nil, err
+	}
+	return sync.OnceFunc(end), nil
 }
 
 // Closed reports whether the stream was closed; the legacy default stream (nil) never is.

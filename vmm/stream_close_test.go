@@ -128,3 +128,32 @@ func TestStreamCloseWaitsForSynchronize(t *testing.T) {
 		require.ErrorIs(t, s.Synchronize(), vmm.ErrClosed)
 	}, testutil.SimOnly())
 }
+
+// A hold keeps Close waiting until it is released (once, however often release is called), and a
+// closed stream refuses a hold; the legacy stream needs none.
+func TestStreamHold(t *testing.T) {
+	testutil.Run(t, func(t *testing.T, b *testutil.Backend) {
+		s, err := b.Device(t, 0).CreateStream(vmm.StreamOptions{})
+		require.NoError(t, err)
+		release, err := s.Hold()
+		require.NoError(t, err)
+		closed := make(chan error)
+		go func() { closed <- s.Close() }()
+		select {
+		case err := <-closed:
+			t.Fatalf("Close returned (%v) while the stream was held", err)
+		case <-time.After(50 * time.Millisecond):
+		}
+		_, err = s.Hold()
+		require.ErrorIs(t, err, vmm.ErrClosed, "a hold while Close waits")
+		release()
+		release()
+		require.NoError(t, <-closed)
+		_, err = s.Hold()
+		require.ErrorIs(t, err, vmm.ErrClosed)
+		var legacy *vmm.Stream
+		release, err = legacy.Hold()
+		require.NoError(t, err)
+		release()
+	})
+}
