@@ -432,5 +432,6 @@ func TestClosedRangeHasNoLen(t *testing.T) {
 		require.Empty(t, c.Chunks())
 		require.Zero(t, c.Len(), "no chunks cover the Len of a closed range")
 		require.Equal(t, uint64(8*mib), r.Size(), "Size still tells what the range was")
+		require.Zero(t, r.Ptr(), "the freed address is not handed out, as growbuf's Ptr after Close")
 	}, testutil.Devices(2))
 }
