@@ -84,10 +84,12 @@ var _ vmm.Chunked = (*Range)(nil)
 // a multiple of it (it is not rounded: an error wrapping vmm.ErrInvalidValue says so).
 //
 // Before anything is allocated, New checks its input (an empty list, a nil device, a device listed
-// twice or from another System, size 0, a size that overflows when rounded or exceeds the holders'
-// total memory: errors wrapping vmm.ErrInvalidValue, or driver.ErrOutOfMemory for the last) and peer
-// capability: every listed device must be able to access every holder's memory
-// (vmm.Device.CanAccessPeer), else the error wraps ErrNoPeerAccess and names the pair.
+// twice or from another System, size 0, HandleTypes with a bit the driver does not define, a size
+// that overflows when rounded or exceeds the holders' total memory: errors wrapping
+// vmm.ErrInvalidValue, or driver.ErrOutOfMemory for the last) and peer capability: every listed
+// device must be able to access every holder's memory (vmm.Device.CanAccessPeer), else the error
+// wraps ErrNoPeerAccess and names the pair. Whether a device supports a defined handle type is the
+// driver's answer when the stripes are created.
 //
 // Then it reserves one address range (cuMemAddressReserve) and, stripe by stripe in offset order,
 // creates the stripe's memory on its holder, maps it and grants access (cuMemCreate, cuMemMap,
@@ -111,6 +113,9 @@ func New(devices []*vmm.Device, size uint64, layout Layout, opts Options) (*Rang
 	names := deviceNames(devices)
 	if size == 0 {
 		return nil, fmt.Errorf("stripe: new range over devices %s: size 0: %w", names, vmm.ErrInvalidValue)
+	}
+	if bad := opts.HandleTypes &^ driver.HandleTypeKnown; bad != 0 {
+		return nil, fmt.Errorf("stripe: new range over devices %s: handle types %s: unknown bits %#x: %w", names, opts.HandleTypes, int32(bad), vmm.ErrInvalidValue)
 	}
 
 	// The granularity: common to the devices that hold or access the range, and to the reservation.
