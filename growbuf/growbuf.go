@@ -181,7 +181,10 @@ type Options struct {
 	// and with the buffer's lock held: it may call Ptr, Len, Cap and Reserved but no other method.
 	OnMove func(old, new driver.DevicePtr)
 	// Stream, if set, is the stream that all work using the buffer runs on: Shrink, a move and Close
-	// synchronize only it. Otherwise they synchronize the owning device and every peer.
+	// synchronize only it. Otherwise they synchronize the owning device and every peer. It must be
+	// an open stream of the owning device or of one of Peers (New refuses others with
+	// vmm.ErrInvalidValue): work on any other device cannot use the buffer, so waiting for it would
+	// not wait for the buffer's work.
 	Stream *vmm.Stream
 }
 
@@ -273,6 +276,9 @@ func New(dev *vmm.Device, opts Options) (*Buffer, error) {
 	}
 	access, syncDevs, err := peerAccess(dev, loc, opts.Peers)
 	if err != nil {
+		return nil, err
+	}
+	if err := checkStream(dev, opts.Stream, syncDevs); err != nil {
 		return nil, err
 	}
 	r, err := sys.Reserve(maxSize, vmm.ReserveOptions{})
@@ -370,6 +376,24 @@ func peerAccess(dev *vmm.Device, loc driver.Location, peers []Peer) ([]vmm.Acces
 		syncDevs = append(syncDevs, p.Device)
 	}
 	return access, syncDevs, nil
+}
+
+// checkStream refuses an Options.Stream that Shrink, a move and Close could not wait on for the
+// buffer's work: a closed one, or one of a device that cannot use the buffer (neither dev nor one of
+// its peers, users; or of another System). Such a wait would pass while the buffer's work is queued.
+func checkStream(dev *vmm.Device, s *vmm.Stream, users []*vmm.Device) error {
+	switch {
+	case s == nil:
+		return nil
+	case s.Closed():
+		return fmt.Errorf("growbuf: new on %s: Options.Stream is a closed stream: %w (%w)", dev, vmm.ErrClosed, vmm.ErrInvalidValue)
+	case s.Device().System() != dev.System():
+		return fmt.Errorf("growbuf: new on %s: Options.Stream belongs to another System: %w", dev, vmm.ErrInvalidValue)
+	case !slices.Contains(users, s.Device()):
+		return fmt.Errorf("growbuf: new on %s: Options.Stream is a stream of device %d, which is neither the buffer's device nor one of its peers: %w",
+			dev, s.Device().Ordinal(), vmm.ErrInvalidValue)
+	}
+	return nil
 }
 
 func normalizePolicy(p ChunkPolicy, gran uint64) (ChunkPolicy, error) {

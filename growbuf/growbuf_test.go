@@ -615,3 +615,54 @@ func TestPeerWithoutAccess(t *testing.T) {
 		require.ErrorContains(t, err, "cannot access")
 	}, testutil.Devices(2), testutil.SimOnly(), testutil.SimOptions(sim.PeerAccess(0, 1, false)))
 }
+
+// A stream of a device that cannot use the buffer (neither its own nor a peer, or of another
+// System) would make Shrink and Close wait for the wrong work, and a closed one cannot be waited
+// for at all: New refuses them before reserving anything. A peer's stream is accepted.
+func TestStreamOfAnotherDevice(t *testing.T) {
+	testutil.Run(t, func(t *testing.T, b *testutil.Backend) {
+		d0, d1, d2 := b.Device(t, 0), b.Device(t, 1), b.Device(t, 2)
+		other := sim.New(sim.Devices(1))
+		defer func() { require.NoError(t, other.Close()) }()
+		sys2, err := vmm.Open(other)
+		require.NoError(t, err)
+		defer func() { require.NoError(t, sys2.Close()) }()
+		foreign, err := sys2.Device(0)
+		require.NoError(t, err)
+		streams := map[string]*vmm.Stream{}
+		for name, d := range map[string]*vmm.Device{"d1": d1, "d2": d2, "foreign": foreign, "closed": d0} {
+			s, err := d.CreateStream(vmm.StreamOptions{})
+			require.NoError(t, err)
+			defer func() { require.NoError(t, s.Close()) }()
+			streams[name] = s
+		}
+		require.NoError(t, streams["closed"].Close())
+		peer := []growbuf.Peer{{Device: d1}}
+		reserves := b.Sim.Calls("cuMemAddressReserve")
+		for _, tc := range []struct {
+			name  string
+			opts  growbuf.Options
+			want  string
+			check error
+		}{
+			{"another device", growbuf.Options{Stream: streams["d2"], Peers: peer}, "stream of device 2, which is neither", vmm.ErrInvalidValue},
+			{"a peer's, no peer", growbuf.Options{Stream: streams["d1"]}, "stream of device 1, which is neither", vmm.ErrInvalidValue},
+			{"another System", growbuf.Options{Stream: streams["foreign"]}, "another System", vmm.ErrInvalidValue},
+			{"closed", growbuf.Options{Stream: streams["closed"]}, "closed stream", vmm.ErrClosed},
+		} {
+			buf, err := growbuf.New(d0, tc.opts)
+			require.ErrorIs(t, err, tc.check, tc.name)
+			require.ErrorIs(t, err, vmm.ErrInvalidValue, tc.name)
+			require.ErrorContains(t, err, tc.want, tc.name)
+			require.Nil(t, buf, tc.name)
+		}
+		require.Equal(t, reserves, b.Sim.Calls("cuMemAddressReserve"), "nothing reserved")
+
+		buf, err := growbuf.New(d0, growbuf.Options{MaxSize: 8 * mib, Stream: streams["d1"], Peers: peer})
+		require.NoError(t, err, "a peer's stream may carry the work on the buffer")
+		require.NoError(t, buf.Grow(4*mib))
+		before := b.Sim.Calls("cuStreamSynchronize")
+		closeBuf(t, buf)
+		require.Equal(t, before+1, b.Sim.Calls("cuStreamSynchronize"), "Close waits for the peer's stream")
+	}, testutil.Devices(3), testutil.SimOnly())
+}

@@ -13,23 +13,26 @@ const (
 	XferPeerScript = "scripts/peers/torch_sendrecv.py"
 )
 
-// PeerCommand is the command line of a peer, python and its script (FindPeerScript), checked
-// before anything is measured: an interpreter that cannot be found is refused, naming --python.
+// PeerCommand is the command line of a peer, python and its script, checked before anything is
+// measured: an interpreter that cannot be found is refused, naming --python. The script is the one
+// given (script, which must exist), else rel under the working directory or under a directory above
+// the executable; one that cannot be found is refused, naming --peer-script or the places tried.
+// Errors wrap ErrInvalidOption.
 func PeerCommand(python, script, rel string) ([]string, error) {
 	if _, err := exec.LookPath(python); err != nil {
 		return nil, fmt.Errorf("--python %s: %w: %w", python, err, ErrInvalidOption)
 	}
-	script, err := FindPeerScript(script, rel)
+	script, err := locatePeerScript(script, rel)
 	if err != nil {
 		return nil, err
 	}
 	return []string{python, script}, nil
 }
 
-// FindPeerScript finds a peer's script before anything is measured: the path given, which must
-// exist, else rel under the working directory or under a directory above the executable. Its
-// error names --peer-script or the places tried, and wraps ErrInvalidOption.
-func FindPeerScript(given, rel string) (string, error) {
+// locatePeerScript finds a peer's script for PeerCommand: the path given, which must exist, else
+// rel under the working directory or under a directory above the executable. Its error names
+// --peer-script or the places tried, and wraps ErrInvalidOption.
+func locatePeerScript(given, rel string) (string, error) {
 	if given != "" {
 		if _, err := os.Stat(given); err != nil {
 			return "", fmt.Errorf("--peer-script %s: %w: %w", given, err, ErrInvalidOption)

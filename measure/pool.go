@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"math"
 	"os"
 	"os/exec"
 	"slices"
@@ -483,13 +484,10 @@ func poolCacheBench(a poolAllocator, s *vmm.Stream, iters int) ([]int64, error) 
 	return lat, s.Synchronize()
 }
 
+// poolPercentile is the q-quantile of latencies in nanoseconds (percentile), rounded to a whole
+// nanosecond.
 func poolPercentile(v []int64, q float64) int64 {
-	if len(v) == 0 {
-		return 0
-	}
-	s := slices.Clone(v)
-	slices.Sort(s)
-	return s[min(len(s)-1, int(q*float64(len(s))))]
+	return int64(math.Round(percentile(v, q)))
 }
 
 // poolTrim measures Trim twice (pages released one after the other, then by the default workers).

@@ -4,7 +4,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"slices"
 	"sync"
 	"time"
 
@@ -318,19 +317,6 @@ func (r *sleepRun) rawFilePhase(workers int, fn func(w, i int, off, n uint64) er
 	start := time.Now()
 	err := rawFileIO(r.res.TotalBytes, r.opts.FilePart, workers, fn)
 	return time.Since(start).Seconds(), err
-}
-
-// median is the middle of xs (the mean of the two middle ones for an even count).
-func median(xs []float64) float64 {
-	s := slices.Clone(xs)
-	slices.Sort(s)
-	if len(s) == 0 {
-		return 0
-	}
-	if len(s)%2 == 1 {
-		return s[len(s)/2]
-	}
-	return (s[len(s)/2-1] + s[len(s)/2]) / 2
 }
 
 // rawFileIO runs fn over total bytes in parts of part bytes, workers goroutines at once, each

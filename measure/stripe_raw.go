@@ -42,7 +42,9 @@ const readStreams = 4
 
 // reader times the read kernel on one device. The kernels go to readStreams blocking streams and the
 // timing events to the legacy default stream, which waits for the blocking streams' earlier work and
-// makes their later work wait for it: the events bracket every kernel of a pass.
+// makes their later work wait for it: the events bracket every kernel of a pass. So the streams must
+// stay blocking: the legacy stream does not wait for non-blocking ones, and the end event would pass
+// kernels still queued.
 type reader struct {
 	d          *vmm.Device
 	streams    []*vmm.Stream

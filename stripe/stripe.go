@@ -84,10 +84,12 @@ var _ vmm.Chunked = (*Range)(nil)
 // a multiple of it (it is not rounded: an error wrapping vmm.ErrInvalidValue says so).
 //
 // Before anything is allocated, New checks its input (an empty list, a nil device, a device listed
-// twice or from another System, size 0, a size that overflows when rounded or exceeds the holders'
-// total memory: errors wrapping vmm.ErrInvalidValue, or driver.ErrOutOfMemory for the last) and peer
-// capability: every listed device must be able to access every holder's memory
-// (vmm.Device.CanAccessPeer), else the error wraps ErrNoPeerAccess and names the pair.
+// twice or from another System, size 0, HandleTypes with a bit the driver does not define, a size
+// that overflows when rounded or exceeds the holders' total memory: errors wrapping
+// vmm.ErrInvalidValue, or driver.ErrOutOfMemory for the last) and peer capability: every listed
+// device must be able to access every holder's memory (vmm.Device.CanAccessPeer), else the error
+// wraps ErrNoPeerAccess and names the pair. Whether a device supports a defined handle type is the
+// driver's answer when the stripes are created.
 //
 // Then it reserves one address range (cuMemAddressReserve) and, stripe by stripe in offset order,
 // creates the stripe's memory on its holder, maps it and grants access (cuMemCreate, cuMemMap,
@@ -111,6 +113,9 @@ func New(devices []*vmm.Device, size uint64, layout Layout, opts Options) (*Rang
 	names := deviceNames(devices)
 	if size == 0 {
 		return nil, fmt.Errorf("stripe: new range over devices %s: size 0: %w", names, vmm.ErrInvalidValue)
+	}
+	if bad := opts.HandleTypes &^ driver.HandleTypeKnown; bad != 0 {
+		return nil, fmt.Errorf("stripe: new range over devices %s: handle types %s: unknown bits %#x: %w", names, opts.HandleTypes, int32(bad), vmm.ErrInvalidValue)
 	}
 
 	// The granularity: common to the devices that hold or access the range, and to the reservation.
@@ -282,8 +287,15 @@ func (r *Range) size() uint64 {
 	return 0
 }
 
-// Ptr is the range's first address, valid on every holder and access-only device until Close.
-func (r *Range) Ptr() driver.DevicePtr { return r.res.Ptr() }
+// Ptr is the range's first address, valid on every holder and access-only device until Close, and
+// 0 once Close succeeded (as growbuf's Buffer.Ptr): the freed addresses may be handed to another
+// reservation. After a Close that failed, the range is still open and Ptr still its address.
+func (r *Range) Ptr() driver.DevicePtr {
+	if r.isClosed() {
+		return 0
+	}
+	return r.res.Ptr()
+}
 
 // Size is the range's size in bytes: the size asked of New rounded up to Granularity.
 func (r *Range) Size() uint64 { return r.size() }
@@ -364,23 +376,26 @@ func (r *Range) Chunks() []vmm.Chunk {
 }
 
 // Close unmaps the whole range with one cuMemUnmap, releases every stripe's memory and frees the
-// address range. Work still using the range must have finished. Close is idempotent and safe on nil;
-// when it fails the range stays open (it never reports success while memory is held) and Close may
-// be called again.
+// address range. Work still using the range must have finished. Afterwards Ptr and Len are 0, and
+// Segments and Chunks empty; Size still tells what the range was. Close is idempotent and safe on
+// nil; when it fails the range stays open (it never reports success while memory is held) and Close
+// may be called again.
 func (r *Range) Close() error {
 	if r == nil {
 		return nil
 	}
-	return r.own.Close("stripe: close "+r.String(), func() error {
+	// Named before Close takes the lock: String reads Ptr, which takes it.
+	what := "stripe: close " + r.String()
+	return r.own.Close(what, func() error {
 		if len(r.res.Mappings()) > 0 {
 			// A failed cuMemUnmap changes nothing; a failed release leaves its mapping pending in
 			// the reservation, whose Close retries it.
 			if err := r.res.UnmapRange(0, r.size()); err != nil && len(r.res.Mappings()) > 0 {
-				return fmt.Errorf("stripe: close %s: %w", r, err)
+				return fmt.Errorf("%s: %w", what, err)
 			}
 		}
 		if err := r.res.Close(); err != nil {
-			return fmt.Errorf("stripe: close %s: %w", r, err)
+			return fmt.Errorf("%s: %w", what, err)
 		}
 		return nil
 	})

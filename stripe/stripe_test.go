@@ -271,6 +271,7 @@ func TestBadInput(t *testing.T) {
 			{"stripe not a multiple", two, 8 * mib, stripe.Interleaved{Stripe: 3 * mib}, stripe.Options{}, vmm.ErrInvalidValue, "not a non-zero multiple of the granularity"},
 			{"stripe 1 byte", two, 8 * mib, stripe.Interleaved{Stripe: 1}, stripe.Options{}, vmm.ErrInvalidValue, "granularity"},
 			{"stripe 0", two, 8 * mib, stripe.Interleaved{}, stripe.Options{}, vmm.ErrInvalidValue, "stripe size 0"},
+			{"unknown handle bits", two, 8 * mib, il, stripe.Options{HandleTypes: driver.HandleTypePosixFD | 0x40}, vmm.ErrInvalidValue, "handle types posix-fd|0x40: unknown bits 0x40"},
 		}
 		for _, c := range cases {
 			r, err := stripe.New(c.devs, c.size, c.layout, c.opts)
@@ -432,5 +433,6 @@ func TestClosedRangeHasNoLen(t *testing.T) {
 		require.Empty(t, c.Chunks())
 		require.Zero(t, c.Len(), "no chunks cover the Len of a closed range")
 		require.Equal(t, uint64(8*mib), r.Size(), "Size still tells what the range was")
+		require.Zero(t, r.Ptr(), "the freed address is not handed out, as growbuf's Ptr after Close")
 	}, testutil.Devices(2))
 }
