@@ -248,8 +248,8 @@ func New(dev *vmm.Device, opts Options) (*Buffer, error) {
 	if err != nil {
 		return nil, err
 	}
-	if bad := opts.HandleTypes &^ driver.HandleTypeKnown; bad != 0 {
-		return nil, fmt.Errorf("growbuf: new on %s: handle types %s: unknown bits %#x: %w", dev, opts.HandleTypes, int32(bad), vmm.ErrInvalidValue)
+	if err := vmm.CheckHandleTypes(opts.HandleTypes); err != nil {
+		return nil, fmt.Errorf("growbuf: new on %s: %w", dev, err)
 	}
 	// A chunk must be a multiple of its location's granularity and every offset a multiple of the
 	// reservation granularity.

@@ -114,8 +114,8 @@ func New(devices []*vmm.Device, size uint64, layout Layout, opts Options) (*Rang
 	if size == 0 {
 		return nil, fmt.Errorf("stripe: new range over devices %s: size 0: %w", names, vmm.ErrInvalidValue)
 	}
-	if bad := opts.HandleTypes &^ driver.HandleTypeKnown; bad != 0 {
-		return nil, fmt.Errorf("stripe: new range over devices %s: handle types %s: unknown bits %#x: %w", names, opts.HandleTypes, int32(bad), vmm.ErrInvalidValue)
+	if err := vmm.CheckHandleTypes(opts.HandleTypes); err != nil {
+		return nil, fmt.Errorf("stripe: new range over devices %s: %w", names, err)
 	}
 
 	// The granularity: common to the devices that hold or access the range, and to the reservation.

@@ -26,6 +26,16 @@ type AllocOptions struct {
 	GPUDirectRDMA bool
 }
 
+// CheckHandleTypes refuses handle-type bits that the driver defines no type for, with an error
+// naming them and wrapping ErrInvalidValue, so that a type that builds memory out of many
+// allocations (growbuf, stripe) can refuse them before it reserves anything.
+func CheckHandleTypes(t driver.HandleType) error {
+	if bad := t &^ driver.HandleTypeKnown; bad != 0 {
+		return fmt.Errorf("handle types %s: unknown bits %#x: %w", t, int32(bad), ErrInvalidValue)
+	}
+	return nil
+}
+
 // Allocation is physical memory made by cuMemCreate (or imported from a shareable handle). It is
 // reachable by the GPU only once mapped into a Reservation and granted access.
 type Allocation struct {

@@ -553,3 +553,11 @@ func TestReleaseRetriesOrphanMappingIt(t *testing.T) {
 		})
 	}
 }
+
+func TestCheckHandleTypes(t *testing.T) {
+	require.NoError(t, vmm.CheckHandleTypes(driver.HandleTypeNone))
+	require.NoError(t, vmm.CheckHandleTypes(driver.HandleTypePosixFD|driver.HandleTypeFabric))
+	err := vmm.CheckHandleTypes(driver.HandleTypePosixFD | 0x40)
+	require.ErrorIs(t, err, vmm.ErrInvalidValue)
+	require.ErrorContains(t, err, "unknown bits 0x40")
+}
