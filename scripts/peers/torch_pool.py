@@ -44,10 +44,17 @@ def read_trace(path):
 
 
 def percentile(v, q):
+    # Interpolates between the two nearest ranks, as measure's percentile does, so that both sides
+    # of the comparison report the same statistic.
     if not v:
         return 0
     s = sorted(v)
-    return s[min(len(s) - 1, int(q * len(s)))]
+    pos = q * (len(s) - 1)
+    lo = int(pos)
+    frac = pos - lo
+    if frac == 0 or lo + 1 >= len(s):
+        return s[min(lo, len(s) - 1)]
+    return s[lo] * (1 - frac) + s[lo + 1] * frac
 
 
 def main():
