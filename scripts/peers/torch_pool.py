@@ -53,8 +53,8 @@ def percentile(v, q):
     lo = int(pos)
     frac = pos - lo
     if frac == 0 or lo + 1 >= len(s):
-        return s[min(lo, len(s) - 1)]
-    return s[lo] * (1 - frac) + s[lo + 1] * frac
+        return int(s[min(lo, len(s) - 1)] + 0.5)
+    return int(s[lo] * (1 - frac) + s[lo + 1] * frac + 0.5)  # whole nanoseconds, rounded as measure rounds them
 
 
 def main():
