@@ -465,18 +465,8 @@ func TestSetAccessRacesClose(t *testing.T) {
 		for range 300 {
 			m, err := r.MapNew(0, 2*mib, d, vmm.AllocOptions{})
 			require.NoError(t, err)
-			var next *vmm.Mapping
-			var serr, cerr, nerr error
-			var wg sync.WaitGroup
-			wg.Go(func() { serr = m.SetAccess(vmm.ReadWrite(d)) })
-			wg.Go(func() {
-				if cerr = m.Close(); cerr == nil {
-					next, nerr = r.MapNew(0, 2*mib, d, vmm.AllocOptions{})
-				}
-			})
-			wg.Wait()
-			require.NoError(t, cerr)
-			require.NoError(t, nerr)
+			var serr error
+			next := closeAndRemapWhile(t, r, d, m, func() { serr = m.SetAccess(vmm.ReadWrite(d)) })
 			flags, ferr := next.Access(d.Location())
 			require.NoError(t, next.Close())
 			require.NoError(t, ferr)
@@ -500,19 +490,9 @@ func TestAccessRacesClose(t *testing.T) {
 		for range 300 {
 			m, err := r.MapNew(0, 2*mib, d, vmm.AllocOptions{}, vmm.ReadWrite(d))
 			require.NoError(t, err)
-			var next *vmm.Mapping
 			var flags driver.AccessFlags
-			var aerr, cerr, nerr error
-			var wg sync.WaitGroup
-			wg.Go(func() { flags, aerr = m.Access(d.Location()) })
-			wg.Go(func() {
-				if cerr = m.Close(); cerr == nil {
-					next, nerr = r.MapNew(0, 2*mib, d, vmm.AllocOptions{})
-				}
-			})
-			wg.Wait()
-			require.NoError(t, cerr)
-			require.NoError(t, nerr)
+			var aerr error
+			next := closeAndRemapWhile(t, r, d, m, func() { flags, aerr = m.Access(d.Location()) })
 			require.NoError(t, next.Close())
 			if aerr != nil {
 				require.ErrorIs(t, aerr, vmm.ErrClosed)
@@ -521,6 +501,24 @@ func TestAccessRacesClose(t *testing.T) {
 			require.Equal(t, driver.AccessReadWrite, flags, "access of a closed mapping read its successor's")
 		}
 	}, testutil.SimOnly())
+}
+
+// closeAndRemapWhile runs call beside m's Close and, once that succeeds, a new mapping without
+// access at offset 0 of r, which takes the closed one's place; it returns the new mapping.
+func closeAndRemapWhile(t *testing.T, r *vmm.Reservation, d *vmm.Device, m *vmm.Mapping, call func()) *vmm.Mapping {
+	var next *vmm.Mapping
+	var cerr, nerr error
+	var wg sync.WaitGroup
+	wg.Go(call)
+	wg.Go(func() {
+		if cerr = m.Close(); cerr == nil {
+			next, nerr = r.MapNew(0, 2*mib, d, vmm.AllocOptions{})
+		}
+	})
+	wg.Wait()
+	require.NoError(t, cerr)
+	require.NoError(t, nerr)
+	return next
 }
 
 // A dependent (AddDependent: an object of another package using the device through Raw) makes
