@@ -346,3 +346,43 @@ func TestNewCommFailingAtOnceWhoseAbortFailsIsKept(t *testing.T) {
 		require.True(t, lib.Live().Zero(), "the simulated NCCL still holds: %s", lib.Live())
 	}, testutil.SimOnly())
 }
+
+// TestRunHoldsStreamsUntilQueued: a group stays in progress until NCCL has queued its operations on
+// their streams, which for a receive waits for the peer; Run holds the streams until then, so a
+// Close of one on another goroutine waits for Run instead of destroying the stream that NCCL is
+// about to queue on (the group then failed with an invalid handle, or queued on a new stream
+// given the same value).
+func TestRunHoldsStreamsUntilQueued(t *testing.T) {
+	testutil.Run(t, func(t *testing.T, b *testutil.Backend) {
+		lib := library(t, b)
+		comms := ranks(t, b, lib, 2)
+		d0, d1 := b.Device(t, 0), b.Device(t, 1)
+		dst, src := buffer(t, d0, 2*mib, 2*mib), buffer(t, d1, 2*mib, 2*mib)
+		require.NoError(t, d1.Fill(src.Ptr(), 2*mib, 0, 5))
+		first, second, s1 := stream(t, d0), stream(t, d0), stream(t, d1)
+		ctx := deadline(t, 30*time.Second)
+		ran := make(chan error, 1)
+		go func() {
+			ran <- comms[0].Group().Recv(dst.Ptr(), mib, nccl.Uint8, 1, first).
+				Recv(dst.Ptr()+mib, mib, nccl.Uint8, 1, second).Run(ctx)
+		}()
+		time.Sleep(100 * time.Millisecond) // Run is waiting for rank 1
+		closed := make(chan error, 1)
+		go func() { closed <- second.Close() }()
+		select {
+		case err := <-closed:
+			t.Errorf("Close returned (%v) while Run still queued on the stream", err)
+		case <-time.After(50 * time.Millisecond):
+		}
+		require.NoError(t, comms[1].Group().Send(src.Ptr(), mib, nccl.Uint8, 0, s1).
+			Send(src.Ptr()+mib, mib, nccl.Uint8, 0, s1).Run(ctx))
+		require.NoError(t, <-ran)
+		require.NoError(t, <-closed)
+		require.NoError(t, comms[0].Wait(ctx, first))
+		require.NoError(t, comms[1].Wait(ctx, s1))
+		require.NoError(t, d0.Synchronize())
+		bad, err := d0.Verify(dst.Ptr(), 2*mib, 0, 5)
+		require.NoError(t, err)
+		require.Zero(t, bad)
+	}, testutil.Devices(2))
+}

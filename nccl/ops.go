@@ -125,12 +125,15 @@ func (g *Group) Run(ctx context.Context) error {
 	if err != nil {
 		return err
 	}
+	// Held until NCCL has queued the operations (waitLocked) or the communicator is aborted: a
+	// non-blocking communicator queues them in the background after ncclGroupEnd returned
+	// ncclInProgress, a receive only once its peer has posted, and uses the streams until then.
+	defer release()
 	var callErr error
 	err = c.dev.Raw(func(driver.API) error {
 		callErr = c.issue(g.ops)
 		return nil
 	})
-	release()
 	if err != nil {
 		return fmt.Errorf("nccl: %v: %w", c, err)
 	}
@@ -257,7 +260,8 @@ func (c *Comm) checkBuffers(o op) error {
 
 // holdStreams refuses a group with an operation whose stream is closed (before the operation was
 // queued or since), and else holds every stream (vmm.Stream.Hold) until release, so that none is
-// destroyed, and its handle given to a new stream, while the operations are queued. c.mu is held.
+// destroyed, and its handle given to a new stream, until NCCL has queued the operations (Run holds
+// them until the group is no longer in progress). c.mu is held.
 func (c *Comm) holdStreams(ops []op) (release func(), err error) {
 	var held []func()
 	release = func() {
