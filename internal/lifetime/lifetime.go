@@ -132,8 +132,10 @@ func (o *Owner) waitCalls() {
 	if o.idle == nil {
 		o.idle = sync.NewCond(&o.mu)
 	}
-	o.closing = true
 	for o.calls > 0 {
+		// Set on every pass: another Close that woke first clears it when its free fails, and
+		// Begin would then admit new calls for as long as this one waits.
+		o.closing = true
 		o.idle.Wait()
 	}
 	o.closing = false // the lock is held from here until free is done

@@ -93,3 +93,36 @@ func TestCloseWaitsForCalls(t *testing.T) {
 	p.End()
 	require.NoError(t, p.Close("object", nil))
 }
+
+// A Close that is woken while calls are still in progress (as when another Close, woken first,
+// cleared closing and then failed to free) refuses new calls again while it goes on waiting,
+// instead of admitting them for as long as it waits.
+func TestWaitingCloseRefusesCallsAfterAnotherCloseFailed(t *testing.T) {
+	var o Owner
+	require.True(t, o.Begin())
+	done := make(chan struct{})
+	go func() {
+		o.mu.Lock()
+		o.waitCalls()
+		o.mu.Unlock()
+		close(done)
+	}()
+	require.Eventually(t, func() bool {
+		if o.Begin() {
+			o.End()
+			return false
+		}
+		return true
+	}, 5*time.Second, time.Millisecond, "Begin refuses while Close waits")
+	o.mu.Lock()
+	o.closing = false // what a Close that woke first and failed to free leaves
+	o.idle.Broadcast()
+	o.mu.Unlock()
+	require.Eventually(t, func() bool {
+		o.mu.Lock()
+		defer o.mu.Unlock()
+		return o.closing
+	}, time.Second, time.Millisecond, "the waiting Close refuses new calls again")
+	o.End()
+	<-done
+}
