@@ -8,6 +8,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/cuvmm/cuvmm/driver"
+	"github.com/cuvmm/cuvmm/driver/sim"
 	"github.com/cuvmm/cuvmm/internal/testutil"
 	"github.com/cuvmm/cuvmm/pinned"
 	"github.com/cuvmm/cuvmm/vmm"
@@ -174,7 +175,89 @@ func TestConcurrentCloseWaitsForTheCopiesInFlight(t *testing.T) {
 			secondErr = <-second
 		}
 		require.NoError(t, secondErr)
-		require.Zero(t, l.srv.Stats().Failed, "a copy in flight failed: its stream was destroyed under it")
-		require.Equal(t, uint64(2), l.srv.Stats().Copies)
+		// The copy queued on the stream completed; the one waiting for the stream was not started.
+		require.Equal(t, uint64(1), l.srv.Stats().Copies, "the copy in flight failed: its stream was destroyed under it")
+		require.Equal(t, uint64(1), l.srv.Stats().Failed)
 	}, testutil.SimOnly())
+}
+
+// Server.Close with copies in flight on every path (one spinning on its stream, one sleeping on its
+// event, two waiting for a stream) and stream and event values reused by the driver: the workers'
+// requests fail with ErrBrokerGone at once, Close drains the copies queued on a stream (the copy to
+// the host has landed when it returns) and starts none of those still waiting for one, then
+// destroys the streams, and nothing is left.
+func TestServerCloseWithCopiesInFlight(t *testing.T) {
+	testutil.Run(t, func(t *testing.T, b *testutil.Backend) {
+		ctx, dev := testCtx(t), b.Device(t, 0)
+		region := newRegion(t, dev, 8*mib, pinned.Options{})
+		srv, path := startServer(t, region, Options{StreamsPerDevice: 2, InlineMax: -1, SpinMax: 64 << 10})
+		c1, c2 := dial(t, path), dial(t, path)
+		buf1, buf2 := newDevBuffer(t, dev, 1, 2*mib), newDevBuffer(t, dev, 1, 2*mib)
+		require.NoError(t, dev.Fill(buf1.Ptr(), 2*mib, 0, 21))
+		require.NoError(t, dev.Fill(buf2.Ptr(), 2*mib, 0, 22))
+		rb1, err := c1.Register(ctx, buf1)
+		require.NoError(t, err)
+		rb2, err := c2.Register(ctx, buf2)
+		require.NoError(t, err)
+		var held []driver.Stream
+		for _, cs := range srv.lanes[dev.Ordinal()].streams {
+			require.NoError(t, b.Sim.HoldStream(cs.st.Handle()))
+			held = append(held, cs.st.Handle())
+		}
+		var calls []*Completion
+		for _, r := range []struct {
+			c   *Client
+			req Request
+		}{
+			{c1, Request{Buffer: rb1.ID(), Dir: ToHost, Length: 4096}},                     // spins on its stream
+			{c1, Request{Buffer: rb1.ID(), Dir: ToHost, HostOffset: 2 * mib, Length: mib}}, // sleeps on its event
+			{c1, Request{Buffer: rb1.ID(), Dir: ToDevice, HostOffset: 4 * mib, Length: mib}},
+			{c2, Request{Buffer: rb2.ID(), Dir: ToDevice, HostOffset: 6 * mib, Length: 4096}},
+		} {
+			call, err := r.c.CopyAsync(r.req)
+			require.NoError(t, err)
+			calls = append(calls, call)
+			n := len(calls)
+			eventually(t, "the copy to be in flight", func() bool {
+				return srv.Stats().InFlight == int64(n) && len(srv.lanes[dev.Ordinal()].free) == max(2-n, 0)
+			})
+		}
+		closed := make(chan error, 1)
+		go func() { closed <- srv.Close() }()
+		wctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+		defer cancel()
+		for i, call := range calls {
+			require.ErrorIs(t, call.Wait(wctx), ErrBrokerGone, "copy %d", i)
+		}
+		select {
+		case err := <-closed:
+			t.Fatalf("Server.Close returned (%v) before the copies in flight completed", err)
+		case <-time.After(100 * time.Millisecond):
+		}
+		for _, st := range held {
+			require.NoError(t, b.Sim.ReleaseStream(st))
+		}
+		select {
+		case err := <-closed:
+			require.NoError(t, err)
+		case <-time.After(10 * time.Second):
+			t.Fatal("Server.Close did not return once the copies completed")
+		}
+		st := srv.Stats()
+		require.Zero(t, st.InFlight)
+		require.Zero(t, st.Buffers)
+		// The copies still waiting for a stream would overwrite the devices' bytes after their workers
+		// were told the broker was gone.
+		requireDevicePattern(t, dev, buf1.Ptr(), mib, 0, 21)
+		requireDevicePattern(t, dev, buf2.Ptr(), 4096, 0, 22)
+		require.Equal(t, uint64(2), st.Copies, "a copy failed (its stream or event destroyed under it), or one still waiting for a stream when Close began ran after its worker was told the broker was gone")
+		require.Equal(t, uint64(2), st.Failed)
+		require.Zero(t, badHost(region.Bytes()[:4096], 0, 21), "Close returned before the copy to the host landed")
+		require.Zero(t, badHost(region.Bytes()[2*mib:3*mib], 0, 21), "Close returned before the copy to the host landed")
+		for _, l := range srv.lanes {
+			require.Empty(t, l.streams, "copy streams left after Close")
+		}
+		require.ErrorIs(t, rb1.Close(), ErrBrokerGone)
+		require.ErrorIs(t, rb2.Close(), ErrBrokerGone)
+	}, testutil.SimOnly(), testutil.SimOptions(sim.ReuseHandles()))
 }

@@ -139,8 +139,11 @@ type Server struct {
 	// streams.
 	own     lifetime.Owner
 	workers map[*worker]struct{}
-	quit    chan struct{} // closed when Close begins: retired streams stop retrying (see retire)
+	quit    chan struct{} // closed when Close begins: retired streams stop retrying (see retire), copies not queued yet are not (see runCopy)
 	closeMu sync.Mutex    // held through Close, so that a second Close waits for the first
+	// queueMu is read-held by a copy from its check of quit to its queuing, and held by Close to
+	// close quit: a copy is queued before Close closes the connections, or not at all.
+	queueMu sync.RWMutex
 
 	inFlight                                              atomic.Int64
 	refused, copies, bytes, failed, drained, nbufs, drops atomic.Uint64
@@ -408,8 +411,8 @@ func (s *Server) Serve() error {
 }
 
 // Close stops serving: it closes the listener (removing the socket file) and every connection,
-// drains the copies in flight, unmaps and releases every registered buffer, and destroys the copy
-// streams. Workers see ErrBrokerGone. The region is left open. Close is idempotent and safe on nil;
+// drains the copies in flight (a copy still waiting for a stream is not started), unmaps and
+// releases every registered buffer, and destroys the copy streams. Workers see ErrBrokerGone. The region is left open. Close is idempotent and safe on nil;
 // a Close made while another runs waits for it.
 func (s *Server) Close() error {
 	if s == nil {
@@ -425,7 +428,9 @@ func (s *Server) Close() error {
 		}
 		return nil
 	}
+	s.queueMu.Lock()
 	close(s.quit)
+	s.queueMu.Unlock()
 	var errs []error
 	if err := s.ln.Close(); err != nil {
 		errs = append(errs, fmt.Errorf("broker: %w", err))
@@ -733,17 +738,28 @@ func (w *worker) startCopy(req request) {
 }
 
 // runCopy queues the copy on the stream, waits for it (see Options.SpinMax), gives the stream and
-// the buffer back (after a failure, once the stream is drained: settle) and answers.
+// the buffer back (after a failure, once the stream is drained: settle) and answers. Once Close has
+// begun it queues nothing: the worker is told the broker is gone as Close closes its connection, and
+// a copy started after that would write its memory or the region when the worker no longer expects it.
 func (w *worker) runCopy(req request, b *regBuffer, cs *copyStream) {
 	region, st := w.s.region, cs.st
 	t0 := time.Now()
 	dst := b.ptr + driver.DevicePtr(req.bufOff)
+	w.s.queueMu.RLock()
+	select {
+	case <-w.s.quit:
+		w.s.queueMu.RUnlock()
+		w.dropCopy(b, cs)
+		return
+	default:
+	}
 	var err error
 	if req.dir == ToDevice {
 		err = region.CopyToDevice(st, dst, req.hostOff, req.length)
 	} else {
 		err = region.CopyFromDevice(st, dst, req.hostOff, req.length)
 	}
+	w.s.queueMu.RUnlock()
 	if err == nil {
 		err = cs.wait(req.length, w.s.opts.SpinMax)
 	}
@@ -764,6 +780,18 @@ func (w *worker) runCopy(req request, b *regBuffer, cs *copyStream) {
 		w.s.bytes.Add(req.length)
 		w.reply(&response{op: OpCopy, id: req.id, values: [4]uint64{uint64(took.Nanoseconds()), req.length}})
 	}
+	<-w.sem
+	w.jobs.Done()
+}
+
+// dropCopy gives back the stream and the buffer of a copy not queued because the server is closing,
+// and counts it failed. It sends no answer: Close is closing the connection, and the worker fails the
+// request with ErrBrokerGone.
+func (w *worker) dropCopy(b *regBuffer, cs *copyStream) {
+	b.lane.free <- cs
+	b.users.Done()
+	w.s.inFlight.Add(-1)
+	w.s.failed.Add(1)
 	<-w.sem
 	w.jobs.Done()
 }
