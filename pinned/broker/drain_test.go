@@ -182,10 +182,10 @@ func TestConcurrentCloseWaitsForTheCopiesInFlight(t *testing.T) {
 }
 
 // Server.Close with copies in flight on every path (one spinning on its stream, one sleeping on its
-// event, two waiting for a stream) and stream and event values reused by the driver: the workers'
-// requests fail with ErrBrokerGone at once, Close drains the copies queued on a stream (the copy to
-// the host has landed when it returns) and starts none of those still waiting for one, then
-// destroys the streams, and nothing is left.
+// event, two waiting for a stream) and stream and event values reused by the driver: Close drains
+// the copies queued on a stream (the copy to the host has landed when it returns) and starts none of
+// those still waiting for one, which fail with ErrBrokerGone; then it destroys the streams, and
+// nothing is left.
 func TestServerCloseWithCopiesInFlight(t *testing.T) {
 	testutil.Run(t, func(t *testing.T, b *testutil.Backend) {
 		ctx, dev := testCtx(t), b.Device(t, 0)
@@ -224,18 +224,30 @@ func TestServerCloseWithCopiesInFlight(t *testing.T) {
 		}
 		closed := make(chan error, 1)
 		go func() { closed <- srv.Close() }()
-		wctx, cancel := context.WithTimeout(ctx, 10*time.Second)
-		defer cancel()
-		for i, call := range calls {
-			require.ErrorIs(t, call.Wait(wctx), ErrBrokerGone, "copy %d", i)
-		}
+		eventually(t, "Close to begin", srv.own.IsClosed)
 		select {
 		case err := <-closed:
 			t.Fatalf("Server.Close returned (%v) before the copies in flight completed", err)
 		case <-time.After(100 * time.Millisecond):
 		}
+		for i, call := range calls {
+			select {
+			case <-call.Done():
+				t.Errorf("copy %d answered (%v) while the copies queued were held", i, call.Wait(ctx))
+			default:
+			}
+		}
 		for _, st := range held {
 			require.NoError(t, b.Sim.ReleaseStream(st))
+		}
+		wctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+		defer cancel()
+		for i, call := range calls {
+			err := call.Wait(wctx)
+			if i < 2 && err == nil {
+				continue // queued before Close: its answer may beat the closing of the connection
+			}
+			require.ErrorIs(t, err, ErrBrokerGone, "copy %d", i)
 		}
 		select {
 		case err := <-closed:
@@ -260,4 +272,38 @@ func TestServerCloseWithCopiesInFlight(t *testing.T) {
 		require.ErrorIs(t, rb1.Close(), ErrBrokerGone)
 		require.ErrorIs(t, rb2.Close(), ErrBrokerGone)
 	}, testutil.SimOnly(), testutil.SimOptions(sim.ReuseHandles()))
+}
+
+// A worker told by Server.Close that the broker is gone may use its memory and the region at once: a
+// copy of its already queued on a stream has landed by then (Close drains the queued copies before
+// it closes the connections).
+func TestServerCloseDrainsQueuedCopiesBeforeWorkersSeeItGone(t *testing.T) {
+	testutil.Run(t, func(t *testing.T, b *testutil.Backend) {
+		l := newOneLane(t, b)
+		c := dial(t, l.path)
+		buf := newDevBuffer(t, l.dev, 1, 2*mib)
+		require.NoError(t, l.dev.Fill(buf.Ptr(), mib, 0, 31))
+		rb, err := c.Register(l.ctx, buf)
+		require.NoError(t, err)
+		st := l.srv.lanes[l.dev.Ordinal()].streams[0].st.Handle()
+		require.NoError(t, b.Sim.HoldStream(st))
+		call, err := c.CopyAsync(Request{Buffer: rb.ID(), Dir: ToHost, Length: mib})
+		require.NoError(t, err)
+		eventually(t, "the copy to be queued", func() bool { return len(l.srv.lanes[l.dev.Ordinal()].free) == 0 })
+		closed := make(chan error, 1)
+		go func() { closed <- l.srv.Close() }()
+		eventually(t, "Close to begin", l.srv.own.IsClosed)
+		select {
+		case <-call.Done():
+			t.Errorf("the worker was told %v while its copy was still queued", call.Wait(l.ctx))
+		case <-time.After(100 * time.Millisecond):
+		}
+		require.NoError(t, b.Sim.ReleaseStream(st))
+		if err := call.Wait(l.ctx); err != nil {
+			require.ErrorIs(t, err, ErrBrokerGone)
+		}
+		require.NoError(t, <-closed)
+		require.Zero(t, badHost(l.region.Bytes()[:mib], 0, 31))
+		require.ErrorIs(t, rb.Close(), ErrBrokerGone)
+	}, testutil.SimOnly())
 }

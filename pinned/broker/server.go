@@ -144,6 +144,9 @@ type Server struct {
 	// queueMu is read-held by a copy from its check of quit to its queuing, and held by Close to
 	// close quit: a copy is queued before Close closes the connections, or not at all.
 	queueMu sync.RWMutex
+	// queued counts the copies queued on a stream and not yet complete (or settled): Close waits for
+	// them before it closes the connections.
+	queued sync.WaitGroup
 
 	inFlight                                              atomic.Int64
 	refused, copies, bytes, failed, drained, nbufs, drops atomic.Uint64
@@ -410,9 +413,9 @@ func (s *Server) Serve() error {
 	return nil
 }
 
-// Close stops serving: it closes the listener (removing the socket file) and every connection,
-// drains the copies in flight (a copy still waiting for a stream is not started), unmaps and
-// releases every registered buffer, and destroys the copy streams. Workers see ErrBrokerGone. The region is left open. Close is idempotent and safe on nil;
+// Close stops serving: it waits for the copies queued on its streams (a copy still waiting for a
+// stream is not started), closes the listener (removing the socket file) and every connection,
+// unmaps and releases every registered buffer, and destroys the copy streams. Workers see ErrBrokerGone. The region is left open. Close is idempotent and safe on nil;
 // a Close made while another runs waits for it.
 func (s *Server) Close() error {
 	if s == nil {
@@ -431,6 +434,9 @@ func (s *Server) Close() error {
 	s.queueMu.Lock()
 	close(s.quit)
 	s.queueMu.Unlock()
+	// Drain the copies already queued while their workers are still connected: one told the broker
+	// is gone may use its memory and the region at once. Their answers may still go out.
+	s.queued.Wait()
 	var errs []error
 	if err := s.ln.Close(); err != nil {
 		errs = append(errs, fmt.Errorf("broker: %w", err))
@@ -753,6 +759,7 @@ func (w *worker) runCopy(req request, b *regBuffer, cs *copyStream) {
 		return
 	default:
 	}
+	w.s.queued.Add(1)
 	var err error
 	if req.dir == ToDevice {
 		err = region.CopyToDevice(st, dst, req.hostOff, req.length)
@@ -770,6 +777,7 @@ func (w *worker) runCopy(req request, b *regBuffer, cs *copyStream) {
 	} else if serr := w.s.settle(b, cs); serr != nil {
 		err = fmt.Errorf("%w; %w", err, serr)
 	}
+	w.s.queued.Done()
 	// Not in flight once answered: a client that saw the answer must not find it in Stats.
 	w.s.inFlight.Add(-1)
 	if err != nil {
