@@ -307,3 +307,60 @@ func TestServerCloseDrainsQueuedCopiesBeforeWorkersSeeItGone(t *testing.T) {
 		require.ErrorIs(t, rb.Close(), ErrBrokerGone)
 	}, testutil.SimOnly())
 }
+
+// A worker that closes its client while copies of its wait for a copy stream: the broker starts none
+// of them once it has seen the connection end (the worker's memory and the region keep their bytes,
+// and Stats counts them failed); the copy already queued on the stream lands before the worker's
+// buffer is released, and nothing is left.
+func TestWorkerCloseDropsCopiesWaitingForAStream(t *testing.T) {
+	testutil.Run(t, func(t *testing.T, b *testutil.Backend) {
+		l := newOneLane(t, b)
+		c := dial(t, l.path)
+		buf := newDevBuffer(t, l.dev, 1, 2*mib)
+		require.NoError(t, l.dev.Fill(buf.Ptr(), 2*mib, 0, 41))
+		fillHost(l.region.Bytes(), 0, 42)
+		rb, err := c.Register(l.ctx, buf)
+		require.NoError(t, err)
+		var w *worker
+		l.srv.own.Lock()
+		for w = range l.srv.workers {
+		}
+		l.srv.own.Unlock()
+		st := l.srv.lanes[l.dev.Ordinal()].streams[0].st.Handle()
+		require.NoError(t, b.Sim.HoldStream(st))
+		t.Cleanup(func() { _ = b.Sim.ReleaseStream(st) }) // before the server's Close, should the test stop early
+		queued := b.Sim.Calls("cuMemcpyDtoHAsync")
+		_, err = c.CopyAsync(Request{Buffer: rb.ID(), Dir: ToHost, Length: mib})
+		require.NoError(t, err)
+		eventually(t, "the first copy to be queued on the stream", func() bool { return b.Sim.Calls("cuMemcpyDtoHAsync") == queued+1 })
+		for _, r := range []Request{
+			{Buffer: rb.ID(), Dir: ToDevice, HostOffset: 2 * mib, BufferOffset: mib, Length: mib},
+			{Buffer: rb.ID(), Dir: ToHost, HostOffset: 3 * mib, Length: 4096},
+		} {
+			_, err := c.CopyAsync(r)
+			require.NoError(t, err)
+		}
+		eventually(t, "the other copies to wait for the stream", func() bool { return l.srv.Stats().InFlight == 3 })
+		require.NoError(t, c.Close())
+		eventually(t, "the broker to see the connection end", func() bool { return connClosed(w) })
+		require.NoError(t, b.Sim.ReleaseStream(st))
+		eventually(t, "the worker to be cleaned up", func() bool { return l.srv.Stats().Drained == 1 })
+		s := l.srv.Stats()
+		require.Zero(t, s.InFlight)
+		require.Zero(t, s.Buffers)
+		require.Zero(t, s.Workers)
+		require.Zero(t, badHost(l.region.Bytes()[:mib], 0, 41), "the copy queued before the worker left did not land")
+		// The copies still waiting for the stream would write the worker's memory and the region after
+		// it closed its client.
+		requireDevicePattern(t, l.dev, buf.Ptr()+mib, mib, mib, 41)
+		require.Zero(t, badHost(l.region.Bytes()[3*mib:], 3*mib, 42), "a copy waiting for a stream ran after its worker left")
+		require.Equal(t, uint64(1), s.Copies, "a copy waiting for a stream ran after its worker left")
+		require.Equal(t, uint64(2), s.Failed)
+	}, testutil.SimOnly())
+}
+
+// connClosed reports whether the broker's end of the worker's connection is closed.
+func connClosed(w *worker) bool {
+	rc, err := w.conn.Unix().SyscallConn()
+	return err != nil || rc.Control(func(uintptr) {}) != nil
+}

@@ -465,6 +465,11 @@ type worker struct {
 
 	sem  chan struct{} // one slot per copy in flight
 	jobs sync.WaitGroup
+	// ended is set when the connection ends or is closed (cleanup, a failed write): the worker no
+	// longer expects its copies, so those not queued yet are dropped (see runCopy). stopMu is
+	// read-held by a copy from its check of ended to its queuing, as the server's queueMu is for quit.
+	stopMu sync.RWMutex
+	ended  bool
 }
 
 // regBuffer is a worker's buffer, imported and mapped for one device.
@@ -525,7 +530,16 @@ func (w *worker) writeFailed(err error) {
 		}
 		w.logf("writing a response: %v (closing the connection)", err)
 	}
+	w.stopCopies()
 	_ = w.conn.Close()
+}
+
+// stopCopies makes the copies of the connection not queued on a stream yet never start; it waits
+// only for the queuing calls in progress, not for any copy to complete.
+func (w *worker) stopCopies() {
+	w.stopMu.Lock()
+	w.ended = true
+	w.stopMu.Unlock()
 }
 
 // hangUp reports whether err is the normal end of a connection: the peer or cleanup closed it.
@@ -670,9 +684,10 @@ func (w *worker) readFailed(err error) {
 	}
 }
 
-// cleanup runs when the connection ends, however: it drains the worker's copies in flight, then
-// unmaps and releases every buffer the worker registered.
+// cleanup runs when the connection ends, however: it drops the worker's copies still waiting for a
+// stream, drains those queued on one, then unmaps and releases every buffer the worker registered.
 func (w *worker) cleanup() {
+	w.stopCopies()
 	_ = w.conn.Close()
 	w.jobs.Wait()
 	w.mu.Lock()
@@ -745,19 +760,26 @@ func (w *worker) startCopy(req request) {
 
 // runCopy queues the copy on the stream, waits for it (see Options.SpinMax), gives the stream and
 // the buffer back (after a failure, once the stream is drained: settle) and answers. Once Close has
-// begun it queues nothing: the worker is told the broker is gone as Close closes its connection, and
-// a copy started after that would write its memory or the region when the worker no longer expects it.
+// begun, or the connection has ended, it queues nothing: the worker is told the broker is gone as its
+// connection closes (or closed it itself), and a copy started after that would write its memory or
+// the region when the worker no longer expects it.
 func (w *worker) runCopy(req request, b *regBuffer, cs *copyStream) {
 	region, st := w.s.region, cs.st
 	t0 := time.Now()
 	dst := b.ptr + driver.DevicePtr(req.bufOff)
 	w.s.queueMu.RLock()
+	w.stopMu.RLock()
+	stop := w.ended
 	select {
 	case <-w.s.quit:
+		stop = true
+	default:
+	}
+	if stop {
+		w.stopMu.RUnlock()
 		w.s.queueMu.RUnlock()
 		w.dropCopy(b, cs)
 		return
-	default:
 	}
 	w.s.queued.Add(1)
 	var err error
@@ -766,6 +788,7 @@ func (w *worker) runCopy(req request, b *regBuffer, cs *copyStream) {
 	} else {
 		err = region.CopyFromDevice(st, dst, req.hostOff, req.length)
 	}
+	w.stopMu.RUnlock()
 	w.s.queueMu.RUnlock()
 	if err == nil {
 		err = cs.wait(req.length, w.s.opts.SpinMax)
@@ -792,9 +815,9 @@ func (w *worker) runCopy(req request, b *regBuffer, cs *copyStream) {
 	w.jobs.Done()
 }
 
-// dropCopy gives back the stream and the buffer of a copy not queued because the server is closing,
-// and counts it failed. It sends no answer: Close is closing the connection, and the worker fails the
-// request with ErrBrokerGone.
+// dropCopy gives back the stream and the buffer of a copy not queued because the server is closing
+// or the connection ended, and counts it failed. It sends no answer: the connection is closed or
+// closing, and the worker fails the request with ErrBrokerGone (or ErrClosed, if it closed it).
 func (w *worker) dropCopy(b *regBuffer, cs *copyStream) {
 	b.lane.free <- cs
 	b.users.Done()
