@@ -579,8 +579,11 @@ func (c *Client) Region(ctx context.Context, dev *vmm.Device, opts pinned.OpenOp
 	return call.region, nil
 }
 
-// Close closes the connection. The broker drains this worker's copies in flight and releases its
-// buffers; requests still pending fail with ErrClosed. Close is idempotent and safe on nil.
+// Close closes the connection. The broker drains this worker's copies already queued on its streams,
+// starts none of those still waiting for a stream once it sees the connection end, and releases the
+// buffers. Requests still pending fail with ErrClosed; Close does not wait for the broker, so such a
+// copy may still be running, or about to start, when it returns: wait for the Completions of the
+// copies that touch memory the worker goes on using before Close. Close is idempotent and safe on nil.
 func (c *Client) Close() error {
 	if c == nil {
 		return nil

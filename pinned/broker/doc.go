@@ -50,8 +50,9 @@
 //   - Every copy is bounds-checked: the host range must lie in the worker's grant (the whole region,
 //     or the window Options.Grant gives it), the buffer range in the buffer's chunks, and the buffer
 //     must be one this worker registered. Buffer ids are per connection.
-//   - A worker that disconnects or dies has its copies in flight drained, then its buffers unmapped
-//     and released; the broker keeps serving the others. A broker that exits fails every pending
+//   - A worker that disconnects or dies has its copies queued on a stream drained (those still
+//     waiting for a stream are not started), then its buffers unmapped and released; the broker
+//     keeps serving the others. A broker that exits fails every pending
 //     and later request with ErrBrokerGone; dial again (DialOptions.Retry waits for a restarted
 //     broker) and register the buffers again.
 //
