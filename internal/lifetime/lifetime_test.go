@@ -68,13 +68,7 @@ func TestCloseWaitsForCalls(t *testing.T) {
 	go func() {
 		closed <- o.Close("object", func() error { close(freed); return nil })
 	}()
-	require.Eventually(t, func() bool {
-		if o.Begin() {
-			o.End()
-			return false
-		}
-		return true
-	}, 5*time.Second, time.Millisecond, "Begin refuses while Close waits")
+	eventuallyRefusesCalls(t, &o)
 	select {
 	case <-freed:
 		t.Fatal("freed while a call was in progress")
@@ -107,13 +101,7 @@ func TestWaitingCloseRefusesCallsAfterAnotherCloseFailed(t *testing.T) {
 		o.mu.Unlock()
 		close(done)
 	}()
-	require.Eventually(t, func() bool {
-		if o.Begin() {
-			o.End()
-			return false
-		}
-		return true
-	}, 5*time.Second, time.Millisecond, "Begin refuses while Close waits")
+	eventuallyRefusesCalls(t, &o)
 	o.mu.Lock()
 	o.closing = false // what a Close that woke first and failed to free leaves
 	o.idle.Broadcast()
@@ -125,4 +113,16 @@ func TestWaitingCloseRefusesCallsAfterAnotherCloseFailed(t *testing.T) {
 	}, time.Second, time.Millisecond, "the waiting Close refuses new calls again")
 	o.End()
 	<-done
+}
+
+// eventuallyRefusesCalls waits until o's Begin refuses, as it does while a Close waits for the calls
+// in progress, ending any call it admitted meanwhile.
+func eventuallyRefusesCalls(t *testing.T, o *Owner) {
+	require.Eventually(t, func() bool {
+		if o.Begin() {
+			o.End()
+			return false
+		}
+		return true
+	}, 5*time.Second, time.Millisecond, "Begin refuses while Close waits")
 }
