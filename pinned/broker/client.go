@@ -4,9 +4,11 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"net"
+	"io"
+	"os"
 	"sync"
 	"sync/atomic"
+	"syscall"
 	"time"
 
 	"golang.org/x/sys/unix"
@@ -27,7 +29,14 @@ type DialOptions struct {
 	// Retry keeps dialing while the socket does not exist or nobody listens on it (a broker that is
 	// starting or restarting), until the context ends.
 	Retry bool
+	// CloseTimeout bounds how long Client.Close waits for the broker to end the connection (0:
+	// DefaultCloseTimeout).
+	CloseTimeout time.Duration
 }
+
+// DefaultCloseTimeout is how long Client.Close waits for the broker to end the connection when
+// DialOptions.CloseTimeout is 0: long enough for the copies of the largest buffers to drain.
+const DefaultCloseTimeout = 30 * time.Second
 
 // Info is what the broker told the client at connect time.
 type Info struct {
@@ -70,6 +79,10 @@ type Client struct {
 	own     lifetime.Owner
 	pending map[uint64]*Completion
 	broken  error // set once: the connection is unusable
+	cause   error // what broke it first (set with broken)
+	endErr  error // what ended the reader; written before done is closed
+
+	closeTimeout time.Duration
 
 	nextID atomic.Uint64
 	done   chan struct{} // closed when the reader ends
@@ -150,6 +163,7 @@ func DialContext(ctx context.Context, path string, opts DialOptions) (*Client, e
 		conn.Close()
 		return nil, err
 	}
+	cl.closeTimeout = opts.CloseTimeout
 	return cl, nil
 }
 
@@ -236,17 +250,25 @@ func (c *Client) read() {
 	for {
 		resp, err := readResponse(c.conn)
 		if err != nil {
+			c.endErr = err
 			c.fail(err)
 			return
 		}
 		if resp.id == 0 {
-			c.fail(&BrokerError{Op: resp.op, Status: resp.status, Message: resp.text})
-			return
+			// The broker refused the connection (or the half request Close cut off): it drains
+			// the worker's copies before it ends the connection, so read on until the end, for
+			// Close to see it.
+			c.failOpen(&BrokerError{Op: resp.op, Status: resp.status, Message: resp.text})
+			continue
 		}
 		c.own.Lock()
 		call := c.pending[resp.id]
 		delete(c.pending, resp.id)
+		refused := c.broken != nil
 		c.own.Unlock()
+		if call == nil && refused {
+			continue // the answer of a copy drained after the refusal, whose request has failed
+		}
 		if call == nil || call.op != resp.op {
 			c.fail(fmt.Errorf("broker: a %s response to request %d, which is not a pending %s: %w", opName(resp.op), resp.id, opName(resp.op), ErrProtocol))
 			if call != nil {
@@ -279,8 +301,15 @@ func (c *Client) read() {
 // fail marks the connection broken with cause, closes it and completes every pending request with
 // an error wrapping ErrBrokerGone.
 func (c *Client) fail(cause error) {
+	c.failOpen(cause)
+	c.conn.Close()
+}
+
+// failOpen is fail leaving the connection open, for the reader to read on until the broker ends it.
+func (c *Client) failOpen(cause error) {
 	c.own.Lock()
 	if c.broken == nil {
+		c.cause = cause
 		if c.own.Closed() {
 			c.broken = fmt.Errorf("broker: %w", ErrClosed)
 		} else {
@@ -291,7 +320,6 @@ func (c *Client) fail(cause error) {
 	c.pending = map[uint64]*Completion{}
 	err := c.broken
 	c.own.Unlock()
-	c.conn.Close()
 	for _, call := range pending {
 		call.finish(err)
 	}
@@ -328,6 +356,10 @@ func (c *Client) send(ctx context.Context, call *Completion, req request, exp *i
 	c.lastSend.Store(time.Now().UnixNano())
 	if err != nil {
 		c.forget(req.id)
+		if c.own.IsClosed() {
+			// Close shut the sending side; it waits for the broker's end itself.
+			return fmt.Errorf("broker: %w", ErrClosed)
+		}
 		c.fail(err)
 		return c.brokenErr()
 	}
@@ -579,11 +611,20 @@ func (c *Client) Region(ctx context.Context, dev *vmm.Device, opts pinned.OpenOp
 	return call.region, nil
 }
 
-// Close closes the connection. The broker drains this worker's copies already queued on its streams,
-// starts none of those still waiting for a stream once it sees the connection end, and releases the
-// buffers. Requests still pending fail with ErrClosed; Close does not wait for the broker, so such a
-// copy may still be running, or about to start, when it returns: wait for the Completions of the
-// copies that touch memory the worker goes on using before Close. Close is idempotent and safe on nil.
+// Close ends the connection and waits for the broker to end it too, so that no copy of this
+// worker runs once it returns nil: it shuts the sending side of the connection; the broker, seeing
+// the end, starts none of the worker's copies still waiting for a copy stream, waits for those
+// queued on one, unmaps and releases the buffers, then closes its side, which Close waits for
+// (DialOptions.CloseTimeout). A broker that exited or closed its server has ended the connection
+// already, and Close returns at once. Requests still pending get the broker's answer if it came
+// before the end, else fail with ErrClosed; every Completion is done when Close returns.
+//
+// When Close cannot confirm the end, it closes the connection anyway and returns an error: one
+// wrapping ErrTimeout when the broker did not end the connection in time, one wrapping
+// ErrBrokerGone when the connection had broken otherwise (a protocol fault, a request cut off by
+// its context). A copy of this worker may then still run: keep the memory it touches, and the
+// range of the region, as they are until the broker is known to be gone. Close is idempotent and
+// safe on nil; a second Close returns nil.
 func (c *Client) Close() error {
 	if c == nil {
 		return nil
@@ -592,10 +633,30 @@ func (c *Client) Close() error {
 		return nil
 	}
 	close(c.stopPing)
-	err := c.conn.Close()
-	<-c.done
-	if errors.Is(err, net.ErrClosed) {
-		err = nil
+	d := c.closeTimeout
+	if d <= 0 {
+		d = DefaultCloseTimeout
 	}
-	return err
+	uc := c.conn.Unix()
+	_ = uc.SetReadDeadline(time.Now().Add(d))
+	_ = uc.CloseWrite()
+	<-c.done
+	_ = c.conn.Close()
+	c.own.Lock()
+	cause := c.cause
+	c.own.Unlock()
+	switch {
+	case brokerEnded(c.endErr) || brokerEnded(cause):
+		return nil
+	case errors.Is(c.endErr, os.ErrDeadlineExceeded):
+		return fmt.Errorf("broker: close: the broker did not end the connection within %v, so a copy of this worker may still run: %w", d, ErrTimeout)
+	default:
+		return fmt.Errorf("broker: close: the connection broke before the broker ended it, so a copy of this worker may still run: %w: %w", ErrBrokerGone, cause)
+	}
+}
+
+// brokerEnded reports whether the connection ended because the broker's side was closed: the broker
+// closes it once the worker's copies are drained (or exited, which ends them).
+func brokerEnded(cause error) bool {
+	return errors.Is(cause, io.EOF) || errors.Is(cause, io.ErrUnexpectedEOF) || errors.Is(cause, syscall.ECONNRESET) || errors.Is(cause, syscall.EPIPE)
 }

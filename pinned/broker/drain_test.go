@@ -341,9 +341,11 @@ func TestWorkerCloseDropsCopiesWaitingForAStream(t *testing.T) {
 			require.NoError(t, err)
 		}
 		eventually(t, "the other copies to wait for the stream", func() bool { return l.srv.Stats().InFlight == 3 })
-		require.NoError(t, c.Close())
-		eventually(t, "the broker to see the connection end", func() bool { return connClosed(w) })
+		closed := make(chan error, 1)
+		go func() { closed <- c.Close() }() // it waits for the queued copy
+		eventually(t, "the broker to see the connection end", func() bool { return connEnded(w) })
 		require.NoError(t, b.Sim.ReleaseStream(st))
+		require.NoError(t, <-closed)
 		eventually(t, "the worker to be cleaned up", func() bool { return l.srv.Stats().Drained == 1 })
 		s := l.srv.Stats()
 		require.Zero(t, s.InFlight)
@@ -359,8 +361,109 @@ func TestWorkerCloseDropsCopiesWaitingForAStream(t *testing.T) {
 	}, testutil.SimOnly())
 }
 
-// connClosed reports whether the broker's end of the worker's connection is closed.
-func connClosed(w *worker) bool {
-	rc, err := w.conn.Unix().SyscallConn()
-	return err != nil || rc.Control(func(uintptr) {}) != nil
+// connEnded reports whether the broker has seen the worker's connection end.
+func connEnded(w *worker) bool {
+	w.stopMu.RLock()
+	defer w.stopMu.RUnlock()
+	return w.ended
+}
+
+// Client.Close waits for the broker to end the connection: a copy of the worker queued on a broker
+// stream lands before Close returns, the copy still waiting for a stream never runs, the broker has
+// released the worker's buffers by then, and nothing is written after.
+func TestClientCloseWaitsForItsQueuedCopies(t *testing.T) {
+	testutil.Run(t, func(t *testing.T, b *testutil.Backend) {
+		l := newOneLane(t, b)
+		c := dial(t, l.path)
+		buf := newDevBuffer(t, l.dev, 1, 2*mib)
+		require.NoError(t, l.dev.Fill(buf.Ptr(), 2*mib, 0, 51))
+		fillHost(l.region.Bytes(), 0, 52)
+		rb, err := c.Register(l.ctx, buf)
+		require.NoError(t, err)
+		st := l.srv.lanes[l.dev.Ordinal()].streams[0].st.Handle()
+		require.NoError(t, b.Sim.HoldStream(st))
+		released := false
+		t.Cleanup(func() {
+			if !released {
+				_ = b.Sim.ReleaseStream(st)
+			}
+		})
+		queued := b.Sim.Calls("cuMemcpyDtoHAsync")
+		first, err := c.CopyAsync(Request{Buffer: rb.ID(), Dir: ToHost, Length: mib})
+		require.NoError(t, err)
+		eventually(t, "the first copy to be queued on the stream", func() bool { return b.Sim.Calls("cuMemcpyDtoHAsync") == queued+1 })
+		second, err := c.CopyAsync(Request{Buffer: rb.ID(), Dir: ToDevice, HostOffset: 2 * mib, BufferOffset: mib, Length: mib})
+		require.NoError(t, err)
+		eventually(t, "the second copy to wait for the stream", func() bool { return l.srv.Stats().InFlight == 2 })
+
+		closed := make(chan error, 1)
+		go func() { closed <- c.Close() }()
+		select {
+		case err := <-closed:
+			t.Fatalf("Close returned (%v) while a copy of the worker was still queued on a broker stream", err)
+		case <-time.After(200 * time.Millisecond):
+		}
+		released = true
+		require.NoError(t, b.Sim.ReleaseStream(st))
+		select {
+		case err := <-closed:
+			require.NoError(t, err)
+		case <-time.After(10 * time.Second):
+			t.Fatal("Close did not return once the stream was released")
+		}
+		// Every Completion is done: the queued copy with its answer, the dropped one with ErrClosed.
+		require.NoError(t, first.Wait(l.ctx))
+		require.ErrorIs(t, second.Wait(l.ctx), ErrClosed)
+		s := l.srv.Stats()
+		require.Zero(t, s.InFlight)
+		require.Zero(t, s.Buffers, "the broker closed the connection before releasing the worker's buffers")
+		require.Zero(t, badHost(l.region.Bytes()[:mib], 0, 51), "the queued copy had not landed when Close returned")
+		requireDevicePattern(t, l.dev, buf.Ptr()+mib, mib, mib, 51)
+		time.Sleep(50 * time.Millisecond)
+		require.Zero(t, badHost(l.region.Bytes()[:mib], 0, 51))
+		require.Zero(t, badHost(l.region.Bytes()[mib:], mib, 52), "a copy wrote the region after Close returned")
+		requireDevicePattern(t, l.dev, buf.Ptr(), mib, 0, 51)
+		requireDevicePattern(t, l.dev, buf.Ptr()+mib, mib, mib, 51)
+		require.Equal(t, uint64(1), s.Copies)
+	}, testutil.SimOnly())
+}
+
+// A Client whose broker closed its server, or whose connection is already gone, closes at once.
+func TestClientCloseAfterServerClose(t *testing.T) {
+	testutil.Run(t, func(t *testing.T, b *testutil.Backend) {
+		l := newOneLane(t, b)
+		c := dial(t, l.path)
+		require.NoError(t, c.Ping(l.ctx))
+		require.NoError(t, l.srv.Close())
+		t0 := time.Now()
+		require.NoError(t, c.Close())
+		require.Less(t, time.Since(t0), 5*time.Second)
+	}, testutil.SimOnly())
+}
+
+// A Close that does not see the broker end the connection within DialOptions.CloseTimeout (a copy
+// held on its stream) says so with ErrTimeout, and still frees the client's side.
+func TestClientCloseTimesOut(t *testing.T) {
+	testutil.Run(t, func(t *testing.T, b *testutil.Backend) {
+		l := newOneLane(t, b)
+		c, err := DialContext(l.ctx, l.path, DialOptions{CloseTimeout: 200 * time.Millisecond})
+		require.NoError(t, err)
+		rb, err := c.Register(l.ctx, newDevBuffer(t, l.dev, 1, 2*mib))
+		require.NoError(t, err)
+		st := l.srv.lanes[l.dev.Ordinal()].streams[0].st.Handle()
+		require.NoError(t, b.Sim.HoldStream(st))
+		queued := b.Sim.Calls("cuMemcpyHtoDAsync")
+		done, err := c.CopyAsync(Request{Buffer: rb.ID(), Dir: ToDevice, Length: mib})
+		require.NoError(t, err)
+		eventually(t, "the copy to be queued on the stream", func() bool { return b.Sim.Calls("cuMemcpyHtoDAsync") == queued+1 })
+		t0 := time.Now()
+		err = c.Close()
+		require.ErrorIs(t, err, ErrTimeout)
+		require.Less(t, time.Since(t0), 5*time.Second)
+		require.ErrorIs(t, done.Wait(l.ctx), ErrClosed)
+		require.NoError(t, c.Close(), "a second Close")
+		require.NoError(t, b.Sim.ReleaseStream(st))
+		eventually(t, "the worker to be cleaned up", func() bool { return l.srv.Stats().Workers == 0 })
+		require.Zero(t, l.srv.Stats().Buffers)
+	}, testutil.SimOnly())
 }

@@ -40,7 +40,8 @@ var (
 	ErrConnLimit = ipc.ErrConnLimit
 	// ErrIdle is ipc.ErrIdle: the broker dropped a worker that sent nothing for its idle timeout.
 	ErrIdle = ipc.ErrIdle
-	// ErrTimeout is ipc.ErrTimeout: the broker dropped a worker that left a message half-sent.
+	// ErrTimeout is ipc.ErrTimeout: the broker dropped a worker that left a message half-sent; or
+	// Client.Close did not see the broker end the connection within DialOptions.CloseTimeout.
 	ErrTimeout = ipc.ErrTimeout
 	// ErrProtocol is ipc.ErrProtocol: a malformed message, in either direction.
 	ErrProtocol = ipc.ErrProtocol

@@ -148,6 +148,28 @@ func TestWorkerKilled(t *testing.T) {
 	})
 }
 
+// Client.Close of a worker whose broker process was killed returns at once: the kernel ended the
+// connection with the process.
+func TestClientCloseAfterBrokerKilled(t *testing.T) {
+	testutil.Run(t, func(t *testing.T, b *testutil.Backend) {
+		ctx := testCtx(t)
+		dev := b.Device(t, 0)
+		buf := newDevBuffer(t, dev, 2, 2*mib)
+		path := filepath.Join(privateDir(t), "broker.sock")
+		br := startChild(t, b, "broker", path)
+		require.Equal(t, "ready", br.Line())
+		c, err := Dial(path)
+		require.NoError(t, err)
+		_, err = c.Register(ctx, buf)
+		require.NoError(t, err)
+		require.NoError(t, c.Ping(ctx))
+		br.Kill()
+		t0 := time.Now()
+		require.NoError(t, c.Close())
+		require.Less(t, time.Since(t0), 5*time.Second, "Close waited for a broker that was killed")
+	})
+}
+
 // The broker process killed under a connected worker: pending and later requests fail with
 // ErrBrokerGone wrapping the I/O error, and the worker reconnects to a new broker on the same path.
 func TestBrokerKilled(t *testing.T) {
@@ -175,7 +197,9 @@ func TestBrokerKilled(t *testing.T) {
 		require.ErrorIs(t, c.Ping(ctx), ErrBrokerGone)
 		_, err = c.Register(ctx, buf)
 		require.ErrorIs(t, err, ErrBrokerGone)
+		t0 := time.Now()
 		require.NoError(t, c.Close())
+		require.Less(t, time.Since(t0), 5*time.Second, "Close waited for a broker that was killed")
 
 		// A new broker on the same path (the dead one's socket file is replaced).
 		br2 := startChild(t, b, "broker", path)

@@ -685,10 +685,11 @@ func (w *worker) readFailed(err error) {
 }
 
 // cleanup runs when the connection ends, however: it drops the worker's copies still waiting for a
-// stream, drains those queued on one, then unmaps and releases every buffer the worker registered.
+// stream, drains those queued on one, unmaps and releases every buffer the worker registered, and
+// only then closes the connection, so that a worker that shut its side (Client.Close) and waits for
+// the end knows that none of its copies runs any more.
 func (w *worker) cleanup() {
 	w.stopCopies()
-	_ = w.conn.Close()
 	w.jobs.Wait()
 	w.mu.Lock()
 	bufs := w.bufs
@@ -699,6 +700,7 @@ func (w *worker) cleanup() {
 			w.logf("releasing buffer %d: %v", b.id, err)
 		}
 	}
+	_ = w.conn.Close()
 	s := w.s
 	s.own.Lock()
 	delete(s.workers, w)
