@@ -51,10 +51,12 @@
 //     or the window Options.Grant gives it), the buffer range in the buffer's chunks, and the buffer
 //     must be one this worker registered. Buffer ids are per connection.
 //   - A worker that disconnects or dies has its copies queued on a stream drained (those still
-//     waiting for a stream are not started), then its buffers unmapped and released; the broker
-//     keeps serving the others. A broker that exits fails every pending
-//     and later request with ErrBrokerGone; dial again (DialOptions.Retry waits for a restarted
-//     broker) and register the buffers again.
+//     waiting for a stream are not started), then its buffers unmapped and released, before the
+//     broker closes its end of the connection; the broker keeps serving the others. Client.Close
+//     waits for that end, so no copy of the worker runs once it returns nil (it returns an error
+//     wrapping ErrTimeout or ErrBrokerGone when it cannot tell). A broker that exits fails every
+//     pending and later request with ErrBrokerGone; dial again (DialOptions.Retry waits for a
+//     restarted broker) and register the buffers again.
 //
 // # Concurrency
 //
