@@ -271,13 +271,7 @@ func TestServerSecondCloseWaitsForFirst(t *testing.T) {
 	for !errors.Is(s.Publish("b", nil), ipc.ErrClosed) { // the first Close has begun
 		time.Sleep(time.Millisecond)
 	}
-	second := make(chan error, 1)
-	go func() { second <- s.Close() }()
-	select {
-	case err := <-second:
-		t.Fatalf("the second Close returned (%v) while the first waits for a connection", err)
-	case <-time.After(200 * time.Millisecond):
-	}
+	second := testutil.StillWaiting(t, 200*time.Millisecond, "the second Close, while the first waits for a connection,", s.Close)
 	close(release)
 	require.NoError(t, <-first)
 	require.NoError(t, <-second)

@@ -113,15 +113,10 @@ func TestStreamCloseWaitsForSynchronize(t *testing.T) {
 		s, err := b.Device(t, 0).CreateStream(vmm.StreamOptions{})
 		require.NoError(t, err)
 		require.NoError(t, b.Sim.HoldStream(s.Handle()))
-		synced, closed := make(chan error), make(chan error)
+		synced := make(chan error)
 		go func() { synced <- s.Synchronize() }()
 		time.Sleep(20 * time.Millisecond) // let Synchronize begin
-		go func() { closed <- s.Close() }()
-		select {
-		case err := <-closed:
-			t.Fatalf("Close returned (%v) while a Synchronize was waiting", err)
-		case <-time.After(50 * time.Millisecond):
-		}
+		closed := testutil.StillWaiting(t, 50*time.Millisecond, "Close, while a Synchronize was waiting,", s.Close)
 		require.NoError(t, b.Sim.ReleaseStream(s.Handle()))
 		require.NoError(t, <-synced)
 		require.NoError(t, <-closed)
@@ -137,13 +132,7 @@ func TestStreamHold(t *testing.T) {
 		require.NoError(t, err)
 		release, err := s.Hold()
 		require.NoError(t, err)
-		closed := make(chan error)
-		go func() { closed <- s.Close() }()
-		select {
-		case err := <-closed:
-			t.Fatalf("Close returned (%v) while the stream was held", err)
-		case <-time.After(50 * time.Millisecond):
-		}
+		closed := testutil.StillWaiting(t, 50*time.Millisecond, "Close, while the stream was held,", s.Close)
 		_, err = s.Hold()
 		require.ErrorIs(t, err, vmm.ErrClosed, "a hold while Close waits")
 		release()

@@ -16,6 +16,7 @@ import (
 	"strings"
 	"sync"
 	"testing"
+	"time"
 
 	"github.com/stretchr/testify/require"
 
@@ -266,4 +267,19 @@ func requireNoFDLeak(t testing.TB, before map[string]string, allowed map[string]
 	}
 	sort.Strings(leaked)
 	require.Empty(t, leaked, "file descriptors leaked")
+}
+
+// StillWaiting runs call on another goroutine and fails the test if it returns within d: for a call
+// (a Close, say) that must wait for something the test releases next. what names the call and why it
+// should wait. It returns the channel that the call's result comes on.
+func StillWaiting(t testing.TB, d time.Duration, what string, call func() error) <-chan error {
+	t.Helper()
+	done := make(chan error, 1)
+	go func() { done <- call() }()
+	select {
+	case err := <-done:
+		t.Fatalf("%s returned (%v)", what, err)
+	case <-time.After(d):
+	}
+	return done
 }

@@ -396,13 +396,7 @@ func TestClientCloseWaitsForItsQueuedCopies(t *testing.T) {
 		require.NoError(t, err)
 		eventually(t, "the second copy to wait for the stream", func() bool { return l.srv.Stats().InFlight == 2 })
 
-		closed := make(chan error, 1)
-		go func() { closed <- c.Close() }()
-		select {
-		case err := <-closed:
-			t.Fatalf("Close returned (%v) while a copy of the worker was still queued on a broker stream", err)
-		case <-time.After(200 * time.Millisecond):
-		}
+		closed := testutil.StillWaiting(t, 200*time.Millisecond, "Close, while a copy of the worker was still queued on a broker stream,", c.Close)
 		released = true
 		require.NoError(t, b.Sim.ReleaseStream(st))
 		select {
