@@ -54,7 +54,7 @@ func Load(ctx context.Context, sys *vmm.System, r io.Reader, opts Options) (*Set
 		if err != nil {
 			return fail(err)
 		}
-		if err := set.fill(ctx, r, sys, ce, b, prog); err != nil {
+		if err := set.fill(ctx, r, ce, b, prog); err != nil {
 			if errors.Is(err, errNotDrained) {
 				// A copy into b may still be queued: unmapping it now would leave the copy writing
 				// to freed addresses. The System frees it once its devices are idle.
@@ -140,9 +140,9 @@ func mapChunk(sys *vmm.System, ce ckEntry, i int, b *Restored) (*vmm.Allocation,
 
 // fill maps an entry's chunks into b one at a time and streams each one's bytes from r through one
 // staging slot, checking each checksum.
-func (s *Set) fill(ctx context.Context, r io.Reader, sys *vmm.System, ce ckEntry, b *Restored, prog *progress) error {
+func (s *Set) fill(ctx context.Context, r io.Reader, ce ckEntry, b *Restored, prog *progress) error {
 	for i, c := range ce.Chunks {
-		a, err := mapChunk(sys, ce, i, b)
+		a, err := mapChunk(s.sys, ce, i, b)
 		if err != nil {
 			return err
 		}
