@@ -5,7 +5,6 @@ import (
 	"errors"
 	"fmt"
 	"io"
-	"sort"
 	"time"
 	"unsafe"
 
@@ -198,8 +197,7 @@ func measureStaging(o *BandwidthOptions, d *vmm.Device, res *BandwidthResult) (s
 			runs++
 			bar.Update(runs)
 		}
-		sort.Float64s(gbs)
-		return gbs[1], nil // the median of three
+		return median(gbs), nil
 	}
 	if st.D2HGBs, err = best(func() (int64, error) { return stager.DeviceToWriter(ctx, io.Discard, dev.Ptr(), size) }); err != nil {
 		return nil, fmt.Errorf("staging device to writer: %w", err)
