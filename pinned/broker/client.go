@@ -8,7 +8,6 @@ import (
 	"os"
 	"sync"
 	"sync/atomic"
-	"syscall"
 	"time"
 
 	"golang.org/x/sys/unix"
@@ -658,5 +657,5 @@ func (c *Client) Close() error {
 // brokerEnded reports whether the connection ended because the broker's side was closed: the broker
 // closes it once the worker's copies are drained (or exited, which ends them).
 func brokerEnded(cause error) bool {
-	return errors.Is(cause, io.EOF) || errors.Is(cause, io.ErrUnexpectedEOF) || errors.Is(cause, syscall.ECONNRESET) || errors.Is(cause, syscall.EPIPE)
+	return peerClosed(cause) || errors.Is(cause, io.ErrUnexpectedEOF)
 }

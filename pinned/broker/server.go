@@ -543,8 +543,11 @@ func (w *worker) stopCopies() {
 }
 
 // hangUp reports whether err is the normal end of a connection: the peer or cleanup closed it.
-func hangUp(err error) bool {
-	return errors.Is(err, io.EOF) || errors.Is(err, net.ErrClosed) || errors.Is(err, syscall.ECONNRESET) || errors.Is(err, syscall.EPIPE)
+func hangUp(err error) bool { return peerClosed(err) || errors.Is(err, net.ErrClosed) }
+
+// peerClosed reports whether err says the other end closed the connection (or its process exited).
+func peerClosed(err error) bool {
+	return errors.Is(err, io.EOF) || errors.Is(err, syscall.ECONNRESET) || errors.Is(err, syscall.EPIPE)
 }
 
 // writeResponse sends one response frame; the caller holds the connection's write lock.
