@@ -75,7 +75,8 @@ func (s *Stream) begin(op string) (end func(), err error) {
 // Close on another goroutine cannot destroy the stream, and the driver give its value to a new one,
 // in between. Release promptly: hold only while making the calls, not while their work runs. The
 // legacy default stream (nil) needs no hold. A closed stream is refused with an error wrapping
-// ErrClosed. Calling release again does nothing.
+// ErrClosed. Calling release again does nothing. Unlike Allocation.Hold, which makes Close fail with
+// ErrInUse while the memory is held, a stream's hold is brief and Close waits for it.
 func (s *Stream) Hold() (release func(), err error) {
 	end, err := s.begin("hold")
 	if err != nil {
