@@ -395,15 +395,24 @@ func (r *Reservation) setAccessLocked(off, size uint64, access []Access) error {
 // coveredByMappings checks that [off, off+size) is exactly a run of whole adjacent mappings; the
 // caller holds r.mu.
 func (r *Reservation) coveredByMappings(off, size uint64) error {
+	_, err := r.mappingsIn(off, size)
+	return err
+}
+
+// mappingsIn lists the mappings that make up [off, off+size), in order, or fails when the range is
+// not exactly a run of whole adjacent mappings; the caller holds r.mu.
+func (r *Reservation) mappingsIn(off, size uint64) ([]*Mapping, error) {
+	var ms []*Mapping
 	pos, end := off, off+size
 	for pos < end {
 		m, ok := r.mappings[pos]
 		if !ok || m.off+m.size > end {
-			return fmt.Errorf("vmm: range %s at offset %#x of %s is not made of whole mappings (offset %#x): %w", units.FormatSize(size), off, r, pos, ErrInvalidValue)
+			return nil, fmt.Errorf("vmm: range %s at offset %#x of %s is not made of whole mappings (offset %#x): %w", units.FormatSize(size), off, r, pos, ErrInvalidValue)
 		}
+		ms = append(ms, m)
 		pos = m.off + m.size
 	}
-	return nil
+	return ms, nil
 }
 
 // Mappings are the live mappings, ordered by offset.
@@ -456,17 +465,9 @@ func (r *Reservation) UnmapRange(off, size uint64) error {
 	}
 	r.own.Lock()
 	defer r.own.Unlock()
-	if err := r.checkRange("unmap", off, size); err != nil {
+	ms, err := r.unmappable(off, size)
+	if err != nil {
 		return err
-	}
-	if err := r.coveredByMappings(off, size); err != nil {
-		return err
-	}
-	var ms []*Mapping
-	for pos := off; pos < off+size; {
-		m := r.mappings[pos]
-		ms = append(ms, m)
-		pos = m.off + m.size
 	}
 	for _, m := range ms {
 		if err := m.alloc.checkHeld("unmap " + m.String()); err != nil {
@@ -486,19 +487,24 @@ func (r *Reservation) UnmapRange(off, size uint64) error {
 	return errors.Join(errs...)
 }
 
+// unmappable lists the mappings UnmapRange unmaps in [off, off+size), or fails when the range is out
+// of bounds or not made of whole mappings; the caller holds r's lock.
+func (r *Reservation) unmappable(off, size uint64) ([]*Mapping, error) {
+	if err := r.checkRange("unmap", off, size); err != nil {
+		return nil, err
+	}
+	return r.mappingsIn(off, size)
+}
+
 // allocationsIn lists the allocations mapped in [off, off+size) (none when the range is not made of
 // whole mappings: UnmapRange refuses it).
 func (r *Reservation) allocationsIn(off, size uint64) []*Allocation {
 	r.own.Lock()
 	defer r.own.Unlock()
-	if r.checkRange("unmap", off, size) != nil || r.coveredByMappings(off, size) != nil {
-		return nil
-	}
+	ms, _ := r.unmappable(off, size)
 	var as []*Allocation
-	for pos := off; pos < off+size; {
-		m := r.mappings[pos]
+	for _, m := range ms {
 		as = append(as, m.alloc)
-		pos = m.off + m.size
 	}
 	return as
 }
