@@ -460,7 +460,7 @@ func (r *Reservation) UnmapRange(off, size uint64) error {
 	if r == nil {
 		return nil
 	}
-	for _, a := range r.allocationsIn(off, size) {
+	for _, a := range r.ownedIn(off, size) {
 		a.unblockRelease(1)
 	}
 	r.own.Lock()
@@ -496,15 +496,18 @@ func (r *Reservation) unmappable(off, size uint64) ([]*Mapping, error) {
 	return r.mappingsIn(off, size)
 }
 
-// allocationsIn lists the allocations mapped in [off, off+size) (none when the range is not made of
-// whole mappings: UnmapRange refuses it).
-func (r *Reservation) allocationsIn(off, size uint64) []*Allocation {
+// ownedIn lists the allocations that the mappings in [off, off+size) own, those UnmapRange releases
+// (none when it refuses the range). A mapping that does not own its allocation releases nothing, so
+// it has no release to unblock.
+func (r *Reservation) ownedIn(off, size uint64) []*Allocation {
 	r.own.Lock()
 	defer r.own.Unlock()
 	ms, _ := r.unmappable(off, size)
 	var as []*Allocation
 	for _, m := range ms {
-		as = append(as, m.alloc)
+		if m.ownsAlloc {
+			as = append(as, m.alloc)
+		}
 	}
 	return as
 }
@@ -667,10 +670,19 @@ func (m *Mapping) Close() error {
 		return nil
 	}
 	r := m.res
-	m.alloc.unblockRelease(1)
+	if m.owns() {
+		m.alloc.unblockRelease(1)
+	}
 	r.own.Lock()
 	defer r.own.Unlock()
 	return m.closeLocked()
+}
+
+// owns reports whether m owns its allocation, which its Close then releases.
+func (m *Mapping) owns() bool {
+	m.res.own.Lock()
+	defer m.res.own.Unlock()
+	return m.ownsAlloc
 }
 
 // closeLocked is Close; the caller holds the reservation's lock.
