@@ -18,6 +18,7 @@ import (
 	"sort"
 	"strconv"
 	"strings"
+	"sync/atomic"
 
 	"github.com/cuvmm/cuvmm/driver"
 	"github.com/cuvmm/cuvmm/internal/lifetime"
@@ -65,6 +66,7 @@ type Range struct {
 	gran    uint64
 
 	res    *vmm.Reservation
+	ptr    atomic.Uint64 // res's address, 0 once Close freed it: Ptr and Len read it without the lock
 	pieces []piece
 	maps   []*vmm.Mapping // maps[i] holds pieces[i]
 	segs   map[*vmm.Device][]Segment
@@ -249,6 +251,7 @@ func (r *Range) build(all []*vmm.Device) error {
 		return errors.Join(err, vmm.UndoClose(res))
 	}
 	r.res, r.maps = res, maps
+	r.ptr.Store(uint64(res.Ptr()))
 	return nil
 }
 
@@ -289,20 +292,16 @@ func (r *Range) size() uint64 {
 
 // Ptr is the range's first address, valid on every holder and access-only device until Close, and
 // 0 once Close succeeded (as growbuf's Buffer.Ptr): the freed addresses may be handed to another
-// reservation. After a Close that failed, the range is still open and Ptr still its address.
-func (r *Range) Ptr() driver.DevicePtr {
-	if r.isClosed() {
-		return 0
-	}
-	return r.res.Ptr()
-}
+// reservation. After a Close that failed, the range is still open and Ptr still its address. It is
+// one atomic load, as Len.
+func (r *Range) Ptr() driver.DevicePtr { return driver.DevicePtr(r.ptr.Load()) }
 
 // Size is the range's size in bytes: the size asked of New rounded up to Granularity.
 func (r *Range) Size() uint64 { return r.size() }
 
 // Len is Size (vmm.Chunked), and 0 once the range is closed: the chunks (none then) cover Len.
 func (r *Range) Len() uint64 {
-	if r.isClosed() {
+	if r.Ptr() == 0 {
 		return 0
 	}
 	return r.size()
@@ -384,7 +383,6 @@ func (r *Range) Close() error {
 	if r == nil {
 		return nil
 	}
-	// Named before Close takes the lock: String reads Ptr, which takes it.
 	what := "stripe: close " + r.String()
 	return r.own.Close(what, func() error {
 		if len(r.res.Mappings()) > 0 {
@@ -397,6 +395,7 @@ func (r *Range) Close() error {
 		if err := r.res.Close(); err != nil {
 			return fmt.Errorf("%s: %w", what, err)
 		}
+		r.ptr.Store(0)
 		return nil
 	})
 }

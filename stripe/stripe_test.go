@@ -421,6 +421,37 @@ func TestChunkedExport(t *testing.T) {
 	}, testutil.Devices(2))
 }
 
+// Ptr and Len read without the range's lock while Close runs: Ptr is the range's address until it
+// is 0, and a Len read after a Ptr of 0 is 0 too; nothing races (go test -race).
+func TestPtrAndLenDuringClose(t *testing.T) {
+	testutil.Run(t, func(t *testing.T, b *testutil.Backend) {
+		devs := devices(t, b, 0, 1)
+		r, err := stripe.New(devs, 8*mib, stripe.Interleaved{Stripe: 2 * mib}, stripe.Options{})
+		require.NoError(t, err)
+		ptr := r.Ptr()
+		done := make(chan struct{})
+		go func() {
+			defer close(done)
+			for {
+				p, n := r.Ptr(), r.Len()
+				switch {
+				case p == 0 && n != 0:
+					t.Errorf("Len %d after Ptr 0", n)
+				case p != 0 && p != ptr:
+					t.Errorf("Ptr %#x while closing the range at %#x", p, ptr)
+				}
+				if p != ptr {
+					return
+				}
+			}
+		}()
+		require.NoError(t, r.Close())
+		<-done
+		require.Zero(t, r.Ptr())
+		require.Zero(t, r.Len())
+	}, testutil.Devices(2))
+}
+
 // A closed range, as a vmm.Chunked, has no chunks and so a Len of 0: the chunks always cover Len.
 func TestClosedRangeHasNoLen(t *testing.T) {
 	testutil.Run(t, func(t *testing.T, b *testutil.Backend) {

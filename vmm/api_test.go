@@ -554,6 +554,49 @@ func TestReleaseRetriesOrphanMappingIt(t *testing.T) {
 	}
 }
 
+// A mapping that does not own its allocation releases nothing when it goes, so its Close and
+// UnmapRange leave the System's range that still maps the allocation alone; the allocation's own
+// Close, which releases it, retries that range first, and nothing is left.
+func TestNonOwningUnmapLeavesOrphanToAllocationClose(t *testing.T) {
+	for name, unmap := range map[string]func(r *vmm.Reservation, m *vmm.Mapping) error{
+		"Mapping.Close":          func(_ *vmm.Reservation, m *vmm.Mapping) error { return m.Close() },
+		"Reservation.UnmapRange": func(r *vmm.Reservation, m *vmm.Mapping) error { return r.UnmapRange(0, m.Size()) },
+	} {
+		t.Run(name, func(t *testing.T) {
+			testutil.Run(t, func(t *testing.T, b *testutil.Backend) {
+				d := b.Device(t, 0)
+				a, err := d.Allocate(2*mib, vmm.AllocOptions{})
+				require.NoError(t, err)
+				r, err := b.Sys.Reserve(2*mib, vmm.ReserveOptions{})
+				require.NoError(t, err)
+				rw := []vmm.Access{vmm.ReadWrite(d)}
+				m, err := r.MapAccess(0, a, rw...)
+				require.NoError(t, err)
+				specs := []vmm.ChunkSpec{
+					{Offset: 0, Allocation: a, Access: rw},
+					{Offset: 2 * mib, Size: 2 * mib, Device: d, Access: rw},
+				}
+				b.Sim.FailNth("cuMemCreate", 1, driver.ErrorOutOfMemory)
+				b.Sim.FailNth("cuMemUnmap", 1, driver.ErrorUnknown) // the undo's unmap
+				b.Sim.FailNth("cuMemUnmap", 2, driver.ErrorUnknown) // its retry, as the range is freed
+				_, _, err = b.Sys.ReserveChunks(4*mib, vmm.ReserveOptions{}, specs)
+				require.ErrorIs(t, err, driver.ErrOutOfMemory)
+				require.NotEmpty(t, b.Sys.Orphans(), "the second range still maps the allocation")
+
+				frees := b.Sim.Calls("cuMemAddressFree")
+				require.NoError(t, unmap(r, m))
+				require.False(t, a.Closed(), "the mapping did not own it")
+				require.Equal(t, frees, b.Sim.Calls("cuMemAddressFree"), "no range freed: nothing was to be released")
+				require.NotEmpty(t, b.Sys.Orphans())
+
+				require.NoError(t, a.Close(), "the release retries the range first")
+				require.NoError(t, r.Close())
+				require.Empty(t, b.Sys.Orphans())
+			}, testutil.SimOnly())
+		})
+	}
+}
+
 func TestCheckHandleTypes(t *testing.T) {
 	require.NoError(t, vmm.CheckHandleTypes(driver.HandleTypeNone))
 	require.NoError(t, vmm.CheckHandleTypes(driver.HandleTypePosixFD|driver.HandleTypeFabric))

@@ -110,9 +110,9 @@ func (s *System) retryIn(lo, hi driver.DevicePtr) error {
 
 // RetryOrphansMapping retries freeing the orphaned reservations (see Orphans) in which a is still
 // mapped: a failed undo that could not unmap a from a new range keeps a from being released until
-// that range goes. Allocation.Close, Mapping.Close and Reservation.UnmapRange call it before they
-// release a, so owners need not; it remains for a caller that wants the errors of those that still
-// fail, which it returns.
+// that range goes. Allocation.Close, and Mapping.Close and Reservation.UnmapRange of a mapping that
+// owns a, call it before they release a, so owners need not; it remains for a caller that wants the
+// errors of those that still fail, which it returns.
 func (s *System) RetryOrphansMapping(a *Allocation) error {
 	if s == nil || a == nil {
 		return nil

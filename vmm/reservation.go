@@ -395,15 +395,24 @@ func (r *Reservation) setAccessLocked(off, size uint64, access []Access) error {
 // coveredByMappings checks that [off, off+size) is exactly a run of whole adjacent mappings; the
 // caller holds r.mu.
 func (r *Reservation) coveredByMappings(off, size uint64) error {
+	_, err := r.mappingsIn(off, size)
+	return err
+}
+
+// mappingsIn lists the mappings that make up [off, off+size), in order, or fails when the range is
+// not exactly a run of whole adjacent mappings; the caller holds r.mu.
+func (r *Reservation) mappingsIn(off, size uint64) ([]*Mapping, error) {
+	var ms []*Mapping
 	pos, end := off, off+size
 	for pos < end {
 		m, ok := r.mappings[pos]
 		if !ok || m.off+m.size > end {
-			return fmt.Errorf("vmm: range %s at offset %#x of %s is not made of whole mappings (offset %#x): %w", units.FormatSize(size), off, r, pos, ErrInvalidValue)
+			return nil, fmt.Errorf("vmm: range %s at offset %#x of %s is not made of whole mappings (offset %#x): %w", units.FormatSize(size), off, r, pos, ErrInvalidValue)
 		}
+		ms = append(ms, m)
 		pos = m.off + m.size
 	}
-	return nil
+	return ms, nil
 }
 
 // Mappings are the live mappings, ordered by offset.
@@ -451,22 +460,14 @@ func (r *Reservation) UnmapRange(off, size uint64) error {
 	if r == nil {
 		return nil
 	}
-	for _, a := range r.allocationsIn(off, size) {
+	for _, a := range r.ownedIn(off, size) {
 		a.unblockRelease(1)
 	}
 	r.own.Lock()
 	defer r.own.Unlock()
-	if err := r.checkRange("unmap", off, size); err != nil {
+	ms, err := r.unmappable(off, size)
+	if err != nil {
 		return err
-	}
-	if err := r.coveredByMappings(off, size); err != nil {
-		return err
-	}
-	var ms []*Mapping
-	for pos := off; pos < off+size; {
-		m := r.mappings[pos]
-		ms = append(ms, m)
-		pos = m.off + m.size
 	}
 	for _, m := range ms {
 		if err := m.alloc.checkHeld("unmap " + m.String()); err != nil {
@@ -486,19 +487,27 @@ func (r *Reservation) UnmapRange(off, size uint64) error {
 	return errors.Join(errs...)
 }
 
-// allocationsIn lists the allocations mapped in [off, off+size) (none when the range is not made of
-// whole mappings: UnmapRange refuses it).
-func (r *Reservation) allocationsIn(off, size uint64) []*Allocation {
+// unmappable lists the mappings UnmapRange unmaps in [off, off+size), or fails when the range is out
+// of bounds or not made of whole mappings; the caller holds r's lock.
+func (r *Reservation) unmappable(off, size uint64) ([]*Mapping, error) {
+	if err := r.checkRange("unmap", off, size); err != nil {
+		return nil, err
+	}
+	return r.mappingsIn(off, size)
+}
+
+// ownedIn lists the allocations that the mappings in [off, off+size) own, those UnmapRange releases
+// (none when it refuses the range). A mapping that does not own its allocation releases nothing, so
+// it has no release to unblock.
+func (r *Reservation) ownedIn(off, size uint64) []*Allocation {
 	r.own.Lock()
 	defer r.own.Unlock()
-	if r.checkRange("unmap", off, size) != nil || r.coveredByMappings(off, size) != nil {
-		return nil
-	}
+	ms, _ := r.unmappable(off, size)
 	var as []*Allocation
-	for pos := off; pos < off+size; {
-		m := r.mappings[pos]
-		as = append(as, m.alloc)
-		pos = m.off + m.size
+	for _, m := range ms {
+		if m.ownsAlloc {
+			as = append(as, m.alloc)
+		}
 	}
 	return as
 }
@@ -661,10 +670,19 @@ func (m *Mapping) Close() error {
 		return nil
 	}
 	r := m.res
-	m.alloc.unblockRelease(1)
+	if m.owns() {
+		m.alloc.unblockRelease(1)
+	}
 	r.own.Lock()
 	defer r.own.Unlock()
 	return m.closeLocked()
+}
+
+// owns reports whether m owns its allocation, which its Close then releases.
+func (m *Mapping) owns() bool {
+	m.res.own.Lock()
+	defer m.res.own.Unlock()
+	return m.ownsAlloc
 }
 
 // closeLocked is Close; the caller holds the reservation's lock.

@@ -30,7 +30,7 @@ type Owner struct {
 	leak   *leakState
 
 	calls   int        // calls in progress on the object, from Begin to End
-	closing bool       // Close waits for the calls in progress: Begin refuses
+	closers int        // Closes waiting for the calls in progress: Begin refuses while there are any
 	idle    *sync.Cond // broadcast when calls drops to zero; L is &mu, made by the first Close that waits
 
 	kidsMu sync.Mutex
@@ -107,7 +107,7 @@ func (o *Owner) Shut() (wasOpen bool) {
 func (o *Owner) Begin() bool {
 	o.mu.Lock()
 	defer o.mu.Unlock()
-	if o.closed || o.closing {
+	if o.closed || o.closers > 0 {
 		return false
 	}
 	o.calls++
@@ -132,13 +132,13 @@ func (o *Owner) waitCalls() {
 	if o.idle == nil {
 		o.idle = sync.NewCond(&o.mu)
 	}
+	// Counted until it wakes, so that another Close, woken first and failing to free, leaves Begin
+	// refusing while this one has yet to run.
+	o.closers++
 	for o.calls > 0 {
-		// Set on every pass: another Close that woke first clears it when its free fails, and
-		// Begin would then admit new calls for as long as this one waits.
-		o.closing = true
 		o.idle.Wait()
 	}
-	o.closing = false // the lock is held from here until free is done
+	o.closers-- // the lock is held from here until free is done
 }
 
 // Close is the common Close: nothing when already closed; an error wrapping ErrInUse, naming what

@@ -2,6 +2,9 @@ package lifetime
 
 import (
 	"errors"
+	"runtime"
+	"strings"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -88,31 +91,53 @@ func TestCloseWaitsForCalls(t *testing.T) {
 	require.NoError(t, p.Close("object", nil))
 }
 
-// A Close that is woken while calls are still in progress (as when another Close, woken first,
-// cleared closing and then failed to free) refuses new calls again while it goes on waiting,
-// instead of admitting them for as long as it waits.
+// A Close whose free fails while another Close waits for the same calls leaves Begin refusing until
+// that other Close is done: a call admitted then would be one the other Close, which means to free,
+// has to wait for, and may start after it has.
 func TestWaitingCloseRefusesCallsAfterAnotherCloseFailed(t *testing.T) {
 	var o Owner
 	require.True(t, o.Begin())
-	done := make(chan struct{})
-	go func() {
-		o.mu.Lock()
-		o.waitCalls()
-		o.mu.Unlock()
-		close(done)
-	}()
-	eventuallyRefusesCalls(t, &o)
-	o.mu.Lock()
-	o.closing = false // what a Close that woke first and failed to free leaves
-	o.idle.Broadcast()
-	o.mu.Unlock()
-	require.Eventually(t, func() bool {
-		o.mu.Lock()
-		defer o.mu.Unlock()
-		return o.closing
-	}, time.Second, time.Millisecond, "the waiting Close refuses new calls again")
+	var frees atomic.Int32
+	free := func() error {
+		if frees.Add(1) == 1 {
+			return errors.New("boom")
+		}
+		return nil
+	}
+	admitted := make(chan bool, 2)
+	for range 2 {
+		go func() {
+			// Begin right after the failed Close, before the other Close has woken.
+			failed := o.Close("object", free) != nil
+			ok := failed && o.Begin()
+			if ok {
+				o.End()
+			}
+			admitted <- ok
+		}()
+	}
+	eventuallyWaitingCloses(t, 2)
 	o.End()
-	<-done
+	for range 2 {
+		require.False(t, <-admitted, "Begin admitted a call after a failed Close while another Close waited")
+	}
+	require.Equal(t, int32(2), frees.Load(), "one free failed, the other Close's succeeded")
+	require.True(t, o.IsClosed())
+}
+
+// eventuallyWaitingCloses waits until n goroutines are in Close, waiting for the calls in progress.
+func eventuallyWaitingCloses(t *testing.T, n int) {
+	require.Eventually(t, func() bool {
+		buf := make([]byte, 1<<20)
+		buf = buf[:runtime.Stack(buf, true)]
+		waiting := 0
+		for _, g := range strings.Split(string(buf), "\n\n") {
+			if strings.Contains(g, "sync.(*Cond).Wait") && strings.Contains(g, "lifetime.(*Owner).Close(") {
+				waiting++
+			}
+		}
+		return waiting >= n
+	}, 5*time.Second, time.Millisecond, "%d Closes wait for the calls in progress", n)
 }
 
 // eventuallyRefusesCalls waits until o's Begin refuses, as it does while a Close waits for the calls
