@@ -92,7 +92,8 @@ type Options struct {
 	// StatusTimeout.
 	ReadTimeout time.Duration
 	// WriteTimeout bounds each response and region sent (default 10 s): a worker that stops reading
-	// loses its connection instead of holding the broker.
+	// loses its connection instead of holding the broker (once its copies queued on a stream have
+	// landed, as at every end of a connection).
 	WriteTimeout time.Duration
 	// Logf, when set, receives the broker's events: refused peers, protocol faults, disconnects with
 	// the work drained, failures of cleanup.
@@ -454,7 +455,9 @@ type worker struct {
 	cred      unix.Ucred
 	grant     Grant
 	helloDone atomic.Bool
-	lost      atomic.Bool // a write failed: the connection is closed
+	// lost: a write failed, so the framing is lost: nothing more is sent, and the connection closes
+	// once the copies queued are drained (writeFailed). Set under the connection's write lock.
+	lost atomic.Bool
 
 	pbuf [ResponseSize + MaxText]byte // response payloads; guarded by conn's write lock
 
@@ -470,6 +473,9 @@ type worker struct {
 	// read-held by a copy from its check of ended to its queuing, as the server's queueMu is for quit.
 	stopMu sync.RWMutex
 	ended  bool
+	// queued counts the worker's copies queued on a stream and not yet complete (or settled): a
+	// failed write waits for them before it closes the connection.
+	queued sync.WaitGroup
 }
 
 // regBuffer is a worker's buffer, imported and mapped for one device.
@@ -507,30 +513,47 @@ func (w *worker) logf(format string, args ...any) {
 	w.s.logf("broker: %s: worker pid %d: %s", w.s.path, w.cred.Pid, fmt.Sprintf(format, args...))
 }
 
-// reply writes one response. A write that fails (the worker is gone, or stopped reading for
-// WriteTimeout) closes the connection: the reader then ends it and cleanup frees the buffers.
+// reply writes one response, unless an earlier write failed. A write that fails (the worker is
+// gone, or stopped reading for WriteTimeout) ends the connection (writeFailed): the reader then ends
+// it and cleanup frees the buffers.
 func (w *worker) reply(r *response) {
 	if r.status != StatusOK {
 		w.s.failed.Add(1)
 	}
 	w.conn.Lock()
-	err := w.writeResponse(r)
+	err := w.send(func() error { return w.writeResponse(r) })
 	w.conn.Unlock()
 	if err != nil {
 		w.writeFailed(err)
 	}
 }
 
-// writeFailed closes a connection whose write failed; the framing is lost. A worker that stopped
-// reading for WriteTimeout counts as dropped.
+// send runs write, which writes on the connection, unless an earlier write failed (then it writes
+// nothing and returns nil); a failure marks the connection lost. The caller holds the write lock.
+func (w *worker) send(write func() error) error {
+	if w.lost.Load() {
+		return nil
+	}
+	err := write()
+	if err != nil {
+		w.lost.Store(true)
+	}
+	return err
+}
+
+// writeFailed ends a connection whose write failed; the framing is lost. Like every other end, it
+// drops the copies still waiting for a stream and drains those queued on one before it closes the
+// connection: the worker takes the end to mean that none of its copies runs any more. A worker that
+// stopped reading for WriteTimeout counts as dropped.
 func (w *worker) writeFailed(err error) {
-	if w.lost.CompareAndSwap(false, true) && !hangUp(err) {
+	if !hangUp(err) {
 		if errors.Is(err, os.ErrDeadlineExceeded) {
 			w.s.drops.Add(1)
 		}
-		w.logf("writing a response: %v (closing the connection)", err)
+		w.logf("writing a response: %v (closing the connection once its queued copies are drained)", err)
 	}
 	w.stopCopies()
+	w.queued.Wait()
 	_ = w.conn.Close()
 }
 
@@ -787,6 +810,7 @@ func (w *worker) runCopy(req request, b *regBuffer, cs *copyStream) {
 		return
 	}
 	w.s.queued.Add(1)
+	w.queued.Add(1)
 	var err error
 	if req.dir == ToDevice {
 		err = region.CopyToDevice(st, dst, req.hostOff, req.length)
@@ -805,6 +829,7 @@ func (w *worker) runCopy(req request, b *regBuffer, cs *copyStream) {
 	} else if serr := w.s.settle(b, cs); serr != nil {
 		err = fmt.Errorf("%w; %w", err, serr)
 	}
+	w.queued.Done()
 	w.s.queued.Done()
 	// Not in flight once answered: a client that saw the answer must not find it in Stats.
 	w.s.inFlight.Add(-1)
@@ -988,8 +1013,8 @@ func (w *worker) release(b *regBuffer) error {
 	return err
 }
 
-// shareRegion sends the region (an OK response, then pinned.Region.Share). A returned error means
-// the connection is unusable.
+// shareRegion sends the region (an OK response, then pinned.Region.Share); nothing once an earlier
+// write failed. A returned error means the connection is unusable.
 func (w *worker) shareRegion(req request) error {
 	if !w.grant.ShareRegion {
 		w.replyErr(OpRegion, req.id, fmt.Errorf("broker: this worker's grant (%s at offset %#x) does not include mapping the region: %w",
@@ -1002,8 +1027,10 @@ func (w *worker) shareRegion(req request) error {
 	}
 	w.conn.Lock()
 	defer w.conn.Unlock()
-	if err := w.writeResponse(&response{op: OpRegion, id: req.id}); err != nil {
-		return err
-	}
-	return w.s.region.Share(w.conn.Unix())
+	return w.send(func() error {
+		if err := w.writeResponse(&response{op: OpRegion, id: req.id}); err != nil {
+			return err
+		}
+		return w.s.region.Share(w.conn.Unix())
+	})
 }
