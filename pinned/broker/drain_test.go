@@ -366,11 +366,13 @@ func TestWorkerCloseDropsCopiesWaitingForAStream(t *testing.T) {
 	}, testutil.SimOnly())
 }
 
-// connEnded reports whether the broker has seen the worker's connection end.
+// connEnded reports whether the broker has seen the worker's connection end: its gate refuses copies.
 func connEnded(w *worker) bool {
-	w.stopMu.RLock()
-	defer w.stopMu.RUnlock()
-	return w.ended
+	if !w.gate.Begin() {
+		return true
+	}
+	w.gate.End()
+	return false
 }
 
 // Client.Close waits for the broker to end the connection: a copy of the worker queued on a broker

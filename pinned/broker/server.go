@@ -140,14 +140,12 @@ type Server struct {
 	// streams.
 	own     lifetime.Owner
 	workers map[*worker]struct{}
-	quit    chan struct{} // closed when Close begins: retired streams stop retrying (see retire), copies not queued yet are not (see runCopy)
+	quit    chan struct{} // closed when Close begins: retired streams stop retrying (see retire)
 	closeMu sync.Mutex    // held through Close, so that a second Close waits for the first
-	// queueMu is read-held by a copy from its check of quit to its queuing, and held by Close to
-	// close quit: a copy is queued before Close closes the connections, or not at all.
-	queueMu sync.RWMutex
-	// queued counts the copies queued on a stream and not yet complete (or settled): Close waits for
-	// them before it closes the connections.
-	queued sync.WaitGroup
+	// gate counts each copy from before it is queued on a stream until it is complete (or settled),
+	// as a call in progress (Begin, End; see beginCopy). Close closes it before it closes the
+	// connections: a copy is queued and drained before then, or not queued at all.
+	gate lifetime.Owner
 
 	inFlight                                              atomic.Int64
 	refused, copies, bytes, failed, drained, nbufs, drops atomic.Uint64
@@ -432,12 +430,11 @@ func (s *Server) Close() error {
 		}
 		return nil
 	}
-	s.queueMu.Lock()
 	close(s.quit)
-	s.queueMu.Unlock()
 	// Drain the copies already queued while their workers are still connected: one told the broker
-	// is gone may use its memory and the region at once. Their answers may still go out.
-	s.queued.Wait()
+	// is gone may use its memory and the region at once. Their answers may still go out. (No free
+	// and no children: the gate's Close cannot fail.)
+	_ = s.gate.Close("broker: copies", nil)
 	var errs []error
 	if err := s.ln.Close(); err != nil {
 		errs = append(errs, fmt.Errorf("broker: %w", err))
@@ -468,14 +465,11 @@ type worker struct {
 
 	sem  chan struct{} // one slot per copy in flight
 	jobs sync.WaitGroup
-	// ended is set when the connection ends or is closed (cleanup, a failed write): the worker no
-	// longer expects its copies, so those not queued yet are dropped (see runCopy). stopMu is
-	// read-held by a copy from its check of ended to its queuing, as the server's queueMu is for quit.
-	stopMu sync.RWMutex
-	ended  bool
-	// queued counts the worker's copies queued on a stream and not yet complete (or settled): a
-	// failed write waits for them before it closes the connection.
-	queued sync.WaitGroup
+	// gate is the server's gate for this connection's copies: it is closed when the connection ends
+	// or is closed (cleanup, a failed write), since the worker no longer expects its copies: those
+	// not queued yet are dropped (see runCopy), and those queued are drained before the connection
+	// closes.
+	gate lifetime.Owner
 }
 
 // regBuffer is a worker's buffer, imported and mapped for one device.
@@ -553,16 +547,33 @@ func (w *worker) writeFailed(err error) {
 		w.logf("writing a response: %v (closing the connection once its queued copies are drained)", err)
 	}
 	w.stopCopies()
-	w.queued.Wait()
 	_ = w.conn.Close()
 }
 
-// stopCopies makes the copies of the connection not queued on a stream yet never start; it waits
-// only for the queuing calls in progress, not for any copy to complete.
-func (w *worker) stopCopies() {
-	w.stopMu.Lock()
-	w.ended = true
-	w.stopMu.Unlock()
+// stopCopies makes the copies of the connection not queued on a stream yet never start, and waits
+// for those queued on one to complete (or settle). It does not wait for those still waiting for a
+// stream (jobs does), which drop once they get one. (No free and no children: the gate's Close
+// cannot fail.)
+func (w *worker) stopCopies() { _ = w.gate.Close("broker: a connection's copies", nil) }
+
+// beginCopy admits a copy to the streams unless Server.Close or the connection's end has begun:
+// the copy counts in both gates until endCopy. It reports false, counting nothing, when either
+// gate refuses.
+func (w *worker) beginCopy() bool {
+	if !w.s.gate.Begin() {
+		return false
+	}
+	if !w.gate.Begin() {
+		w.s.gate.End()
+		return false
+	}
+	return true
+}
+
+// endCopy ends a copy admitted by beginCopy.
+func (w *worker) endCopy() {
+	w.gate.End()
+	w.s.gate.End()
 }
 
 // hangUp reports whether err is the normal end of a connection: the peer or cleanup closed it.
@@ -788,37 +799,23 @@ func (w *worker) startCopy(req request) {
 
 // runCopy queues the copy on the stream, waits for it (see Options.SpinMax), gives the stream and
 // the buffer back (after a failure, once the stream is drained: settle) and answers. Once Close has
-// begun, or the connection has ended, it queues nothing: the worker is told the broker is gone as its
-// connection closes (or closed it itself), and a copy started after that would write its memory or
-// the region when the worker no longer expects it.
+// begun, or the connection has ended, it queues nothing (beginCopy): the worker is told the broker
+// is gone as its connection closes (or closed it itself), and a copy started after that would write
+// its memory or the region when the worker no longer expects it.
 func (w *worker) runCopy(req request, b *regBuffer, cs *copyStream) {
 	region, st := w.s.region, cs.st
 	t0 := time.Now()
 	dst := b.ptr + driver.DevicePtr(req.bufOff)
-	w.s.queueMu.RLock()
-	w.stopMu.RLock()
-	stop := w.ended
-	select {
-	case <-w.s.quit:
-		stop = true
-	default:
-	}
-	if stop {
-		w.stopMu.RUnlock()
-		w.s.queueMu.RUnlock()
+	if !w.beginCopy() {
 		w.dropCopy(b, cs)
 		return
 	}
-	w.s.queued.Add(1)
-	w.queued.Add(1)
 	var err error
 	if req.dir == ToDevice {
 		err = region.CopyToDevice(st, dst, req.hostOff, req.length)
 	} else {
 		err = region.CopyFromDevice(st, dst, req.hostOff, req.length)
 	}
-	w.stopMu.RUnlock()
-	w.s.queueMu.RUnlock()
 	if err == nil {
 		err = cs.wait(req.length, w.s.opts.SpinMax)
 	}
@@ -829,8 +826,7 @@ func (w *worker) runCopy(req request, b *regBuffer, cs *copyStream) {
 	} else if serr := w.s.settle(b, cs); serr != nil {
 		err = fmt.Errorf("%w; %w", err, serr)
 	}
-	w.queued.Done()
-	w.s.queued.Done()
+	w.endCopy()
 	// Not in flight once answered: a client that saw the answer must not find it in Stats.
 	w.s.inFlight.Add(-1)
 	if err != nil {
