@@ -366,6 +366,24 @@ func TestWorkerCloseDropsCopiesWaitingForAStream(t *testing.T) {
 	}, testutil.SimOnly())
 }
 
+// holdStream holds the first copy stream of dev's lane (nothing queued on it completes) until the
+// release it returns is called, or else until the test ends.
+func holdStream(t *testing.T, b *testutil.Backend, srv *Server, dev *vmm.Device) (release func() error) {
+	t.Helper()
+	st := srv.lanes[dev.Ordinal()].streams[0].st.Handle()
+	require.NoError(t, b.Sim.HoldStream(st))
+	released := false
+	t.Cleanup(func() {
+		if !released {
+			_ = b.Sim.ReleaseStream(st)
+		}
+	})
+	return func() error {
+		released = true
+		return b.Sim.ReleaseStream(st)
+	}
+}
+
 // connEnded reports whether the broker has seen the worker's connection end: its gate refuses copies.
 func connEnded(w *worker) bool {
 	if !w.gate.Begin() {
@@ -387,14 +405,7 @@ func TestClientCloseWaitsForItsQueuedCopies(t *testing.T) {
 		fillHost(l.region.Bytes(), 0, 52)
 		rb, err := c.Register(l.ctx, buf)
 		require.NoError(t, err)
-		st := l.srv.lanes[l.dev.Ordinal()].streams[0].st.Handle()
-		require.NoError(t, b.Sim.HoldStream(st))
-		released := false
-		t.Cleanup(func() {
-			if !released {
-				_ = b.Sim.ReleaseStream(st)
-			}
-		})
+		release := holdStream(t, b, l.srv, l.dev)
 		queued := b.Sim.Calls("cuMemcpyDtoHAsync")
 		first, err := c.CopyAsync(Request{Buffer: rb.ID(), Dir: ToHost, Length: mib})
 		require.NoError(t, err)
@@ -404,8 +415,7 @@ func TestClientCloseWaitsForItsQueuedCopies(t *testing.T) {
 		eventually(t, "the second copy to wait for the stream", func() bool { return l.srv.Stats().InFlight == 2 })
 
 		closed := testutil.StillWaiting(t, 200*time.Millisecond, "Close, while a copy of the worker was still queued on a broker stream,", c.Close)
-		released = true
-		require.NoError(t, b.Sim.ReleaseStream(st))
+		require.NoError(t, release())
 		select {
 		case err := <-closed:
 			require.NoError(t, err)
@@ -479,14 +489,7 @@ func TestWriteTimeoutDropDrainsQueuedCopiesBeforeTheEnd(t *testing.T) {
 		require.NoError(t, dev.Fill(buf.Ptr(), mib, 0, 61))
 		conn := rawConn(t, path, true)
 		id := rawRegister(t, conn, buf)
-		st := srv.lanes[dev.Ordinal()].streams[0].st.Handle()
-		require.NoError(t, b.Sim.HoldStream(st))
-		released := false
-		t.Cleanup(func() {
-			if !released {
-				_ = b.Sim.ReleaseStream(st)
-			}
-		})
+		release := holdStream(t, b, srv, dev)
 		queued := b.Sim.Calls("cuMemcpyDtoHAsync")
 		require.NoError(t, ipc.WriteMessage(conn, KindRequest, encodeReq(request{op: OpCopy, id: 3, buffer: id, dir: ToHost, length: mib}), nil))
 		eventually(t, "the copy to be queued on the stream", func() bool { return b.Sim.Calls("cuMemcpyDtoHAsync") == queued+1 })
@@ -495,8 +498,7 @@ func TestWriteTimeoutDropDrainsQueuedCopiesBeforeTheEnd(t *testing.T) {
 
 		ended := testutil.StillWaiting(t, 200*time.Millisecond, "the dropped worker's connection, while a copy of it was still queued on a broker stream,",
 			func() error { _, err := io.Copy(io.Discard, conn); return err })
-		released = true
-		require.NoError(t, b.Sim.ReleaseStream(st))
+		require.NoError(t, release())
 		select {
 		case err := <-ended: // a reset: the broker closed its end with pings unread
 			require.True(t, err == nil || peerClosed(err), "the connection ended with %v, not by the broker's close", err)
