@@ -2,14 +2,19 @@ package broker
 
 import (
 	"context"
+	"io"
+	"net"
 	"testing"
 	"time"
 
 	"github.com/stretchr/testify/require"
+	"golang.org/x/sys/unix"
 
 	"github.com/cuvmm/cuvmm/driver"
 	"github.com/cuvmm/cuvmm/driver/sim"
 	"github.com/cuvmm/cuvmm/internal/testutil"
+	"github.com/cuvmm/cuvmm/internal/unixsock"
+	"github.com/cuvmm/cuvmm/ipc"
 	"github.com/cuvmm/cuvmm/pinned"
 	"github.com/cuvmm/cuvmm/vmm"
 )
@@ -361,11 +366,31 @@ func TestWorkerCloseDropsCopiesWaitingForAStream(t *testing.T) {
 	}, testutil.SimOnly())
 }
 
-// connEnded reports whether the broker has seen the worker's connection end.
+// holdStream holds the first copy stream of dev's lane (nothing queued on it completes) until the
+// release it returns is called, or else until the test ends.
+func holdStream(t *testing.T, b *testutil.Backend, srv *Server, dev *vmm.Device) (release func() error) {
+	t.Helper()
+	st := srv.lanes[dev.Ordinal()].streams[0].st.Handle()
+	require.NoError(t, b.Sim.HoldStream(st))
+	released := false
+	t.Cleanup(func() {
+		if !released {
+			_ = b.Sim.ReleaseStream(st)
+		}
+	})
+	return func() error {
+		released = true
+		return b.Sim.ReleaseStream(st)
+	}
+}
+
+// connEnded reports whether the broker has seen the worker's connection end: its gate refuses copies.
 func connEnded(w *worker) bool {
-	w.stopMu.RLock()
-	defer w.stopMu.RUnlock()
-	return w.ended
+	if !w.gate.Begin() {
+		return true
+	}
+	w.gate.End()
+	return false
 }
 
 // Client.Close waits for the broker to end the connection: a copy of the worker queued on a broker
@@ -380,14 +405,7 @@ func TestClientCloseWaitsForItsQueuedCopies(t *testing.T) {
 		fillHost(l.region.Bytes(), 0, 52)
 		rb, err := c.Register(l.ctx, buf)
 		require.NoError(t, err)
-		st := l.srv.lanes[l.dev.Ordinal()].streams[0].st.Handle()
-		require.NoError(t, b.Sim.HoldStream(st))
-		released := false
-		t.Cleanup(func() {
-			if !released {
-				_ = b.Sim.ReleaseStream(st)
-			}
-		})
+		release := holdStream(t, b, l.srv, l.dev)
 		queued := b.Sim.Calls("cuMemcpyDtoHAsync")
 		first, err := c.CopyAsync(Request{Buffer: rb.ID(), Dir: ToHost, Length: mib})
 		require.NoError(t, err)
@@ -397,8 +415,7 @@ func TestClientCloseWaitsForItsQueuedCopies(t *testing.T) {
 		eventually(t, "the second copy to wait for the stream", func() bool { return l.srv.Stats().InFlight == 2 })
 
 		closed := testutil.StillWaiting(t, 200*time.Millisecond, "Close, while a copy of the worker was still queued on a broker stream,", c.Close)
-		released = true
-		require.NoError(t, b.Sim.ReleaseStream(st))
+		require.NoError(t, release())
 		select {
 		case err := <-closed:
 			require.NoError(t, err)
@@ -460,4 +477,53 @@ func TestClientCloseTimesOut(t *testing.T) {
 		eventually(t, "the worker to be cleaned up", func() bool { return l.srv.Stats().Workers == 0 })
 		require.Zero(t, l.srv.Stats().Buffers)
 	}, testutil.SimOnly())
+}
+
+// A worker dropped for WriteTimeout (it stopped reading its answers) sees its connection end only
+// once its copy queued on a broker stream has landed, as a worker that closes its client does: the
+// end tells it that it may use its memory and the region again.
+func TestWriteTimeoutDropDrainsQueuedCopiesBeforeTheEnd(t *testing.T) {
+	testutil.Run(t, func(t *testing.T, b *testutil.Backend) {
+		_, dev, srv, path := serveDevice0(t, b, Options{StreamsPerDevice: 1, WriteTimeout: 50 * time.Millisecond})
+		buf := newDevBuffer(t, dev, 1, 2*mib)
+		require.NoError(t, dev.Fill(buf.Ptr(), mib, 0, 61))
+		conn := rawConn(t, path, true)
+		id := rawRegister(t, conn, buf)
+		release := holdStream(t, b, srv, dev)
+		queued := b.Sim.Calls("cuMemcpyDtoHAsync")
+		require.NoError(t, ipc.WriteMessage(conn, KindRequest, encodeReq(request{op: OpCopy, id: 3, buffer: id, dir: ToHost, length: mib}), nil))
+		eventually(t, "the copy to be queued on the stream", func() bool { return b.Sim.Calls("cuMemcpyDtoHAsync") == queued+1 })
+		go pingWithoutReading(conn, 4)
+		eventually(t, "the worker to be dropped", func() bool { return srv.Stats().Dropped == 1 })
+
+		ended := testutil.StillWaiting(t, 200*time.Millisecond, "the dropped worker's connection, while a copy of it was still queued on a broker stream,",
+			func() error { _, err := io.Copy(io.Discard, conn); return err })
+		require.NoError(t, release())
+		select {
+		case err := <-ended: // a reset: the broker closed its end with pings unread
+			require.True(t, err == nil || peerClosed(err), "the connection ended with %v, not by the broker's close", err)
+		case <-time.After(10 * time.Second):
+			t.Fatal("the dropped worker's connection did not end once the stream was released")
+		}
+		require.Zero(t, badHost(srv.Region().Bytes()[:mib], 0, 61), "the queued copy had not landed when the connection ended")
+		eventually(t, "the worker to be cleaned up", func() bool { return srv.Stats().Drained == 1 })
+		s := srv.Stats()
+		require.Zero(t, s.InFlight)
+		require.Zero(t, s.Buffers)
+		require.Equal(t, uint64(1), s.Copies)
+	}, testutil.SimOnly())
+}
+
+// rawRegister registers buf through a raw connection and returns its id.
+func rawRegister(t *testing.T, conn *net.UnixConn, buf vmm.Chunked) uint32 {
+	t.Helper()
+	exp, err := ipc.Export(buf)
+	require.NoError(t, err)
+	defer exp.Close()
+	require.NoError(t, ipc.WriteMessage(conn, KindRequest, encodeReq(request{op: OpRegister, id: 2}), nil))
+	require.NoError(t, ipc.Send(conn, exp))
+	resp, err := readResponse(unixsock.NewConn(conn, unix.Ucred{}))
+	require.NoError(t, err)
+	require.Equal(t, StatusOK, resp.status, resp.text)
+	return resp.buffer
 }

@@ -2,6 +2,7 @@ package broker
 
 import (
 	"context"
+	"net"
 	"testing"
 	"time"
 
@@ -110,17 +111,21 @@ func TestStalledReaderLosesConnection(t *testing.T) {
 		region := newRegion(t, dev, 4*mib, pinned.Options{})
 		srv, path := startServer(t, region, Options{WriteTimeout: 50 * time.Millisecond})
 		conn := rawConn(t, path, true)
-		go func() { // pings, never reading the answers
-			for id := uint64(2); ; id++ {
-				_ = conn.SetWriteDeadline(time.Now().Add(3 * time.Second))
-				if ipc.WriteMessage(conn, KindRequest, encodeReq(request{op: OpPing, id: id}), nil) != nil {
-					return
-				}
-			}
-		}()
+		go pingWithoutReading(conn, 2)
 		eventually(t, "the stalled worker dropped", func() bool { return srv.Stats().Workers == 0 })
 		require.Equal(t, uint64(1), srv.Stats().Dropped)
 	}, testutil.SimOnly())
+}
+
+// pingWithoutReading sends pings with ids from id on, never reading the answers, until a write fails
+// or takes 3 s.
+func pingWithoutReading(conn *net.UnixConn, id uint64) {
+	for ; ; id++ {
+		_ = conn.SetWriteDeadline(time.Now().Add(3 * time.Second))
+		if ipc.WriteMessage(conn, KindRequest, encodeReq(request{op: OpPing, id: id}), nil) != nil {
+			return
+		}
+	}
 }
 
 // An idle timeout below what the hello can carry (100 ms) is refused; a longer one is announced

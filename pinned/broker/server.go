@@ -92,7 +92,8 @@ type Options struct {
 	// StatusTimeout.
 	ReadTimeout time.Duration
 	// WriteTimeout bounds each response and region sent (default 10 s): a worker that stops reading
-	// loses its connection instead of holding the broker.
+	// loses its connection instead of holding the broker (once its copies queued on a stream have
+	// landed, as at every end of a connection).
 	WriteTimeout time.Duration
 	// Logf, when set, receives the broker's events: refused peers, protocol faults, disconnects with
 	// the work drained, failures of cleanup.
@@ -139,14 +140,12 @@ type Server struct {
 	// streams.
 	own     lifetime.Owner
 	workers map[*worker]struct{}
-	quit    chan struct{} // closed when Close begins: retired streams stop retrying (see retire), copies not queued yet are not (see runCopy)
+	quit    chan struct{} // closed when Close begins: retired streams stop retrying (see retire)
 	closeMu sync.Mutex    // held through Close, so that a second Close waits for the first
-	// queueMu is read-held by a copy from its check of quit to its queuing, and held by Close to
-	// close quit: a copy is queued before Close closes the connections, or not at all.
-	queueMu sync.RWMutex
-	// queued counts the copies queued on a stream and not yet complete (or settled): Close waits for
-	// them before it closes the connections.
-	queued sync.WaitGroup
+	// gate counts each copy from before it is queued on a stream until it is complete (or settled),
+	// as a call in progress (Begin, End; see beginCopy). Close closes it before it closes the
+	// connections: a copy is queued and drained before then, or not queued at all.
+	gate lifetime.Owner
 
 	inFlight                                              atomic.Int64
 	refused, copies, bytes, failed, drained, nbufs, drops atomic.Uint64
@@ -431,12 +430,11 @@ func (s *Server) Close() error {
 		}
 		return nil
 	}
-	s.queueMu.Lock()
 	close(s.quit)
-	s.queueMu.Unlock()
 	// Drain the copies already queued while their workers are still connected: one told the broker
-	// is gone may use its memory and the region at once. Their answers may still go out.
-	s.queued.Wait()
+	// is gone may use its memory and the region at once. Their answers may still go out. (No free
+	// and no children: the gate's Close cannot fail.)
+	_ = s.gate.Close("broker: copies", nil)
 	var errs []error
 	if err := s.ln.Close(); err != nil {
 		errs = append(errs, fmt.Errorf("broker: %w", err))
@@ -454,7 +452,9 @@ type worker struct {
 	cred      unix.Ucred
 	grant     Grant
 	helloDone atomic.Bool
-	lost      atomic.Bool // a write failed: the connection is closed
+	// lost: a write failed, so the framing is lost: nothing more is sent, and the connection closes
+	// once the copies queued are drained (writeFailed). Set under the connection's write lock.
+	lost atomic.Bool
 
 	pbuf [ResponseSize + MaxText]byte // response payloads; guarded by conn's write lock
 
@@ -465,11 +465,11 @@ type worker struct {
 
 	sem  chan struct{} // one slot per copy in flight
 	jobs sync.WaitGroup
-	// ended is set when the connection ends or is closed (cleanup, a failed write): the worker no
-	// longer expects its copies, so those not queued yet are dropped (see runCopy). stopMu is
-	// read-held by a copy from its check of ended to its queuing, as the server's queueMu is for quit.
-	stopMu sync.RWMutex
-	ended  bool
+	// gate is the server's gate for this connection's copies: it is closed when the connection ends
+	// or is closed (cleanup, a failed write), since the worker no longer expects its copies: those
+	// not queued yet are dropped (see runCopy), and those queued are drained before the connection
+	// closes.
+	gate lifetime.Owner
 }
 
 // regBuffer is a worker's buffer, imported and mapped for one device.
@@ -507,39 +507,73 @@ func (w *worker) logf(format string, args ...any) {
 	w.s.logf("broker: %s: worker pid %d: %s", w.s.path, w.cred.Pid, fmt.Sprintf(format, args...))
 }
 
-// reply writes one response. A write that fails (the worker is gone, or stopped reading for
-// WriteTimeout) closes the connection: the reader then ends it and cleanup frees the buffers.
+// reply writes one response, unless an earlier write failed. A write that fails (the worker is
+// gone, or stopped reading for WriteTimeout) ends the connection (writeFailed): the reader then ends
+// it and cleanup frees the buffers.
 func (w *worker) reply(r *response) {
 	if r.status != StatusOK {
 		w.s.failed.Add(1)
 	}
 	w.conn.Lock()
-	err := w.writeResponse(r)
+	err := w.send(func() error { return w.writeResponse(r) })
 	w.conn.Unlock()
 	if err != nil {
 		w.writeFailed(err)
 	}
 }
 
-// writeFailed closes a connection whose write failed; the framing is lost. A worker that stopped
-// reading for WriteTimeout counts as dropped.
+// send runs write, which writes on the connection, unless an earlier write failed (then it writes
+// nothing and returns nil); a failure marks the connection lost. The caller holds the write lock.
+func (w *worker) send(write func() error) error {
+	if w.lost.Load() {
+		return nil
+	}
+	err := write()
+	if err != nil {
+		w.lost.Store(true)
+	}
+	return err
+}
+
+// writeFailed ends a connection whose write failed; the framing is lost. Like every other end, it
+// drops the copies still waiting for a stream and drains those queued on one before it closes the
+// connection: the worker takes the end to mean that none of its copies runs any more. A worker that
+// stopped reading for WriteTimeout counts as dropped.
 func (w *worker) writeFailed(err error) {
-	if w.lost.CompareAndSwap(false, true) && !hangUp(err) {
+	if !hangUp(err) {
 		if errors.Is(err, os.ErrDeadlineExceeded) {
 			w.s.drops.Add(1)
 		}
-		w.logf("writing a response: %v (closing the connection)", err)
+		w.logf("writing a response: %v (closing the connection once its queued copies are drained)", err)
 	}
 	w.stopCopies()
 	_ = w.conn.Close()
 }
 
-// stopCopies makes the copies of the connection not queued on a stream yet never start; it waits
-// only for the queuing calls in progress, not for any copy to complete.
-func (w *worker) stopCopies() {
-	w.stopMu.Lock()
-	w.ended = true
-	w.stopMu.Unlock()
+// stopCopies makes the copies of the connection not queued on a stream yet never start, and waits
+// for those queued on one to complete (or settle). It does not wait for those still waiting for a
+// stream (jobs does), which drop once they get one. (No free and no children: the gate's Close
+// cannot fail.)
+func (w *worker) stopCopies() { _ = w.gate.Close("broker: a connection's copies", nil) }
+
+// beginCopy admits a copy to the streams unless Server.Close or the connection's end has begun:
+// the copy counts in both gates until endCopy. It reports false, counting nothing, when either
+// gate refuses.
+func (w *worker) beginCopy() bool {
+	if !w.s.gate.Begin() {
+		return false
+	}
+	if !w.gate.Begin() {
+		w.s.gate.End()
+		return false
+	}
+	return true
+}
+
+// endCopy ends a copy admitted by beginCopy.
+func (w *worker) endCopy() {
+	w.gate.End()
+	w.s.gate.End()
 }
 
 // hangUp reports whether err is the normal end of a connection: the peer or cleanup closed it.
@@ -765,36 +799,23 @@ func (w *worker) startCopy(req request) {
 
 // runCopy queues the copy on the stream, waits for it (see Options.SpinMax), gives the stream and
 // the buffer back (after a failure, once the stream is drained: settle) and answers. Once Close has
-// begun, or the connection has ended, it queues nothing: the worker is told the broker is gone as its
-// connection closes (or closed it itself), and a copy started after that would write its memory or
-// the region when the worker no longer expects it.
+// begun, or the connection has ended, it queues nothing (beginCopy): the worker is told the broker
+// is gone as its connection closes (or closed it itself), and a copy started after that would write
+// its memory or the region when the worker no longer expects it.
 func (w *worker) runCopy(req request, b *regBuffer, cs *copyStream) {
 	region, st := w.s.region, cs.st
 	t0 := time.Now()
 	dst := b.ptr + driver.DevicePtr(req.bufOff)
-	w.s.queueMu.RLock()
-	w.stopMu.RLock()
-	stop := w.ended
-	select {
-	case <-w.s.quit:
-		stop = true
-	default:
-	}
-	if stop {
-		w.stopMu.RUnlock()
-		w.s.queueMu.RUnlock()
+	if !w.beginCopy() {
 		w.dropCopy(b, cs)
 		return
 	}
-	w.s.queued.Add(1)
 	var err error
 	if req.dir == ToDevice {
 		err = region.CopyToDevice(st, dst, req.hostOff, req.length)
 	} else {
 		err = region.CopyFromDevice(st, dst, req.hostOff, req.length)
 	}
-	w.stopMu.RUnlock()
-	w.s.queueMu.RUnlock()
 	if err == nil {
 		err = cs.wait(req.length, w.s.opts.SpinMax)
 	}
@@ -805,7 +826,7 @@ func (w *worker) runCopy(req request, b *regBuffer, cs *copyStream) {
 	} else if serr := w.s.settle(b, cs); serr != nil {
 		err = fmt.Errorf("%w; %w", err, serr)
 	}
-	w.s.queued.Done()
+	w.endCopy()
 	// Not in flight once answered: a client that saw the answer must not find it in Stats.
 	w.s.inFlight.Add(-1)
 	if err != nil {
@@ -988,8 +1009,8 @@ func (w *worker) release(b *regBuffer) error {
 	return err
 }
 
-// shareRegion sends the region (an OK response, then pinned.Region.Share). A returned error means
-// the connection is unusable.
+// shareRegion sends the region (an OK response, then pinned.Region.Share); nothing once an earlier
+// write failed. A returned error means the connection is unusable.
 func (w *worker) shareRegion(req request) error {
 	if !w.grant.ShareRegion {
 		w.replyErr(OpRegion, req.id, fmt.Errorf("broker: this worker's grant (%s at offset %#x) does not include mapping the region: %w",
@@ -1002,8 +1023,10 @@ func (w *worker) shareRegion(req request) error {
 	}
 	w.conn.Lock()
 	defer w.conn.Unlock()
-	if err := w.writeResponse(&response{op: OpRegion, id: req.id}); err != nil {
-		return err
-	}
-	return w.s.region.Share(w.conn.Unix())
+	return w.send(func() error {
+		if err := w.writeResponse(&response{op: OpRegion, id: req.id}); err != nil {
+			return err
+		}
+		return w.s.region.Share(w.conn.Unix())
+	})
 }
