@@ -73,7 +73,7 @@ func TestPoolPeerTraceInTempDir(t *testing.T) {
 	require.NoError(t, os.WriteFile(script, []byte(`echo "{\"note\": \"$2\"}"`+"\n"), 0o644))
 	tr := &pool.Trace{Events: []pool.TraceEvent{{Size: 3 << 20, Lifetime: -1}}}
 	r, err := Pool(PoolOptions{Env: Env{Backend: b, TempDir: func() (string, error) { return dir, nil }}, Trace: tr,
-		Memory: PoolMinMemory, CacheIters: 8, Allocators: []string{PoolCuvmm}, PeerCommand: []string{"sh", script}})
+		Memory: PoolMinMemory, CacheIters: 8, Allocators: []string{PoolCuvmm}, Peer: "torch", Python: "sh", PeerScript: script})
 	require.NoError(t, err)
 	peer := r.Allocators[PoolPeerTorch]
 	require.Empty(t, peer.Error)

@@ -52,20 +52,10 @@ func runPool(e *env, args []string) error {
 	if !isSet(fs, "fill-fraction") {
 		*fill = defFill
 	}
-	o := measure.PoolOptions{Device: *device, Trace: tr, Streams: *streams, Memory: memory.v, FillFraction: *fill,
-		VerifyEvery: *verify, Allocators: strings.Split(*allocators, ","), CacheIters: *cacheIters}
-	switch *peer {
-	case "":
-	case "torch":
-		if o.PeerCommand, err = measure.PeerCommand(*python, *peerScript, measure.PoolPeerScript); err != nil {
-			return err
-		}
-	default:
-		return fmt.Errorf("--peer %q: want torch: %w", *peer, errUsage)
-	}
 	return measureAndShow(e, &c, func(me measure.Env) (*measure.PoolResult, error) {
-		o.Env = me
-		return measure.Pool(o)
+		return measure.Pool(measure.PoolOptions{Env: me, Device: *device, Trace: tr, Streams: *streams, Memory: memory.v,
+			FillFraction: *fill, VerifyEvery: *verify, Allocators: strings.Split(*allocators, ","), CacheIters: *cacheIters,
+			Peer: *peer, PeerScript: *peerScript, Python: *python})
 	})
 }
 
