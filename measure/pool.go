@@ -46,7 +46,7 @@ type PoolOptions struct {
 	// request.
 	Memory uint64
 	// FillFraction scales the trace so that its peak in use is this fraction of Memory; 0 keeps the
-	// trace's sizes.
+	// trace's sizes. A value outside 0 to 1, NaN included, is refused.
 	FillFraction float64
 	// VerifyEvery fills every Nth block with a pattern when it is allocated and verifies it before it
 	// is freed; 0 means 16.

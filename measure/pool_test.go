@@ -28,6 +28,7 @@ func TestPoolBadOptions(t *testing.T) {
 		{PoolOptions{Trace: tr}, "no backend"},
 		{PoolOptions{Env: Env{Backend: b}, Trace: tr, FillFraction: math.NaN()}, "--fill-fraction NaN"},
 		{PoolOptions{Env: Env{Backend: b}, Trace: tr, FillFraction: math.Inf(1)}, "--fill-fraction +Inf"},
+		{PoolOptions{Env: Env{Backend: b}, Trace: tr, FillFraction: -0.5}, "--fill-fraction -0.5: want 0 to 1"},
 		{PoolOptions{Env: Env{Backend: b}, Trace: tr, Allocators: []string{PoolCuvmm, PoolCuvmm}}, `--allocators: "cuvmm" is listed twice`},
 		{PoolOptions{Env: Env{Backend: b}, Trace: tr, CacheIters: -1}, "--cache-iters -1"},
 		{PoolOptions{Env: Env{Backend: b}, Trace: tr, VerifyEvery: -1}, "--verify-every -1"},

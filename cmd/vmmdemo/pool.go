@@ -39,7 +39,7 @@ func runPool(e *env, args []string) error {
 	if err := parse(fs, args); err != nil {
 		return err
 	}
-	if err := checkPoolFlags(*fill, *cacheIters, *verify); err != nil {
+	if err := checkPoolFlags(*cacheIters, *verify); err != nil {
 		return err
 	}
 	if err := zeroSizes(fs, "memory"); err != nil {
@@ -59,12 +59,9 @@ func runPool(e *env, args []string) error {
 	})
 }
 
-// checkPoolFlags refuses a --fill-fraction outside 0 to 1 (NaN included), and a --cache-iters or a
-// --verify-every below 1.
-func checkPoolFlags(fill float64, cacheIters, verifyEvery int) error {
-	if !(fill >= 0 && fill <= 1) {
-		return fmt.Errorf("--fill-fraction %v: want 0 to 1: %w", fill, errUsage)
-	}
+// checkPoolFlags refuses a --cache-iters or a --verify-every below 1 (--fill-fraction is measure's
+// to check).
+func checkPoolFlags(cacheIters, verifyEvery int) error {
 	if cacheIters < 1 {
 		return fmt.Errorf("--cache-iters %d: want at least 1: %w", cacheIters, errUsage)
 	}
