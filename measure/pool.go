@@ -232,10 +232,10 @@ func (o *PoolOptions) check() error {
 		}
 	}
 	if o.CacheIters < 0 {
-		return fmt.Errorf("--cache-iters %d: want at least 1 (0: the default): %w", o.CacheIters, ErrInvalidOption)
+		return fmt.Errorf("--cache-iters %d: want at least 1: %w", o.CacheIters, ErrInvalidOption)
 	}
 	if o.VerifyEvery < 0 {
-		return fmt.Errorf("--verify-every %d: want at least 1 (0: the default): %w", o.VerifyEvery, ErrInvalidOption)
+		return fmt.Errorf("--verify-every %d: want at least 1: %w", o.VerifyEvery, ErrInvalidOption)
 	}
 	var err error
 	o.Python, o.PeerScript, err = findPeer(o.Peer, o.Python, o.PeerScript, PoolPeerScript)

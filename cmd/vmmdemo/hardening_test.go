@@ -42,6 +42,7 @@ func TestBadOptionsRefused(t *testing.T) {
 		// command passes it on and reports measure's error as a bad command line.
 		{[]string{"pool", "--synthetic", "serving", "--fill-fraction", "1.5"}, "--fill-fraction 1.5: want 0 to 1"},
 		{[]string{"pool", "--synthetic", "serving", "--cache-iters", "-1"}, "--cache-iters -1: want at least 1"},
+		{[]string{"pool", "--synthetic", "serving", "--cache-iters", "0"}, "--cache-iters 0: want at least 1"},
 		{[]string{"pool", "--synthetic", "serving", "--allocators", "cuvmm,cuvmm"}, `--allocators: "cuvmm" is listed twice`},
 		{[]string{"sleep", "--size", "8MiB", "--slot", "1MiB"}, "--slot 1 MiB: want a multiple of 2 MiB"},
 		{[]string{"sleep", "--size", "8MiB", "--slot", "1"}, "--slot 1 B: want a multiple of 2 MiB"},

@@ -39,7 +39,7 @@ func runPool(e *env, args []string) error {
 	if err := parse(fs, args); err != nil {
 		return err
 	}
-	if err := checkPoolFlags(*cacheIters, *verify); err != nil {
+	if err := zeroCounts(fs, "cache-iters", "verify-every"); err != nil {
 		return err
 	}
 	if err := zeroSizes(fs, "memory"); err != nil {
@@ -57,18 +57,6 @@ func runPool(e *env, args []string) error {
 			FillFraction: *fill, VerifyEvery: *verify, Allocators: strings.Split(*allocators, ","), CacheIters: *cacheIters,
 			Peer: *peer, PeerScript: *peerScript, Python: *python})
 	})
-}
-
-// checkPoolFlags refuses a --cache-iters or a --verify-every below 1 (--fill-fraction is measure's
-// to check).
-func checkPoolFlags(cacheIters, verifyEvery int) error {
-	if cacheIters < 1 {
-		return fmt.Errorf("--cache-iters %d: want at least 1: %w", cacheIters, errUsage)
-	}
-	if verifyEvery < 1 {
-		return fmt.Errorf("--verify-every %d: want at least 1: %w", verifyEvery, errUsage)
-	}
-	return nil
 }
 
 // isSet reports whether the flag name was given on the command line.
