@@ -13,24 +13,31 @@ const (
 	XferPeerScript = "scripts/peers/torch_sendrecv.py"
 )
 
-// PeerCommand is the command line of a peer, python and its script, checked before anything is
-// measured: an interpreter that cannot be found is refused, naming --python. The script is the one
-// given (script, which must exist), else rel under the working directory or under a directory above
-// the executable; one that cannot be found is refused, naming --peer-script or the places tried.
-// Errors wrap ErrInvalidOption.
-func PeerCommand(python, script, rel string) ([]string, error) {
+// findPeer checks a measurement's PyTorch peer before anything is measured, and returns the Python
+// that runs it (default python3) and its script. Peer "" is none; "torch" needs python to be found,
+// naming --python if it is not, and its script located by locatePeerScript (script, else rel); any
+// other peer is refused. Errors wrap ErrInvalidOption.
+func findPeer(peer, python, script, rel string) (string, string, error) {
+	python = cmp0(python, "python3")
+	switch peer {
+	case "":
+		return python, script, nil
+	case "torch":
+	default:
+		return "", "", fmt.Errorf("--peer %q: want torch or nothing: %w", peer, ErrInvalidOption)
+	}
 	if _, err := exec.LookPath(python); err != nil {
-		return nil, fmt.Errorf("--python %s: %w: %w", python, err, ErrInvalidOption)
+		return "", "", fmt.Errorf("--python %s: %w: %w", python, err, ErrInvalidOption)
 	}
 	script, err := locatePeerScript(script, rel)
 	if err != nil {
-		return nil, err
+		return "", "", err
 	}
-	return []string{python, script}, nil
+	return python, script, nil
 }
 
-// locatePeerScript finds a peer's script for PeerCommand: the path given, which must exist, else
-// rel under the working directory or under a directory above the executable. Its error names
+// locatePeerScript finds a peer's script for findPeer: the path given, which must exist, else rel
+// under the working directory or under a directory above the executable. Its error names
 // --peer-script or the places tried, and wraps ErrInvalidOption.
 func locatePeerScript(given, rel string) (string, error) {
 	if given != "" {

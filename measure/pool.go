@@ -46,17 +46,22 @@ type PoolOptions struct {
 	// request.
 	Memory uint64
 	// FillFraction scales the trace so that its peak in use is this fraction of Memory; 0 keeps the
-	// trace's sizes.
+	// trace's sizes. A value outside 0 to 1, NaN included, is refused.
 	FillFraction float64
 	// VerifyEvery fills every Nth block with a pattern when it is allocated and verifies it before it
 	// is freed; 0 means 16.
 	VerifyEvery int
 	// Allocators to replay on; nil means PoolAllocators.
 	Allocators []string
-	// PeerCommand, when set, is run (argv) with --trace FILE --streams N --verify-every K
-	// --cache-iters N and PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True in its environment; it
-	// replays the same (scaled) trace and prints a PoolAllocatorResult as JSON on its last line.
-	PeerCommand []string
+	// Peer "torch" also replays the trace in PyTorch's caching allocator with expandable segments
+	// (PeerScript with Python), after cuvmm's allocators.
+	Peer string
+	// PeerScript is the peer's script (default PoolPeerScript, looked up from the working directory
+	// and from the executable's directory upwards); Python runs it (default python3). It is run with
+	// --trace FILE --streams N --verify-every K --cache-iters N and
+	// PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True in its environment; it replays the same
+	// (scaled) trace and prints a PoolAllocatorResult as JSON on its last line.
+	PeerScript, Python string
 	// CacheIters is the number of alloc+free pairs timed from each allocator's cache; 0 means 20000.
 	CacheIters int
 	// TrimBytes is how much the trim measurement maps and then trims; 0 means min(16 GiB, Memory/4).
@@ -162,7 +167,7 @@ func Pool(o PoolOptions) (*PoolResult, error) {
 	if res.Trim, err = poolTrim(o, d); err != nil {
 		res.Trim.Error = err.Error()
 	}
-	if len(o.PeerCommand) > 0 {
+	if o.Peer != "" {
 		bar := beginSteps(o.Progress, "replay on "+PoolPeerTorch, 1)
 		res.Order = append(res.Order, PoolPeerTorch)
 		res.Allocators[PoolPeerTorch] = poolPeer(o, tr)
@@ -172,37 +177,8 @@ func Pool(o PoolOptions) (*PoolResult, error) {
 }
 
 func (o *PoolOptions) poolDefaults() (*vmm.Device, error) {
-	if err := o.Env.check(); err != nil {
+	if err := o.check(); err != nil {
 		return nil, err
-	}
-	if o.Trace == nil || len(o.Trace.Events) == 0 {
-		return nil, fmt.Errorf("pool: a non-empty trace is needed: %w", ErrInvalidOption)
-	}
-	if peak, _ := o.Trace.PeakInUse(); peak == 0 { // nothing to replay, and no scale for --fill-fraction
-		return nil, fmt.Errorf("pool: the trace's %d allocations are all of 0 bytes: %w", len(o.Trace.Events), ErrInvalidOption)
-	}
-	if !(o.FillFraction >= 0 && o.FillFraction <= 1) { // NaN too
-		return nil, fmt.Errorf("--fill-fraction %v: want 0 to 1: %w", o.FillFraction, ErrInvalidOption)
-	}
-	if o.Streams == 0 {
-		o.Streams = o.Trace.Streams()
-	}
-	if o.Streams < 1 || o.Streams > 64 {
-		return nil, fmt.Errorf("--streams %d: want 1 to 64: %w", o.Streams, ErrInvalidOption)
-	}
-	for i, a := range o.Allocators {
-		if !slices.Contains(PoolAllocators, a) {
-			return nil, fmt.Errorf("allocator %q: want one of %v: %w", a, PoolAllocators, ErrInvalidOption)
-		}
-		if slices.Contains(o.Allocators[:i], a) {
-			return nil, fmt.Errorf("--allocators: %q is listed twice: %w", a, ErrInvalidOption)
-		}
-	}
-	if o.CacheIters < 0 {
-		return nil, fmt.Errorf("--cache-iters %d: want at least 1 (0: the default): %w", o.CacheIters, ErrInvalidOption)
-	}
-	if o.VerifyEvery < 0 {
-		return nil, fmt.Errorf("--verify-every %d: want at least 1 (0: the default): %w", o.VerifyEvery, ErrInvalidOption)
 	}
 	d, err := device(o.Backend, o.Device, "device")
 	if err != nil {
@@ -224,6 +200,46 @@ func (o *PoolOptions) poolDefaults() (*vmm.Device, error) {
 		o.TrimBytes = min(16<<30, o.Memory/4)
 	}
 	return d, d.LoadKernels()
+}
+
+// check refuses bad options before the device is opened, fills in Streams, and finds the peer's
+// Python and script.
+func (o *PoolOptions) check() error {
+	if err := o.Env.check(); err != nil {
+		return err
+	}
+	if o.Trace == nil || len(o.Trace.Events) == 0 {
+		return fmt.Errorf("pool: a non-empty trace is needed: %w", ErrInvalidOption)
+	}
+	if peak, _ := o.Trace.PeakInUse(); peak == 0 { // nothing to replay, and no scale for --fill-fraction
+		return fmt.Errorf("pool: the trace's %d allocations are all of 0 bytes: %w", len(o.Trace.Events), ErrInvalidOption)
+	}
+	if !(o.FillFraction >= 0 && o.FillFraction <= 1) { // NaN too
+		return fmt.Errorf("--fill-fraction %v: want 0 to 1: %w", o.FillFraction, ErrInvalidOption)
+	}
+	if o.Streams == 0 {
+		o.Streams = o.Trace.Streams()
+	}
+	if o.Streams < 1 || o.Streams > 64 {
+		return fmt.Errorf("--streams %d: want 1 to 64: %w", o.Streams, ErrInvalidOption)
+	}
+	for i, a := range o.Allocators {
+		if !slices.Contains(PoolAllocators, a) {
+			return fmt.Errorf("allocator %q: want one of %v: %w", a, PoolAllocators, ErrInvalidOption)
+		}
+		if slices.Contains(o.Allocators[:i], a) {
+			return fmt.Errorf("--allocators: %q is listed twice: %w", a, ErrInvalidOption)
+		}
+	}
+	if o.CacheIters < 0 {
+		return fmt.Errorf("--cache-iters %d: want at least 1: %w", o.CacheIters, ErrInvalidOption)
+	}
+	if o.VerifyEvery < 0 {
+		return fmt.Errorf("--verify-every %d: want at least 1: %w", o.VerifyEvery, ErrInvalidOption)
+	}
+	var err error
+	o.Python, o.PeerScript, err = findPeer(o.Peer, o.Python, o.PeerScript, PoolPeerScript)
+	return err
 }
 
 // PoolMinMemory is the least Memory Pool accepts: the trim measurement maps 64 MiB blocks, and the
@@ -669,7 +685,7 @@ func (a *poolAsyncAlloc) close() error {
 	})
 }
 
-// poolPeer runs the peer command on the trace written to a temporary file and reads its JSON result.
+// poolPeer runs the peer's script on the trace written to a temporary file and reads its JSON result.
 func poolPeer(o PoolOptions, tr *pool.Trace) *PoolAllocatorResult {
 	r := &PoolAllocatorResult{}
 	f, err := o.createTemp("cuvmm-pool-*.trace")
@@ -682,9 +698,8 @@ func poolPeer(o PoolOptions, tr *pool.Trace) *PoolAllocatorResult {
 		r.Error = err.Error()
 		return r
 	}
-	args := append(slices.Clone(o.PeerCommand[1:]), "--trace", f.Name(), "--streams", strconv.Itoa(o.Streams),
+	cmd := exec.Command(o.Python, o.PeerScript, "--trace", f.Name(), "--streams", strconv.Itoa(o.Streams),
 		"--verify-every", strconv.Itoa(o.VerifyEvery), "--cache-iters", strconv.Itoa(o.CacheIters))
-	cmd := exec.Command(o.PeerCommand[0], args...)
 	cmd.Env = append(os.Environ(), "PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True")
 	var stdout, stderr bytes.Buffer
 	cmd.Stdout, cmd.Stderr = &stdout, &stderr

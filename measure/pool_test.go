@@ -28,6 +28,7 @@ func TestPoolBadOptions(t *testing.T) {
 		{PoolOptions{Trace: tr}, "no backend"},
 		{PoolOptions{Env: Env{Backend: b}, Trace: tr, FillFraction: math.NaN()}, "--fill-fraction NaN"},
 		{PoolOptions{Env: Env{Backend: b}, Trace: tr, FillFraction: math.Inf(1)}, "--fill-fraction +Inf"},
+		{PoolOptions{Env: Env{Backend: b}, Trace: tr, FillFraction: -0.5}, "--fill-fraction -0.5: want 0 to 1"},
 		{PoolOptions{Env: Env{Backend: b}, Trace: tr, Allocators: []string{PoolCuvmm, PoolCuvmm}}, `--allocators: "cuvmm" is listed twice`},
 		{PoolOptions{Env: Env{Backend: b}, Trace: tr, CacheIters: -1}, "--cache-iters -1"},
 		{PoolOptions{Env: Env{Backend: b}, Trace: tr, VerifyEvery: -1}, "--verify-every -1"},
@@ -73,7 +74,7 @@ func TestPoolPeerTraceInTempDir(t *testing.T) {
 	require.NoError(t, os.WriteFile(script, []byte(`echo "{\"note\": \"$2\"}"`+"\n"), 0o644))
 	tr := &pool.Trace{Events: []pool.TraceEvent{{Size: 3 << 20, Lifetime: -1}}}
 	r, err := Pool(PoolOptions{Env: Env{Backend: b, TempDir: func() (string, error) { return dir, nil }}, Trace: tr,
-		Memory: PoolMinMemory, CacheIters: 8, Allocators: []string{PoolCuvmm}, PeerCommand: []string{"sh", script}})
+		Memory: PoolMinMemory, CacheIters: 8, Allocators: []string{PoolCuvmm}, Peer: "torch", Python: "sh", PeerScript: script})
 	require.NoError(t, err)
 	peer := r.Allocators[PoolPeerTorch]
 	require.Empty(t, peer.Error)

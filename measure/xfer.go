@@ -149,10 +149,8 @@ func (o *XferOptions) check() error {
 	if o.Transport != "auto" && o.Transport != "socket" {
 		return fmt.Errorf("--transport %q: want auto or socket: %w", o.Transport, ErrInvalidOption)
 	}
-	if o.Peer != "" && o.Peer != "torch" {
-		return fmt.Errorf("--peer %q: want torch or nothing: %w", o.Peer, ErrInvalidOption)
-	}
-	if err := o.findPeerScript(); err != nil {
+	var err error
+	if o.Python, o.PeerScript, err = findPeer(o.Peer, o.Python, o.PeerScript, XferPeerScript); err != nil {
 		return err
 	}
 	if o.Iters < 0 {
@@ -617,20 +615,6 @@ func xferNCCLEnv() map[string]string {
 		}
 	}
 	return env
-}
-
-// findPeerScript checks Python and finds PeerScript before anything runs, when the PyTorch peer
-// is to run.
-func (o *XferOptions) findPeerScript() error {
-	o.Python = cmp0(o.Python, "python3")
-	if o.Peer != "torch" {
-		return nil
-	}
-	argv, err := PeerCommand(o.Python, o.PeerScript, XferPeerScript)
-	if err == nil {
-		o.PeerScript = argv[1]
-	}
-	return err
 }
 
 // xferPeer runs the PyTorch script with the same size, warm-up and iterations.

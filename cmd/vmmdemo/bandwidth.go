@@ -72,3 +72,14 @@ func zeroSizes(fs *flag.FlagSet, names ...string) error {
 	})
 	return err
 }
+
+// zeroCounts refuses a count flag among names that was given as 0: measure takes 0 for its default,
+// which is not the flag's. A negative count is measure's to refuse.
+func zeroCounts(fs *flag.FlagSet, names ...string) error {
+	for _, n := range names {
+		if isSet(fs, n) && fs.Lookup(n).Value.String() == "0" {
+			return fmt.Errorf("--%s 0: want at least 1: %w", n, errUsage)
+		}
+	}
+	return nil
+}

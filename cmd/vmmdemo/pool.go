@@ -39,7 +39,7 @@ func runPool(e *env, args []string) error {
 	if err := parse(fs, args); err != nil {
 		return err
 	}
-	if err := checkPoolFlags(*fill, *cacheIters, *verify); err != nil {
+	if err := zeroCounts(fs, "cache-iters", "verify-every"); err != nil {
 		return err
 	}
 	if err := zeroSizes(fs, "memory"); err != nil {
@@ -52,36 +52,11 @@ func runPool(e *env, args []string) error {
 	if !isSet(fs, "fill-fraction") {
 		*fill = defFill
 	}
-	o := measure.PoolOptions{Device: *device, Trace: tr, Streams: *streams, Memory: memory.v, FillFraction: *fill,
-		VerifyEvery: *verify, Allocators: strings.Split(*allocators, ","), CacheIters: *cacheIters}
-	switch *peer {
-	case "":
-	case "torch":
-		if o.PeerCommand, err = measure.PeerCommand(*python, *peerScript, measure.PoolPeerScript); err != nil {
-			return err
-		}
-	default:
-		return fmt.Errorf("--peer %q: want torch: %w", *peer, errUsage)
-	}
 	return measureAndShow(e, &c, func(me measure.Env) (*measure.PoolResult, error) {
-		o.Env = me
-		return measure.Pool(o)
+		return measure.Pool(measure.PoolOptions{Env: me, Device: *device, Trace: tr, Streams: *streams, Memory: memory.v,
+			FillFraction: *fill, VerifyEvery: *verify, Allocators: strings.Split(*allocators, ","), CacheIters: *cacheIters,
+			Peer: *peer, PeerScript: *peerScript, Python: *python})
 	})
-}
-
-// checkPoolFlags refuses a --fill-fraction outside 0 to 1 (NaN included), and a --cache-iters or a
-// --verify-every below 1.
-func checkPoolFlags(fill float64, cacheIters, verifyEvery int) error {
-	if !(fill >= 0 && fill <= 1) {
-		return fmt.Errorf("--fill-fraction %v: want 0 to 1: %w", fill, errUsage)
-	}
-	if cacheIters < 1 {
-		return fmt.Errorf("--cache-iters %d: want at least 1: %w", cacheIters, errUsage)
-	}
-	if verifyEvery < 1 {
-		return fmt.Errorf("--verify-every %d: want at least 1: %w", verifyEvery, errUsage)
-	}
-	return nil
 }
 
 // isSet reports whether the flag name was given on the command line.

@@ -60,7 +60,6 @@ func TestPoolBadInput(t *testing.T) {
 		{[]string{"--synthetic", "training"}, `--synthetic "training": want serving`},
 		{[]string{"--trace", bad, "--synthetic", "serving"}, "give one"},
 		{[]string{}, "give --trace FILE or --synthetic serving"},
-		{[]string{"--synthetic", "serving", "--fill-fraction", "1.5"}, "--fill-fraction 1.5"},
 		{[]string{"--synthetic", "serving", "--streams", "100"}, "--streams 100"},
 		{[]string{"--synthetic", "serving", "--allocators", "malloc"}, `allocator "malloc"`},
 		{[]string{"--synthetic", "serving", "--peer", "jax"}, `--peer "jax"`},

@@ -33,10 +33,13 @@ func runXfer(e *env, args []string) error {
 	if err := parse(fs, args); err != nil {
 		return err
 	}
-	if err := checkXferFlags(devs, *warmup, *iters); err != nil {
+	if err := checkXferFlags(devs, *warmup); err != nil {
 		return err
 	}
 	if err := zeroSizes(fs, "block"); err != nil {
+		return err
+	}
+	if err := zeroCounts(fs, "iters"); err != nil {
 		return err
 	}
 	if *warmup == 0 {
@@ -52,16 +55,14 @@ func runXfer(e *env, args []string) error {
 	})
 }
 
-// checkXferFlags refuses a --devices that is not two ordinals, a negative --warmup and an --iters
-// below 1.
-func checkXferFlags(devs deviceList, warmup, iters int) error {
+// checkXferFlags refuses a --devices that is not two ordinals and a negative --warmup (measure's
+// negative Warmup means none).
+func checkXferFlags(devs deviceList, warmup int) error {
 	switch {
 	case len(devs.ordinals) != 2:
 		return fmt.Errorf("--devices %s: want two ordinals, the sender's and the receiver's: %w", devs.String(), errUsage)
 	case warmup < 0:
 		return fmt.Errorf("--warmup %d: want 0 or more: %w", warmup, errUsage)
-	case iters < 1:
-		return fmt.Errorf("--iters %d: want at least 1: %w", iters, errUsage)
 	}
 	return nil
 }
