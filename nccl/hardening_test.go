@@ -386,3 +386,46 @@ func TestRunHoldsStreamsUntilQueued(t *testing.T) {
 		require.Zero(t, bad)
 	}, testutil.Devices(2))
 }
+
+// TestRunHoldsAStreamNamedTwiceOnce: a Close of a stream that comes once Run holds it waits for the
+// group, even when the group names the stream again in a later operation; before, Run took a second
+// hold for that operation, which the waiting Close refused, and the group failed as if the stream had
+// been closed before Run.
+func TestRunHoldsAStreamNamedTwiceOnce(t *testing.T) {
+	testutil.Run(t, func(t *testing.T, b *testutil.Backend) {
+		dev := b.Device(t, 0)
+		c := soloComm(t, b, library(t, b))
+		defer func() { require.NoError(t, c.Close()) }()
+		buf := buffer(t, dev, 2*mib, 2*mib)
+		s, err := dev.CreateStream(vmm.StreamOptions{NonBlocking: true})
+		require.NoError(t, err)
+		var closed <-chan error
+		defer nccl.SetHoldStream(func(st *vmm.Stream) (func(), error) {
+			release, err := st.Hold()
+			if err == nil && closed == nil {
+				closed = closeOnceWaiting(t, st)
+			}
+			return release, err
+		})()
+		ctx := deadline(t, 10*time.Second)
+		err = c.Group().AllReduce(buf.Ptr(), buf.Ptr(), 16, nccl.Float32, nccl.Sum, s).
+			AllReduce(buf.Ptr()+mib, buf.Ptr()+mib, 16, nccl.Float32, nccl.Sum, s).Run(ctx)
+		require.NoError(t, <-closed)
+		require.NoError(t, err, "the stream was open when Run held it first")
+	}, testutil.SimOnly())
+}
+
+// closeOnceWaiting starts s.Close on another goroutine and returns once it waits for the calls in
+// progress on s (a new hold is refused), with the channel its result comes on.
+func closeOnceWaiting(t *testing.T, s *vmm.Stream) <-chan error {
+	closed := make(chan error, 1)
+	go func() { closed <- s.Close() }()
+	for {
+		probe, err := s.Hold()
+		if err != nil {
+			return closed
+		}
+		probe()
+		time.Sleep(time.Millisecond)
+	}
+}
