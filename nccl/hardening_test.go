@@ -429,3 +429,24 @@ func closeOnceWaiting(t *testing.T, s *vmm.Stream) <-chan error {
 		time.Sleep(time.Millisecond)
 	}
 }
+
+// TestRefusedGroupReleasesItsHolds: a group refused for a closed stream releases the streams it held
+// already, so their Close does not wait.
+func TestRefusedGroupReleasesItsHolds(t *testing.T) {
+	closedStreamIsRefused(t, func(t *testing.T, c *nccl.Comm, buf driver.DevicePtr, s *vmm.Stream) error {
+		open, err := s.Device().CreateStream(vmm.StreamOptions{NonBlocking: true})
+		require.NoError(t, err)
+		require.NoError(t, s.Close())
+		err = c.Group().AllReduce(buf, buf, 16, nccl.Float32, nccl.Sum, open).
+			AllReduce(buf, buf, 16, nccl.Float32, nccl.Sum, s).Run(deadline(t, 10*time.Second))
+		closed := make(chan error, 1)
+		go func() { closed <- open.Close() }()
+		select {
+		case closeErr := <-closed:
+			require.NoError(t, closeErr)
+		case <-time.After(5 * time.Second):
+			t.Fatal("the refused group still holds the stream it held before the closed one")
+		}
+		return err
+	})
+}
