@@ -397,8 +397,8 @@ func (c *Comm) destroy(ctx context.Context) error {
 // ErrAborted (and ctx's error). Use it instead of s.Synchronize after NCCL operations, whose kernels
 // wait for their peers and would otherwise wait forever.
 //
-// Wait records an event on s and polls it (cuEventQuery, with a back-off from tens of microseconds
-// to a millisecond), so that once it returns no call of its own is left on the stream: after an
+// Wait records an event on s and polls it (cuEventQuery: back to back for the first millisecond,
+// then every 50 µs), so that once it returns no call of its own is left on the stream: after an
 // abort it waits for the stream at most about 10 s, and a kernel that still has not stopped then
 // delays neither s.Close nor anything else. A nil s (the legacy default stream) waits for the whole
 // device (cuCtxSynchronize, which has no non-blocking form): after an abort whose kernels do not stop
@@ -438,13 +438,14 @@ func (c *Comm) deviceDone() func() (bool, error) {
 	}
 }
 
-// watch polls done, with backoff's pauses, until it reports the work done or fails, and aborts the
-// communicator when ctx ends first (after syncGrace), when the communicator reports an asynchronous
-// error, or when Abort is called. c.mu is held.
+// watch polls done, with waitPause's pauses, until it reports the work done or fails, and aborts
+// the communicator when ctx ends first (after syncGrace), when the communicator reports an
+// asynchronous error, or when Abort is called. c.mu is held.
 func (c *Comm) watch(ctx context.Context, done func() (bool, error)) error {
 	var graceEnd time.Time
 	ctxDone := ctx.Done()
-	for pause := time.Duration(0); ; pause = backoff(pause) {
+	start := time.Now()
+	for {
 		if ok, err := done(); ok || err != nil {
 			return c.synchronized(err)
 		}
@@ -463,12 +464,33 @@ func (c *Comm) watch(ctx context.Context, done func() (bool, error)) error {
 			return afterAbort(done, fmt.Errorf("nccl: wait on %v: the stream's work was not done when the context ended, communicator aborted: %w",
 				c, errors.Join(ErrAborted, ctx.Err())))
 		}
-		c.pause(ctxDone, pause)
+		c.pause(ctxDone, waitPause(time.Since(start)))
 	}
 }
 
-// pause sleeps for d unless ctxDone (nil: not watched) is closed or Abort is called first.
+// Wait's polls: none between them for the first waitSpin (work that ends then is seen within
+// microseconds, as a spinning cuStreamSynchronize sees it), then one every waitPoll at the most, so
+// that longer work is seen ending within about waitPoll for one cheap query per pause.
+const (
+	waitSpin = time.Millisecond
+	waitPoll = 50 * time.Microsecond
+)
+
+// waitPause is the pause before Wait's next poll, after waiting for elapsed.
+func waitPause(elapsed time.Duration) time.Duration {
+	if elapsed < waitSpin {
+		return 0
+	}
+	return waitPoll
+}
+
+// pause sleeps for d (a d of 0 yields the processor) unless ctxDone (nil: not watched) is closed or
+// Abort is called first.
 func (c *Comm) pause(ctxDone <-chan struct{}, d time.Duration) {
+	if d == 0 {
+		runtime.Gosched()
+		return
+	}
 	t := time.NewTimer(d)
 	defer t.Stop()
 	select {
