@@ -391,48 +391,112 @@ func (c *Comm) destroy(ctx context.Context) error {
 	}
 }
 
-// Wait waits until the work queued on s is done (cuStreamSynchronize), watching ctx and the
-// communicator meanwhile: when ctx ends first, or the communicator reports an asynchronous error (a
-// peer that died over a network transport), it aborts the communicator, which stops NCCL's kernels,
-// and returns an error wrapping ErrAborted (and ctx's error). A nil s (the legacy default stream)
-// waits for the whole device (cuCtxSynchronize). Use it instead of s.Synchronize after
-// NCCL operations, whose kernels wait for their peers and would otherwise wait forever.
-func (c *Comm) Wait(ctx context.Context, s *vmm.Stream) error {
+// Wait waits until the work queued on s is done, watching ctx and the communicator meanwhile: when
+// ctx ends first, or the communicator reports an asynchronous error (a peer that died over a network
+// transport), it aborts the communicator, which stops NCCL's kernels, and returns an error wrapping
+// ErrAborted (and ctx's error). Use it instead of s.Synchronize after NCCL operations, whose kernels
+// wait for their peers and would otherwise wait forever.
+//
+// Wait records an event on s and polls it (cuEventQuery: back to back for the first millisecond,
+// then every 50 µs), so that once it returns no call of its own is left on the stream: after an
+// abort it waits for the stream at most about 10 s, and a kernel that still has not stopped then
+// delays neither s.Close nor anything else. A nil s (the legacy default stream) waits for the whole
+// device (cuCtxSynchronize, which has no non-blocking form): after an abort whose kernels do not stop
+// that call keeps running on another goroutine past Wait, and System.Close waits for it.
+func (c *Comm) Wait(ctx context.Context, s *vmm.Stream) (err error) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	if err := c.use("wait"); err != nil {
 		return err
 	}
+	if s == nil {
+		return c.watch(ctx, c.deviceDone())
+	}
+	ev, err := s.Device().NewEvent(false)
+	if err != nil {
+		return fmt.Errorf("nccl: wait on %v: %w", c, err)
+	}
+	defer func() { err = errors.Join(err, ev.Close()) }()
+	if err := ev.Record(s); err != nil {
+		return fmt.Errorf("nccl: wait on %v: %w", c, err)
+	}
+	return c.watch(ctx, ev.Query)
+}
+
+// deviceDone starts cuCtxSynchronize of the communicator's device on another goroutine and returns
+// the poll that reports its end.
+func (c *Comm) deviceDone() func() (bool, error) {
 	done := make(chan error, 1)
-	go func() {
-		if s == nil { // the legacy default stream: wait for the whole device
-			done <- c.dev.Synchronize()
-			return
-		}
-		done <- s.Synchronize()
-	}()
-	tick := time.NewTicker(time.Millisecond)
-	defer tick.Stop()
-	for {
+	go func() { done <- c.dev.Synchronize() }()
+	return func() (bool, error) {
 		select {
 		case err := <-done:
-			return c.synchronized(err)
-		case <-tick.C:
-			if err := c.lib.CommGetAsyncError(c.h); err != nil && !errors.Is(err, ErrInProgress) {
-				c.abortLocked(err)
-				return c.afterAbort(done, fmt.Errorf("nccl: wait on %v: %w", c, errors.Join(ErrAborted, err)))
-			}
-		case <-ctx.Done():
-			if ok, err := finishing(done); ok { // the work was done: the communicator stays healthy
-				return c.synchronized(err)
-			}
-			c.abortLocked(ctx.Err())
-			return c.afterAbort(done, fmt.Errorf("nccl: wait on %v: the stream's work was not done when the context ended, communicator aborted: %w",
-				c, errors.Join(ErrAborted, ctx.Err())))
-		case <-c.abortReq:
-			c.abortLocked(errAbortCalled)
-			return c.afterAbort(done, fmt.Errorf("nccl: wait on %v: Abort was called: %w", c, ErrAborted))
+			return true, err
+		default:
+			return false, nil
 		}
+	}
+}
+
+// watch polls done, with waitPause's pauses, until it reports the work done or fails, and aborts
+// the communicator when ctx ends first (after syncGrace), when the communicator reports an
+// asynchronous error, or when Abort is called. c.mu is held.
+func (c *Comm) watch(ctx context.Context, done func() (bool, error)) error {
+	var graceEnd time.Time
+	ctxDone := ctx.Done()
+	start := time.Now()
+	for {
+		if ok, err := done(); ok || err != nil {
+			return c.synchronized(err)
+		}
+		if err := c.lib.CommGetAsyncError(c.h); err != nil && !errors.Is(err, ErrInProgress) {
+			c.abortLocked(err)
+			return afterAbort(done, fmt.Errorf("nccl: wait on %v: %w", c, errors.Join(ErrAborted, err)))
+		}
+		if c.abortRequested() {
+			c.abortLocked(errAbortCalled)
+			return afterAbort(done, fmt.Errorf("nccl: wait on %v: Abort was called: %w", c, ErrAborted))
+		}
+		if ctx.Err() != nil && graceEnd.IsZero() {
+			graceEnd, ctxDone = time.Now().Add(syncGrace), nil // the work may be done: see syncGrace
+		} else if ctx.Err() != nil && time.Now().After(graceEnd) {
+			c.abortLocked(ctx.Err())
+			return afterAbort(done, fmt.Errorf("nccl: wait on %v: the stream's work was not done when the context ended, communicator aborted: %w",
+				c, errors.Join(ErrAborted, ctx.Err())))
+		}
+		c.pause(ctxDone, waitPause(time.Since(start)))
+	}
+}
+
+// Wait's polls: none between them for the first waitSpin (work that ends then is seen within
+// microseconds, as a spinning cuStreamSynchronize sees it), then one every waitPoll at the most, so
+// that longer work is seen ending within about waitPoll for one cheap query per pause.
+const (
+	waitSpin = time.Millisecond
+	waitPoll = 50 * time.Microsecond
+)
+
+// waitPause is the pause before Wait's next poll, after waiting for elapsed.
+func waitPause(elapsed time.Duration) time.Duration {
+	if elapsed < waitSpin {
+		return 0
+	}
+	return waitPoll
+}
+
+// pause sleeps for d (a d of 0 yields the processor) unless ctxDone (nil: not watched) is closed or
+// Abort is called first.
+func (c *Comm) pause(ctxDone <-chan struct{}, d time.Duration) {
+	if d == 0 {
+		runtime.Gosched()
+		return
+	}
+	t := time.NewTimer(d)
+	defer t.Stop()
+	select {
+	case <-ctxDone:
+	case <-c.abortReq:
+	case <-t.C:
 	}
 }
 
@@ -443,32 +507,25 @@ func (c *Comm) synchronized(err error) error {
 	return nil
 }
 
-// syncGrace is how long Wait, once its context has ended, still gives the stream's synchronization
-// to return before it aborts: a stream whose work is done returns in microseconds, and a context
-// that ended (or had ended before Wait was called) must not abort a healthy communicator.
+// syncGrace is how long Wait, once its context has ended, still gives the stream's work to finish
+// before it aborts: work that is done shows in microseconds, and a context that ended (or had ended
+// before Wait was called) must not abort a healthy communicator.
 const syncGrace = 20 * time.Millisecond
 
-// finishing reports the synchronization's result when it comes within syncGrace.
-func finishing(done chan error) (ok bool, err error) {
-	t := time.NewTimer(syncGrace)
-	defer t.Stop()
-	select {
-	case err := <-done:
-		return true, err
-	case <-t.C:
-		return false, nil
-	}
-}
-
 // abortWait bounds how long Wait waits for the stream after an abort.
-const abortWait = 10 * time.Second
+var abortWait = 10 * time.Second
 
-// afterAbort waits (boundedly) for the stream synchronization that an abort released.
-func (c *Comm) afterAbort(done chan error, err error) error {
-	select {
-	case <-done:
-	case <-time.After(abortWait):
-		err = fmt.Errorf("%w (the stream was still busy %v after the abort)", err, abortWait)
+// afterAbort polls done, for at most abortWait, for the work that an abort released, and returns err
+// (saying so when the work was not done by then). A failed poll counts as the end of the work.
+func afterAbort(done func() (bool, error), err error) error {
+	end := time.Now().Add(abortWait)
+	for pause := time.Duration(0); ; pause = backoff(pause) {
+		if ok, pollErr := done(); ok || pollErr != nil {
+			return err
+		}
+		if time.Now().After(end) {
+			return fmt.Errorf("%w (the stream was still busy %v after the abort)", err, abortWait)
+		}
+		time.Sleep(pause)
 	}
-	return err
 }

@@ -11,6 +11,7 @@ import (
 
 	"github.com/cuvmm/cuvmm/driver"
 	"github.com/cuvmm/cuvmm/driver/sim"
+	"github.com/cuvmm/cuvmm/growbuf"
 	"github.com/cuvmm/cuvmm/internal/testutil"
 	"github.com/cuvmm/cuvmm/nccl"
 	"github.com/cuvmm/cuvmm/nccl/ncclsim"
@@ -87,17 +88,23 @@ func TestStreamOfAnotherDeviceWrapsErrWrongDevice(t *testing.T) {
 	}, testutil.SimOnly(), testutil.Devices(2))
 }
 
+// soloWithStream makes a one-rank communicator (closed at the end of the test), a buffer of 2 MiB and
+// a non-blocking stream, which is the test's to close, on device 0.
+func soloWithStream(t *testing.T, b *testutil.Backend) (*nccl.Comm, *growbuf.Buffer, *vmm.Stream) {
+	dev := b.Device(t, 0)
+	c := soloComm(t, b, library(t, b))
+	t.Cleanup(func() { require.NoError(t, c.Close()) })
+	s, err := dev.CreateStream(vmm.StreamOptions{NonBlocking: true})
+	require.NoError(t, err)
+	return c, buffer(t, dev, 2*mib, 2*mib), s
+}
+
 // closedStreamIsRefused runs an all-reduce on a stream that run closes (before the call, or after
 // queuing it in a group): it is an argument error, not an abort, and the communicator stays usable.
 func closedStreamIsRefused(t *testing.T, run func(t *testing.T, c *nccl.Comm, buf driver.DevicePtr, s *vmm.Stream) error) {
 	testutil.Run(t, func(t *testing.T, b *testutil.Backend) {
-		dev := b.Device(t, 0)
-		c := soloComm(t, b, library(t, b))
-		defer func() { require.NoError(t, c.Close()) }()
-		buf := buffer(t, dev, 2*mib, 2*mib)
-		s, err := dev.CreateStream(vmm.StreamOptions{NonBlocking: true})
-		require.NoError(t, err)
-		err = run(t, c, buf.Ptr(), s)
+		c, buf, s := soloWithStream(t, b)
+		err := run(t, c, buf.Ptr(), s)
 		require.ErrorIs(t, err, nccl.ErrInvalidValue)
 		require.ErrorContains(t, err, "the stream is closed")
 		require.NotErrorIs(t, err, nccl.ErrAborted)
@@ -385,4 +392,63 @@ func TestRunHoldsStreamsUntilQueued(t *testing.T) {
 		require.NoError(t, err)
 		require.Zero(t, bad)
 	}, testutil.Devices(2))
+}
+
+// TestRunHoldsAStreamNamedTwiceOnce: a Close of a stream that comes once Run holds it waits for the
+// group, even when the group names the stream again in a later operation; before, Run took a second
+// hold for that operation, which the waiting Close refused, and the group failed as if the stream had
+// been closed before Run.
+func TestRunHoldsAStreamNamedTwiceOnce(t *testing.T) {
+	testutil.Run(t, func(t *testing.T, b *testutil.Backend) {
+		c, buf, s := soloWithStream(t, b)
+		var closed <-chan error
+		defer nccl.SetHoldStream(func(st *vmm.Stream) (func(), error) {
+			release, err := st.Hold()
+			if err == nil && closed == nil {
+				closed = closeOnceWaiting(t, st)
+			}
+			return release, err
+		})()
+		ctx := deadline(t, 10*time.Second)
+		err := c.Group().AllReduce(buf.Ptr(), buf.Ptr(), 16, nccl.Float32, nccl.Sum, s).
+			AllReduce(buf.Ptr()+mib, buf.Ptr()+mib, 16, nccl.Float32, nccl.Sum, s).Run(ctx)
+		require.NoError(t, <-closed)
+		require.NoError(t, err, "the stream was open when Run held it first")
+	}, testutil.SimOnly())
+}
+
+// closeOnceWaiting starts s.Close on another goroutine and returns once it waits for the calls in
+// progress on s (a new hold is refused), with the channel its result comes on.
+func closeOnceWaiting(t *testing.T, s *vmm.Stream) <-chan error {
+	closed := make(chan error, 1)
+	go func() { closed <- s.Close() }()
+	for {
+		probe, err := s.Hold()
+		if err != nil {
+			return closed
+		}
+		probe()
+		time.Sleep(time.Millisecond)
+	}
+}
+
+// TestRefusedGroupReleasesItsHolds: a group refused for a closed stream releases the streams it held
+// already, so their Close does not wait.
+func TestRefusedGroupReleasesItsHolds(t *testing.T) {
+	closedStreamIsRefused(t, func(t *testing.T, c *nccl.Comm, buf driver.DevicePtr, s *vmm.Stream) error {
+		open, err := s.Device().CreateStream(vmm.StreamOptions{NonBlocking: true})
+		require.NoError(t, err)
+		require.NoError(t, s.Close())
+		err = c.Group().AllReduce(buf, buf, 16, nccl.Float32, nccl.Sum, open).
+			AllReduce(buf, buf, 16, nccl.Float32, nccl.Sum, s).Run(deadline(t, 10*time.Second))
+		closed := make(chan error, 1)
+		go func() { closed <- open.Close() }()
+		select {
+		case closeErr := <-closed:
+			require.NoError(t, closeErr)
+		case <-time.After(5 * time.Second):
+			t.Fatal("the refused group still holds the stream it held before the closed one")
+		}
+		return err
+	})
 }

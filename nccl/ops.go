@@ -259,26 +259,34 @@ func (c *Comm) checkBuffers(o op) error {
 }
 
 // holdStreams refuses a group with an operation whose stream is closed (before the operation was
-// queued or since), and else holds every stream (vmm.Stream.Hold) until release, so that none is
-// destroyed, and its handle given to a new stream, until NCCL has queued the operations (Run holds
-// them until the group is no longer in progress). c.mu is held.
+// queued or since), and else holds each of its streams (vmm.Stream.Hold) once until release, so that
+// none is destroyed, and its handle given to a new stream, until NCCL has queued the operations (Run
+// holds them until the group is no longer in progress). A stream named again is not held again: a
+// Close that came after the first hold waits for the group, and would refuse a second hold. On a
+// refusal the holds already taken are released. c.mu is held.
 func (c *Comm) holdStreams(ops []op) (release func(), err error) {
-	var held []func()
+	held := map[*vmm.Stream]func(){}
 	release = func() {
 		for _, r := range held {
 			r()
 		}
 	}
 	for _, o := range ops {
-		r, err := o.stream.Hold()
+		if _, ok := held[o.stream]; ok || o.stream == nil {
+			continue // held already, or the legacy default stream, which needs no hold
+		}
+		r, err := holdStream(o.stream)
 		if err != nil {
 			release()
 			return nil, c.invalid(o, "the stream is closed")
 		}
-		held = append(held, r)
+		held[o.stream] = r
 	}
 	return release, nil
 }
+
+// holdStream is vmm.Stream.Hold, a variable so that tests can close a stream while Run holds them.
+var holdStream = (*vmm.Stream).Hold
 
 // maxBytes caps one operation: NCCL's counts are size_t, but byte offsets are computed in signed
 // 64-bit arithmetic inside the library.
