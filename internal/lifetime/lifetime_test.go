@@ -2,8 +2,6 @@ package lifetime
 
 import (
 	"errors"
-	"runtime"
-	"strings"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -116,7 +114,7 @@ func TestWaitingCloseRefusesCallsAfterAnotherCloseFailed(t *testing.T) {
 			admitted <- ok
 		}()
 	}
-	eventuallyWaitingCloses(t, 2)
+	eventuallyWaitingCloses(t, &o, 2)
 	o.End()
 	for range 2 {
 		require.False(t, <-admitted, "Begin admitted a call after a failed Close while another Close waited")
@@ -125,18 +123,12 @@ func TestWaitingCloseRefusesCallsAfterAnotherCloseFailed(t *testing.T) {
 	require.True(t, o.IsClosed())
 }
 
-// eventuallyWaitingCloses waits until n goroutines are in Close, waiting for the calls in progress.
-func eventuallyWaitingCloses(t *testing.T, n int) {
+// eventuallyWaitingCloses waits until n Closes wait for the calls in progress.
+func eventuallyWaitingCloses(t *testing.T, o *Owner, n int) {
 	require.Eventually(t, func() bool {
-		buf := make([]byte, 1<<20)
-		buf = buf[:runtime.Stack(buf, true)]
-		waiting := 0
-		for _, g := range strings.Split(string(buf), "\n\n") {
-			if strings.Contains(g, "sync.(*Cond).Wait") && strings.Contains(g, "lifetime.(*Owner).Close(") {
-				waiting++
-			}
-		}
-		return waiting >= n
+		o.mu.Lock()
+		defer o.mu.Unlock()
+		return o.closers >= n
 	}, 5*time.Second, time.Millisecond, "%d Closes wait for the calls in progress", n)
 }
 
