@@ -359,7 +359,12 @@ func (c *Client) send(ctx context.Context, call *Completion, req request, exp *i
 			// Close shut the sending side; it waits for the broker's end itself.
 			return fmt.Errorf("broker: %w", ErrClosed)
 		}
-		c.fail(err)
+		if peerClosed(err) {
+			// The broker closed its end: the reader sees that end itself, which Close waits for.
+			c.failOpen(err)
+		} else {
+			c.fail(err)
+		}
 		return c.brokenErr()
 	}
 	return nil
