@@ -533,17 +533,7 @@ func TestReleaseRetriesOrphanMappingIt(t *testing.T) {
 			testutil.Run(t, func(t *testing.T, b *testutil.Backend) {
 				d := b.Device(t, 0)
 				r, m := mapFilled(t, d, 2*mib, 4)
-				rw := []vmm.Access{vmm.ReadWrite(d)}
-				specs := []vmm.ChunkSpec{
-					{Offset: 0, Allocation: m.Allocation(), Access: rw},
-					{Offset: 2 * mib, Size: 2 * mib, Device: d, Access: rw},
-				}
-				b.Sim.FailNth("cuMemCreate", 1, driver.ErrorOutOfMemory)
-				b.Sim.FailNth("cuMemUnmap", 1, driver.ErrorUnknown) // the undo's unmap
-				b.Sim.FailNth("cuMemUnmap", 2, driver.ErrorUnknown) // its retry, as the range is freed
-				_, _, err := b.Sys.ReserveChunks(4*mib, vmm.ReserveOptions{}, specs)
-				require.ErrorIs(t, err, driver.ErrOutOfMemory)
-				require.NotEmpty(t, b.Sys.Orphans(), "the second range still maps the allocation")
+				orphanMapping(t, b, m.Allocation())
 
 				require.NoError(t, unmap(r, m), "unmapped and released")
 				require.True(t, m.Allocation().Closed())
@@ -569,19 +559,9 @@ func TestNonOwningUnmapLeavesOrphanToAllocationClose(t *testing.T) {
 				require.NoError(t, err)
 				r, err := b.Sys.Reserve(2*mib, vmm.ReserveOptions{})
 				require.NoError(t, err)
-				rw := []vmm.Access{vmm.ReadWrite(d)}
-				m, err := r.MapAccess(0, a, rw...)
+				m, err := r.MapAccess(0, a, vmm.ReadWrite(d))
 				require.NoError(t, err)
-				specs := []vmm.ChunkSpec{
-					{Offset: 0, Allocation: a, Access: rw},
-					{Offset: 2 * mib, Size: 2 * mib, Device: d, Access: rw},
-				}
-				b.Sim.FailNth("cuMemCreate", 1, driver.ErrorOutOfMemory)
-				b.Sim.FailNth("cuMemUnmap", 1, driver.ErrorUnknown) // the undo's unmap
-				b.Sim.FailNth("cuMemUnmap", 2, driver.ErrorUnknown) // its retry, as the range is freed
-				_, _, err = b.Sys.ReserveChunks(4*mib, vmm.ReserveOptions{}, specs)
-				require.ErrorIs(t, err, driver.ErrOutOfMemory)
-				require.NotEmpty(t, b.Sys.Orphans(), "the second range still maps the allocation")
+				orphanMapping(t, b, a)
 
 				frees := b.Sim.Calls("cuMemAddressFree")
 				require.NoError(t, unmap(r, m))
@@ -595,6 +575,24 @@ func TestNonOwningUnmapLeavesOrphanToAllocationClose(t *testing.T) {
 			}, testutil.SimOnly())
 		})
 	}
+}
+
+// orphanMapping leaves a range kept by the System (an orphan) that maps a on device 0: a
+// ReserveChunks of a and a new chunk whose creation fails, and whose undo's unmap fails twice.
+func orphanMapping(t *testing.T, b *testutil.Backend, a *vmm.Allocation) {
+	t.Helper()
+	d := b.Device(t, 0)
+	rw := []vmm.Access{vmm.ReadWrite(d)}
+	specs := []vmm.ChunkSpec{
+		{Offset: 0, Allocation: a, Access: rw},
+		{Offset: 2 * mib, Size: 2 * mib, Device: d, Access: rw},
+	}
+	b.Sim.FailNth("cuMemCreate", 1, driver.ErrorOutOfMemory)
+	b.Sim.FailNth("cuMemUnmap", 1, driver.ErrorUnknown) // the undo's unmap
+	b.Sim.FailNth("cuMemUnmap", 2, driver.ErrorUnknown) // its retry, as the range is freed
+	_, _, err := b.Sys.ReserveChunks(4*mib, vmm.ReserveOptions{}, specs)
+	require.ErrorIs(t, err, driver.ErrOutOfMemory)
+	require.NotEmpty(t, b.Sys.Orphans(), "the second range still maps the allocation")
 }
 
 func TestCheckHandleTypes(t *testing.T) {
