@@ -520,15 +520,18 @@ func TestSystemCloseRetriesContextRelease(t *testing.T) {
 	require.ErrorIs(t, err, vmm.ErrClosed)
 }
 
+// unmapWays are the two ways to unmap a mapping m that r holds at offset 0.
+var unmapWays = map[string]func(r *vmm.Reservation, m *vmm.Mapping) error{
+	"Mapping.Close":          func(_ *vmm.Reservation, m *vmm.Mapping) error { return m.Close() },
+	"Reservation.UnmapRange": func(r *vmm.Reservation, m *vmm.Mapping) error { return r.UnmapRange(0, m.Size()) },
+}
+
 // An allocation mapped in a second range whose undo failed (the range, still mapping it, is kept by
 // the System) is released by its owner's Close or UnmapRange without the owner knowing of that
 // range: the release retries the System's ranges that still map the allocation first, and nothing
 // is left.
 func TestReleaseRetriesOrphanMappingIt(t *testing.T) {
-	for name, unmap := range map[string]func(r *vmm.Reservation, m *vmm.Mapping) error{
-		"Mapping.Close":          func(_ *vmm.Reservation, m *vmm.Mapping) error { return m.Close() },
-		"Reservation.UnmapRange": func(r *vmm.Reservation, m *vmm.Mapping) error { return r.UnmapRange(0, m.Size()) },
-	} {
+	for name, unmap := range unmapWays {
 		t.Run(name, func(t *testing.T) {
 			testutil.Run(t, func(t *testing.T, b *testutil.Backend) {
 				d := b.Device(t, 0)
@@ -548,10 +551,7 @@ func TestReleaseRetriesOrphanMappingIt(t *testing.T) {
 // UnmapRange leave the System's range that still maps the allocation alone; the allocation's own
 // Close, which releases it, retries that range first, and nothing is left.
 func TestNonOwningUnmapLeavesOrphanToAllocationClose(t *testing.T) {
-	for name, unmap := range map[string]func(r *vmm.Reservation, m *vmm.Mapping) error{
-		"Mapping.Close":          func(_ *vmm.Reservation, m *vmm.Mapping) error { return m.Close() },
-		"Reservation.UnmapRange": func(r *vmm.Reservation, m *vmm.Mapping) error { return r.UnmapRange(0, m.Size()) },
-	} {
+	for name, unmap := range unmapWays {
 		t.Run(name, func(t *testing.T) {
 			testutil.Run(t, func(t *testing.T, b *testutil.Backend) {
 				d := b.Device(t, 0)
