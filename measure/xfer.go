@@ -55,6 +55,9 @@ type XferOptions struct {
 	// Register registers both buffers with NCCL, every chunk (nccl.Comm.Register), and moves them
 	// chunk by chunk so that each operation lies inside one registration.
 	Register bool
+	// ByChunks moves the buffers chunk by chunk, as Register does, without registering them: what
+	// the chunking costs apart from the registration (Register implies it).
+	ByChunks bool
 	// Warmup and Iters are the untimed and timed transfers (0: 3 and 10). A negative Warmup means
 	// none; a negative Iters is refused.
 	Warmup, Iters int
@@ -74,6 +77,7 @@ type XferResult struct {
 	NCCLVersion string `json:"nccl_version"`
 	Transport   string `json:"transport"`
 	Registered  bool   `json:"registered"`
+	ByChunks    bool   `json:"by_chunks"`
 	SizeBytes   uint64 `json:"size_bytes"`
 	BlockBytes  uint64 `json:"block_bytes"`
 	Chunks      int    `json:"chunks"`
@@ -238,6 +242,7 @@ type xferSetup struct {
 	Device   int           `json:"device"`
 	Size     uint64        `json:"size"`
 	Register bool          `json:"register"`
+	ByChunks bool          `json:"by_chunks"`
 	Warmup   int           `json:"warmup"`
 	Iters    int           `json:"iters"`
 	Seed     uint64        `json:"seed"`
@@ -265,6 +270,8 @@ type xferSide struct {
 	s    *vmm.Stream
 	comm *nccl.Comm
 	reg  *nccl.Registration
+	// byChunks: move the buffer chunk by chunk (registered or not).
+	byChunks bool
 }
 
 func (x *xferSide) close() error {
@@ -319,11 +326,11 @@ func (x *xferSide) transfer(ctx context.Context, send bool) error {
 	g := x.comm.Group()
 	peer := 1 - x.comm.Rank()
 	switch {
-	case send && x.reg != nil:
+	case send && x.byChunks:
 		g.SendChunks(x.buf, peer, x.s)
 	case send:
 		g.SendBuffer(x.buf, peer, x.s)
-	case x.reg != nil:
+	case x.byChunks:
 		g.RecvChunks(x.buf, peer, x.s)
 	default:
 		g.RecvBuffer(x.buf, peer, x.s)
@@ -375,19 +382,20 @@ func Xfer(opts XferOptions) (res *XferResult, err error) {
 		return nil, err
 	}
 	defer func() { err = errors.Join(err, x.close()) }()
+	x.byChunks = opts.Register || opts.ByChunks
 	const seed = 0x6b76 // "kv"
 	if err := xferFillBlocks(&opts, x, seed); err != nil {
 		return nil, err
 	}
 	setup := xferSetup{workerSetup: newWorkerSetup(opts.Backend), Device: opts.Devices[1], Size: opts.Size,
-		Register: opts.Register, Warmup: opts.Warmup, Iters: opts.Iters, Seed: seed, Timeout: opts.Timeout}
+		Register: opts.Register, ByChunks: opts.ByChunks, Warmup: opts.Warmup, Iters: opts.Iters, Seed: seed, Timeout: opts.Timeout}
 	child, err := startWorker(&opts.Env, roleXfer, setup)
 	if err != nil {
 		return nil, err
 	}
 	defer func() { err = stopWorker(child, err) }()
 	res = &XferResult{Backend: opts.Backend.Name, NCCLVersion: nccl.FormatVersion(x.lib.Version()), Transport: opts.Transport,
-		Registered: opts.Register, SizeBytes: opts.Size, BlockBytes: opts.Block, Chunks: len(x.buf.Chunks()),
+		Registered: opts.Register, ByChunks: opts.Register || opts.ByChunks, SizeBytes: opts.Size, BlockBytes: opts.Block, Chunks: len(x.buf.Chunks()),
 		Devices: opts.Devices, Warmup: opts.Warmup, Iters: opts.Iters, NCCLEnv: xferNCCLEnv(), Sim: opts.Backend.Sim()}
 	if err := xferSender(&opts, x, child, res); err != nil {
 		return nil, err
@@ -451,7 +459,7 @@ func xferSender(o *XferOptions, x *xferSide, child *worker.Process, res *XferRes
 		return err
 	}
 	res.InitSeconds = max(took.Seconds(), joined.InitSeconds)
-	if mine := nccl.Layout(x.buf); o.Register && !slices.Equal(mine, joined.Layout) {
+	if mine := nccl.Layout(x.buf); x.byChunks && !slices.Equal(mine, joined.Layout) {
 		return fmt.Errorf("the two buffers' chunk layouts differ (%v and %v): chunk-by-chunk transfers would not match", mine, joined.Layout)
 	}
 	if err := child.Conn.Send("nccl"); err != nil {
@@ -527,6 +535,7 @@ func xferReceive(c *worker.Conn, x *xferSide, setup xferSetup) error {
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), setup.Timeout)
 	defer cancel()
+	x.byChunks = setup.Register || setup.ByChunks
 	took, err := x.join(ctx, id, 1, setup.Register)
 	if err != nil {
 		return c.Report(nil, err)
@@ -655,9 +664,9 @@ func (r *XferResult) Text(w io.Writer) {
 	if r.Sim {
 		sim = " (simulated: times are of Go code, not a GPU)"
 	}
-	fmt.Fprintf(w, "xfer: %s of %s KV blocks in %d chunks, device %d → device %d (another process), NCCL %s, transport %s, registered %v, backend %s%s\n",
+	fmt.Fprintf(w, "xfer: %s of %s KV blocks in %d chunks, device %d → device %d (another process), NCCL %s, transport %s, registered %v, by chunks %v, backend %s%s\n",
 		units.FormatSize(r.SizeBytes), units.FormatSize(r.BlockBytes), r.Chunks, r.Devices[0], r.Devices[1], r.NCCLVersion,
-		r.Transport, r.Registered, r.Backend, sim)
+		r.Transport, r.Registered, r.ByChunks, r.Backend, sim)
 	fmt.Fprintf(w, "  communicator of 2 ranks ready in %.3f s\n", r.InitSeconds)
 	fmt.Fprintf(w, "  NCCL send/recv:                  %8.2f GB/s (%d transfers after %d warm-up)\n", r.NCCLGBps, r.Iters, r.Warmup)
 	fmt.Fprintf(w, "  cuvmm ipc + peer copies:         %8.2f GB/s (shared once in %.3f s)\n", r.NativeGBps, r.NativeShareSeconds)

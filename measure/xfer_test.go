@@ -9,15 +9,16 @@ import (
 )
 
 func TestXferSim(t *testing.T) {
-	for _, register := range []bool{false, true} {
+	for _, o := range []struct{ register, byChunks bool }{{false, false}, {true, false}, {false, true}} {
 		b := simBackend(t, 2)
 		rec := &recorder{}
 		res, err := measure.Xfer(measure.XferOptions{Env: measure.Env{Backend: b, Progress: rec}, Size: 8 << 20,
-			Register: register, Warmup: 1, Iters: 2})
+			Register: o.register, ByChunks: o.byChunks, Warmup: 1, Iters: 2})
 		require.NoError(t, err)
 		require.NoError(t, res.Check())
 		require.True(t, res.Verified)
-		require.Equal(t, register, res.Registered)
+		require.Equal(t, o.register, res.Registered)
+		require.Equal(t, o.register || o.byChunks, res.ByChunks)
 		require.Equal(t, "auto", res.Transport)
 		require.Greater(t, res.NCCLGBps, 0.0)
 		require.Greater(t, res.NativeGBps, 0.0)

@@ -21,6 +21,7 @@ func runXfer(e *env, args []string) error {
 	fs.Var(&block, "block", "size of one KV block (the sender grows its buffer block by block)")
 	transport := fs.String("transport", "auto", "auto (NCCL picks: NVLink between GPUs of a host) or socket (NCCL's network path over loopback TCP: NCCL_P2P_DISABLE=1 NCCL_SHM_DISABLE=1)")
 	registerBufs := fs.Bool("register", false, "register both buffers with NCCL, every chunk, and move them chunk by chunk")
+	byChunks := fs.Bool("by-chunks", false, "move both buffers chunk by chunk without registering them (what --register's chunking costs alone)")
 	peer := fs.String("peer", "", "torch: also run PyTorch's torch.distributed send/recv in the same run, timed the same way")
 	script := fs.String("peer-script", "", "the PyTorch script (default scripts/peers/torch_sendrecv.py)")
 	python := fs.String("python", "python3", "the Python that runs the PyTorch script")
@@ -50,7 +51,7 @@ func runXfer(e *env, args []string) error {
 			return nil, xferSkipped(e, &c, fmt.Sprintf("it needs two devices (%s), the %s backend has %d", devs.String(), me.Backend.Name, n))
 		}
 		return measure.Xfer(measure.XferOptions{Env: me, Devices: [2]int{devs.ordinals[0], devs.ordinals[1]}, Size: size.v,
-			Block: block.v, Transport: *transport, Register: *registerBufs, Warmup: *warmup, Iters: *iters,
+			Block: block.v, Transport: *transport, Register: *registerBufs, ByChunks: *byChunks, Warmup: *warmup, Iters: *iters,
 			Peer: *peer, PeerScript: *script, Python: *python})
 	})
 }

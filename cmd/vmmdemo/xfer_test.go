@@ -12,18 +12,19 @@ import (
 )
 
 func TestXferSimJSON(t *testing.T) {
-	for _, extra := range [][]string{nil, {"--transport", "socket", "--register"}} {
+	for _, extra := range [][]string{nil, {"--transport", "socket", "--register"}, {"--by-chunks"}} {
 		code, out, stderr := runCmd(t, append([]string{"xfer", "--backend", "sim", "--size", "8MiB", "--iters", "2", "--warmup", "1", "--json"}, extra...)...)
 		require.Equal(t, 0, code, stderr)
 		var m map[string]any
 		require.NoError(t, json.Unmarshal([]byte(out), &m))
-		for _, k := range []string{"verified", "nccl_gbps", "native_gbps", "transport", "registered", "init_seconds", "chunks", "nccl_version"} {
+		for _, k := range []string{"verified", "nccl_gbps", "native_gbps", "transport", "registered", "by_chunks", "init_seconds", "chunks", "nccl_version"} {
 			require.Contains(t, m, k)
 		}
 		require.Equal(t, true, m["verified"])
 		require.Greater(t, m["nccl_gbps"], 0.0)
 		require.Greater(t, m["native_gbps"], 0.0)
-		if extra != nil {
+		require.Equal(t, extra != nil, m["by_chunks"], "--register and --by-chunks move the buffers chunk by chunk")
+		if len(extra) > 1 {
 			require.Equal(t, "socket", m["transport"])
 			require.Equal(t, true, m["registered"])
 			env := m["nccl_env"].(map[string]any) // with whatever NCCL_* the host sets besides
