@@ -117,12 +117,30 @@ func TestStalledReaderLosesConnection(t *testing.T) {
 	}, testutil.SimOnly())
 }
 
+// A worker that asks for the region again and again without reading the answers is dropped once a
+// region send times out, and counts as dropped, as one that stops reading its other answers does.
+func TestStalledRegionReaderIsDropped(t *testing.T) {
+	testutil.Run(t, func(t *testing.T, b *testutil.Backend) {
+		dev := b.Device(t, 0)
+		region := newRegion(t, dev, 4*mib, pinned.Options{})
+		srv, path := startServer(t, region, Options{WriteTimeout: 50 * time.Millisecond})
+		conn := rawConn(t, path, true)
+		go requestWithoutReading(conn, OpRegion, 2)
+		eventually(t, "the stalled worker dropped", func() bool { return srv.Stats().Workers == 0 })
+		require.Equal(t, uint64(1), srv.Stats().Dropped)
+	}, testutil.SimOnly())
+}
+
 // pingWithoutReading sends pings with ids from id on, never reading the answers, until a write fails
 // or takes 3 s.
-func pingWithoutReading(conn *net.UnixConn, id uint64) {
+func pingWithoutReading(conn *net.UnixConn, id uint64) { requestWithoutReading(conn, OpPing, id) }
+
+// requestWithoutReading sends requests of op with ids from id on, never reading the answers, until
+// a write fails or takes 3 s.
+func requestWithoutReading(conn *net.UnixConn, op uint16, id uint64) {
 	for ; ; id++ {
 		_ = conn.SetWriteDeadline(time.Now().Add(3 * time.Second))
-		if ipc.WriteMessage(conn, KindRequest, encodeReq(request{op: OpPing, id: id}), nil) != nil {
+		if ipc.WriteMessage(conn, KindRequest, encodeReq(request{op: op, id: id}), nil) != nil {
 			return
 		}
 	}

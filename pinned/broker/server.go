@@ -541,13 +541,19 @@ func (w *worker) send(write func() error) error {
 // stopped reading for WriteTimeout counts as dropped.
 func (w *worker) writeFailed(err error) {
 	if !hangUp(err) {
-		if errors.Is(err, os.ErrDeadlineExceeded) {
-			w.s.drops.Add(1)
-		}
+		w.countDrop(err)
 		w.logf("writing a response: %v (closing the connection once its queued copies are drained)", err)
 	}
 	w.stopCopies()
 	_ = w.conn.Close()
+}
+
+// countDrop counts the worker as dropped when err is a write that timed out: it stopped reading for
+// WriteTimeout.
+func (w *worker) countDrop(err error) {
+	if errors.Is(err, os.ErrDeadlineExceeded) {
+		w.s.drops.Add(1)
+	}
 }
 
 // stopCopies makes the copies of the connection not queued on a stream yet never start, and waits
@@ -695,6 +701,7 @@ func (w *worker) next() bool {
 		w.unregister(req)
 	case OpRegion:
 		if err := w.shareRegion(req); err != nil {
+			w.countDrop(err)
 			w.logf("sharing the region: %v (closing the connection)", err)
 			return false
 		}
