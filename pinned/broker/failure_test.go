@@ -104,31 +104,22 @@ func TestRefusalCountedOnce(t *testing.T) {
 }
 
 // A worker that stops reading loses its connection after WriteTimeout (Options.WriteTimeout), and
-// counts as dropped.
+// counts as dropped, whether the write that timed out was an answer (pings) or the region's (region
+// requests).
 func TestStalledReaderLosesConnection(t *testing.T) {
-	testutil.Run(t, func(t *testing.T, b *testutil.Backend) {
-		dev := b.Device(t, 0)
-		region := newRegion(t, dev, 4*mib, pinned.Options{})
-		srv, path := startServer(t, region, Options{WriteTimeout: 50 * time.Millisecond})
-		conn := rawConn(t, path, true)
-		go pingWithoutReading(conn, 2)
-		eventually(t, "the stalled worker dropped", func() bool { return srv.Stats().Workers == 0 })
-		require.Equal(t, uint64(1), srv.Stats().Dropped)
-	}, testutil.SimOnly())
-}
-
-// A worker that asks for the region again and again without reading the answers is dropped once a
-// region send times out, and counts as dropped, as one that stops reading its other answers does.
-func TestStalledRegionReaderIsDropped(t *testing.T) {
-	testutil.Run(t, func(t *testing.T, b *testutil.Backend) {
-		dev := b.Device(t, 0)
-		region := newRegion(t, dev, 4*mib, pinned.Options{})
-		srv, path := startServer(t, region, Options{WriteTimeout: 50 * time.Millisecond})
-		conn := rawConn(t, path, true)
-		go requestWithoutReading(conn, OpRegion, 2)
-		eventually(t, "the stalled worker dropped", func() bool { return srv.Stats().Workers == 0 })
-		require.Equal(t, uint64(1), srv.Stats().Dropped)
-	}, testutil.SimOnly())
+	for name, op := range map[string]uint16{"ping": OpPing, "region": OpRegion} {
+		t.Run(name, func(t *testing.T) {
+			testutil.Run(t, func(t *testing.T, b *testutil.Backend) {
+				dev := b.Device(t, 0)
+				region := newRegion(t, dev, 4*mib, pinned.Options{})
+				srv, path := startServer(t, region, Options{WriteTimeout: 50 * time.Millisecond})
+				conn := rawConn(t, path, true)
+				go requestWithoutReading(conn, op, 2)
+				eventually(t, "the stalled worker dropped", func() bool { return srv.Stats().Workers == 0 })
+				require.Equal(t, uint64(1), srv.Stats().Dropped)
+			}, testutil.SimOnly())
+		})
+	}
 }
 
 // pingWithoutReading sends pings with ids from id on, never reading the answers, until a write fails
