@@ -48,6 +48,11 @@
 // registration is closed, and registering an overlapping
 // buffer again fails with ErrAlreadyRegistered. Comm.Close deregisters what is left.
 //
+// Between two GPUs of one host (NVLink, NCCL 2.28 on two H200s), registration gained nothing
+// measured, and moving a 4 GiB buffer of 23 chunks one operation per chunk, registered or not, ran
+// 1.5 % slower than one SendBuffer of it: register where the transport gains from it (a network
+// with GPUDirect RDMA), and otherwise move the whole buffer in one operation.
+//
 // # Closing and aborting
 //
 // Close does not wait for a call that another goroutine is making on the communicator: it returns
