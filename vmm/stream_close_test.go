@@ -26,26 +26,14 @@ func TestStreamSynchronizeRacesClose(t *testing.T) {
 			s, err := d.CreateStream(vmm.StreamOptions{})
 			require.NoError(t, err)
 			var next *vmm.Stream
-			var serr, cerr, nerr error
-			var wg sync.WaitGroup
-			running := make(chan struct{})
-			wg.Go(func() {
-				for n := 0; serr == nil; n++ {
-					if n == 1 {
-						close(running)
-					}
-					serr = s.Synchronize()
-				}
-			})
-			wg.Go(func() {
-				<-running
+			var cerr, nerr error
+			serr := callWhileClosing(s.Synchronize, func() {
 				if cerr = s.Close(); cerr == nil {
 					if next, nerr = d.CreateStream(vmm.StreamOptions{}); nerr == nil {
 						nerr = next.BeginCapture()
 					}
 				}
 			})
-			wg.Wait()
 			require.NoError(t, cerr)
 			require.NoError(t, nerr)
 			g, gerr := next.EndCapture()
@@ -75,26 +63,19 @@ func TestEventRecordRacesClose(t *testing.T) {
 			e, err := d.NewEvent(false)
 			require.NoError(t, err)
 			var next *vmm.Event
-			var rerr, cerr, nerr error
-			var wg sync.WaitGroup
-			running := make(chan struct{})
-			wg.Go(func() {
-				for n := 0; rerr == nil; n++ {
-					if n == 1 {
-						close(running)
-					}
-					if rerr = e.Record(st); rerr == nil {
-						_, rerr = e.Query()
-					}
+			var cerr, nerr error
+			recordAndQuery := func() error {
+				if err := e.Record(st); err != nil {
+					return err
 				}
-			})
-			wg.Go(func() {
-				<-running
+				_, err := e.Query()
+				return err
+			}
+			rerr := callWhileClosing(recordAndQuery, func() {
 				if cerr = e.Close(); cerr == nil {
 					next, nerr = d.NewEvent(false)
 				}
 			})
-			wg.Wait()
 			require.NoError(t, cerr)
 			require.NoError(t, nerr)
 			done, qerr := next.Query()
@@ -104,6 +85,28 @@ func TestEventRecordRacesClose(t *testing.T) {
 			require.ErrorIs(t, rerr, vmm.ErrClosed)
 		}
 	}, testutil.SimOnly(), reuse)
+}
+
+// callWhileClosing runs call in a loop until it fails and, once call has run once, closeThen beside
+// it (a Close, then a new object that may take the closed one's handle); it returns call's error.
+func callWhileClosing(call func() error, closeThen func()) error {
+	var err error
+	var wg sync.WaitGroup
+	running := make(chan struct{})
+	wg.Go(func() {
+		for n := 0; err == nil; n++ {
+			if n == 1 {
+				close(running)
+			}
+			err = call()
+		}
+	})
+	wg.Go(func() {
+		<-running
+		closeThen()
+	})
+	wg.Wait()
+	return err
 }
 
 // Close waits for a Synchronize in progress on another goroutine, which waits for the stream's work

@@ -458,10 +458,7 @@ func TestAllocationClosed(t *testing.T) {
 // not made of mappings, nor grants access on the mapping that took the closed one's place.
 func TestSetAccessRacesClose(t *testing.T) {
 	testutil.Run(t, func(t *testing.T, b *testutil.Backend) {
-		d := b.Device(t, 0)
-		r, err := b.Sys.Reserve(2*mib, vmm.ReserveOptions{})
-		require.NoError(t, err)
-		defer func() { require.NoError(t, r.Close()) }()
+		d, r := raceRange(t, b)
 		for range 300 {
 			m, err := r.MapNew(0, 2*mib, d, vmm.AllocOptions{})
 			require.NoError(t, err)
@@ -483,10 +480,7 @@ func TestSetAccessRacesClose(t *testing.T) {
 // reads its successor's flags nor fails with the driver's error for an unmapped range.
 func TestAccessRacesClose(t *testing.T) {
 	testutil.Run(t, func(t *testing.T, b *testutil.Backend) {
-		d := b.Device(t, 0)
-		r, err := b.Sys.Reserve(2*mib, vmm.ReserveOptions{})
-		require.NoError(t, err)
-		defer func() { require.NoError(t, r.Close()) }()
+		d, r := raceRange(t, b)
 		for range 300 {
 			m, err := r.MapNew(0, 2*mib, d, vmm.AllocOptions{}, vmm.ReadWrite(d))
 			require.NoError(t, err)
@@ -501,6 +495,14 @@ func TestAccessRacesClose(t *testing.T) {
 			require.Equal(t, driver.AccessReadWrite, flags, "access of a closed mapping read its successor's")
 		}
 	}, testutil.SimOnly())
+}
+
+// raceRange reserves the 2 MiB range on device 0 that the Close races remap, closed at cleanup.
+func raceRange(t *testing.T, b *testutil.Backend) (*vmm.Device, *vmm.Reservation) {
+	r, err := b.Sys.Reserve(2*mib, vmm.ReserveOptions{})
+	require.NoError(t, err)
+	t.Cleanup(func() { require.NoError(t, r.Close()) })
+	return b.Device(t, 0), r
 }
 
 // closeAndRemapWhile runs call beside m's Close and, once that succeeds, a new mapping without

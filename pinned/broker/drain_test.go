@@ -42,6 +42,19 @@ func newOneLane(t *testing.T, b *testutil.Backend) oneLane {
 	return l
 }
 
+// filledWorker dials a client and registers a 2 MiB buffer of it whose bytes are the pattern of
+// devSeed, with the region's first 4 MiB the pattern of hostSeed.
+func (l oneLane) filledWorker(t *testing.T, devSeed, hostSeed uint64) (*Client, *devBuffer, *Buffer) {
+	t.Helper()
+	c := dial(t, l.path)
+	buf := newDevBuffer(t, l.dev, 1, 2*mib)
+	require.NoError(t, l.dev.Fill(buf.Ptr(), 2*mib, 0, devSeed))
+	fillHost(l.region.Bytes(), 0, hostSeed)
+	rb, err := c.Register(l.ctx, buf)
+	require.NoError(t, err)
+	return c, buf, rb
+}
+
 // stuckCopy registers a 2 MiB buffer through a new client and fails its first copy with a stream
 // that cannot be drained (every synchronization fails until the faults are cleared).
 func (l oneLane) stuckCopy(t *testing.T, b *testutil.Backend) (*Client, *Buffer) {
@@ -320,12 +333,7 @@ func TestServerCloseDrainsQueuedCopiesBeforeWorkersSeeItGone(t *testing.T) {
 func TestWorkerCloseDropsCopiesWaitingForAStream(t *testing.T) {
 	testutil.Run(t, func(t *testing.T, b *testutil.Backend) {
 		l := newOneLane(t, b)
-		c := dial(t, l.path)
-		buf := newDevBuffer(t, l.dev, 1, 2*mib)
-		require.NoError(t, l.dev.Fill(buf.Ptr(), 2*mib, 0, 41))
-		fillHost(l.region.Bytes(), 0, 42)
-		rb, err := c.Register(l.ctx, buf)
-		require.NoError(t, err)
+		c, buf, rb := l.filledWorker(t, 41, 42)
 		var w *worker
 		l.srv.own.Lock()
 		for w = range l.srv.workers {
@@ -335,7 +343,7 @@ func TestWorkerCloseDropsCopiesWaitingForAStream(t *testing.T) {
 		require.NoError(t, b.Sim.HoldStream(st))
 		t.Cleanup(func() { _ = b.Sim.ReleaseStream(st) }) // before the server's Close, should the test stop early
 		queued := b.Sim.Calls("cuMemcpyDtoHAsync")
-		_, err = c.CopyAsync(Request{Buffer: rb.ID(), Dir: ToHost, Length: mib})
+		_, err := c.CopyAsync(Request{Buffer: rb.ID(), Dir: ToHost, Length: mib})
 		require.NoError(t, err)
 		eventually(t, "the first copy to be queued on the stream", func() bool { return b.Sim.Calls("cuMemcpyDtoHAsync") == queued+1 })
 		for _, r := range []Request{
@@ -399,12 +407,7 @@ func connEnded(w *worker) bool {
 func TestClientCloseWaitsForItsQueuedCopies(t *testing.T) {
 	testutil.Run(t, func(t *testing.T, b *testutil.Backend) {
 		l := newOneLane(t, b)
-		c := dial(t, l.path)
-		buf := newDevBuffer(t, l.dev, 1, 2*mib)
-		require.NoError(t, l.dev.Fill(buf.Ptr(), 2*mib, 0, 51))
-		fillHost(l.region.Bytes(), 0, 52)
-		rb, err := c.Register(l.ctx, buf)
-		require.NoError(t, err)
+		c, buf, rb := l.filledWorker(t, 51, 52)
 		release := holdStream(t, b, l.srv, l.dev)
 		queued := b.Sim.Calls("cuMemcpyDtoHAsync")
 		first, err := c.CopyAsync(Request{Buffer: rb.ID(), Dir: ToHost, Length: mib})
