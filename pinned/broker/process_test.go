@@ -108,6 +108,15 @@ func childMain(role string) error {
 
 // startChild runs this test binary as the other process in role, with b's backend, serving or
 // dialling the socket at socket.
+// readyBroker starts a broker process on a new socket and waits until it listens.
+func readyBroker(t *testing.T, b *testutil.Backend) (br *testutil.Child, path string) {
+	t.Helper()
+	path = filepath.Join(privateDir(t), "broker.sock")
+	br = startChild(t, b, "broker", path)
+	require.Equal(t, "ready", br.Line())
+	return br, path
+}
+
 func startChild(t *testing.T, b *testutil.Backend, role, socket string) *testutil.Child {
 	t.Helper()
 	return testutil.StartChild(t, b, []string{envChild + "=" + role, envSocket + "=" + socket})
@@ -155,9 +164,7 @@ func TestClientCloseAfterBrokerKilled(t *testing.T) {
 		ctx := testCtx(t)
 		dev := b.Device(t, 0)
 		buf := newDevBuffer(t, dev, 2, 2*mib)
-		path := filepath.Join(privateDir(t), "broker.sock")
-		br := startChild(t, b, "broker", path)
-		require.Equal(t, "ready", br.Line())
+		br, path := readyBroker(t, b)
 		c, err := Dial(path)
 		require.NoError(t, err)
 		_, err = c.Register(ctx, buf)
@@ -177,9 +184,7 @@ func TestBrokerKilled(t *testing.T) {
 		ctx := testCtx(t)
 		dev := b.Device(t, 0)
 		buf := newDevBuffer(t, dev, 2, 2*mib)
-		path := filepath.Join(privateDir(t), "broker.sock")
-		br := startChild(t, b, "broker", path)
-		require.Equal(t, "ready", br.Line())
+		br, path := readyBroker(t, b)
 
 		c, err := Dial(path)
 		require.NoError(t, err)
