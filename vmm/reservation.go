@@ -670,19 +670,12 @@ func (m *Mapping) Close() error {
 		return nil
 	}
 	r := m.res
-	if m.owns() {
+	if m.OwnsAllocation() {
 		m.alloc.unblockRelease(1)
 	}
 	r.own.Lock()
 	defer r.own.Unlock()
 	return m.closeLocked()
-}
-
-// owns reports whether m owns its allocation, which its Close then releases.
-func (m *Mapping) owns() bool {
-	m.res.own.Lock()
-	defer m.res.own.Unlock()
-	return m.ownsAlloc
 }
 
 // closeLocked is Close; the caller holds the reservation's lock.
