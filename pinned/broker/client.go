@@ -85,6 +85,10 @@ type Client struct {
 
 	nextID atomic.Uint64
 	done   chan struct{} // closed when the reader ends
+	// closed is closed when the first Close has ended, with its result in closeErr: a Close made
+	// meanwhile waits for it and returns the same.
+	closed   chan struct{}
+	closeErr error
 }
 
 // Completion is a request in flight; Wait for it. A Completion is done once, with the broker's
@@ -208,7 +212,7 @@ func hello(ctx context.Context, conn *unixsock.Conn, path string) (*Client, erro
 			info.Devices = append(info.Devices, o)
 		}
 	}
-	c := &Client{conn: conn, info: info, pending: map[uint64]*Completion{}, done: make(chan struct{}), stopPing: make(chan struct{}),
+	c := &Client{conn: conn, info: info, pending: map[uint64]*Completion{}, done: make(chan struct{}), closed: make(chan struct{}), stopPing: make(chan struct{}),
 		wlock: make(chan struct{}, 1)}
 	c.nextID.Store(1) // 1 was the hello
 	c.lastSend.Store(time.Now().UnixNano())
@@ -628,14 +632,28 @@ func (c *Client) Region(ctx context.Context, dev *vmm.Device, opts pinned.OpenOp
 // ErrBrokerGone when the connection had broken otherwise (a protocol fault, a request cut off by
 // its context). A copy of this worker may then still run: keep the memory it touches, and the
 // range of the region, as they are until the broker is known to be gone. Close is idempotent and
-// safe on nil; a second Close returns nil.
+// safe on nil: a Close made while the first still waits returns when the first has, with its
+// result, and one made after the first returned returns nil.
 func (c *Client) Close() error {
 	if c == nil {
 		return nil
 	}
 	if !c.own.Shut() {
-		return nil
+		select {
+		case <-c.closed:
+			return nil
+		default:
+		}
+		<-c.closed
+		return c.closeErr
 	}
+	c.closeErr = c.shutAndWait()
+	close(c.closed)
+	return c.closeErr
+}
+
+// shutAndWait is the first Close: it shuts the sending side and waits for the broker's end.
+func (c *Client) shutAndWait() error {
 	close(c.stopPing)
 	d := c.closeTimeout
 	if d <= 0 {

@@ -418,12 +418,15 @@ func TestClientCloseWaitsForItsQueuedCopies(t *testing.T) {
 		eventually(t, "the second copy to wait for the stream", func() bool { return l.srv.Stats().InFlight == 2 })
 
 		closed := testutil.StillWaiting(t, 200*time.Millisecond, "Close, while a copy of the worker was still queued on a broker stream,", c.Close)
+		again := testutil.StillWaiting(t, 50*time.Millisecond, "a second Close, while the first still waited,", c.Close)
 		require.NoError(t, release())
-		select {
-		case err := <-closed:
-			require.NoError(t, err)
-		case <-time.After(10 * time.Second):
-			t.Fatal("Close did not return once the stream was released")
+		for _, ch := range []<-chan error{closed, again} {
+			select {
+			case err := <-ch:
+				require.NoError(t, err)
+			case <-time.After(10 * time.Second):
+				t.Fatal("Close did not return once the stream was released")
+			}
 		}
 		// Every Completion is done: the queued copy with its answer, the dropped one with ErrClosed.
 		require.NoError(t, first.Wait(l.ctx))
