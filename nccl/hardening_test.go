@@ -107,6 +107,7 @@ func closedStreamIsRefused(t *testing.T, run func(t *testing.T, c *nccl.Comm, bu
 		err := run(t, c, buf.Ptr(), s)
 		require.ErrorIs(t, err, nccl.ErrInvalidValue)
 		require.ErrorContains(t, err, "the stream is closed")
+		require.ErrorIs(t, err, vmm.ErrClosed, "the stream's own error is kept")
 		require.NotErrorIs(t, err, nccl.ErrAborted)
 		require.NoError(t, c.AllReduce(deadline(t, 10*time.Second), buf.Ptr(), buf.Ptr(), 16, nccl.Float32, nccl.Sum, nil))
 	}, testutil.SimOnly())

@@ -278,7 +278,7 @@ func (c *Comm) holdStreams(ops []op) (release func(), err error) {
 		r, err := holdStream(o.stream)
 		if err != nil {
 			release()
-			return nil, c.invalid(o, "the stream is closed")
+			return nil, fmt.Errorf("%w: %w", c.invalid(o, "the stream is closed"), err)
 		}
 		held[o.stream] = r
 	}
