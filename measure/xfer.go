@@ -129,6 +129,7 @@ func (o *XferOptions) check() error {
 	if err := o.Env.check(); err != nil {
 		return err
 	}
+	o.ByChunks = o.ByChunks || o.Register // registered buffers move chunk by chunk
 	if o.Devices == [2]int{} {
 		o.Devices = [2]int{0, 1}
 	}
@@ -382,7 +383,7 @@ func Xfer(opts XferOptions) (res *XferResult, err error) {
 		return nil, err
 	}
 	defer func() { err = errors.Join(err, x.close()) }()
-	x.byChunks = opts.Register || opts.ByChunks
+	x.byChunks = opts.ByChunks
 	const seed = 0x6b76 // "kv"
 	if err := xferFillBlocks(&opts, x, seed); err != nil {
 		return nil, err
@@ -395,7 +396,7 @@ func Xfer(opts XferOptions) (res *XferResult, err error) {
 	}
 	defer func() { err = stopWorker(child, err) }()
 	res = &XferResult{Backend: opts.Backend.Name, NCCLVersion: nccl.FormatVersion(x.lib.Version()), Transport: opts.Transport,
-		Registered: opts.Register, ByChunks: opts.Register || opts.ByChunks, SizeBytes: opts.Size, BlockBytes: opts.Block, Chunks: len(x.buf.Chunks()),
+		Registered: opts.Register, ByChunks: opts.ByChunks, SizeBytes: opts.Size, BlockBytes: opts.Block, Chunks: len(x.buf.Chunks()),
 		Devices: opts.Devices, Warmup: opts.Warmup, Iters: opts.Iters, NCCLEnv: xferNCCLEnv(), Sim: opts.Backend.Sim()}
 	if err := xferSender(&opts, x, child, res); err != nil {
 		return nil, err
@@ -535,7 +536,7 @@ func xferReceive(c *worker.Conn, x *xferSide, setup xferSetup) error {
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), setup.Timeout)
 	defer cancel()
-	x.byChunks = setup.Register || setup.ByChunks
+	x.byChunks = setup.ByChunks
 	took, err := x.join(ctx, id, 1, setup.Register)
 	if err != nil {
 		return c.Report(nil, err)
