@@ -8,6 +8,8 @@ import (
 	"sync"
 	"time"
 
+	"golang.org/x/sys/unix"
+
 	"github.com/cuvmm/cuvmm/driver"
 	"github.com/cuvmm/cuvmm/internal/lifetime"
 	"github.com/cuvmm/cuvmm/vmm"
@@ -398,7 +400,7 @@ func (c *Comm) destroy(ctx context.Context) error {
 // wait for their peers and would otherwise wait forever.
 //
 // Wait records an event on s and polls it (cuEventQuery: back to back for the first millisecond,
-// then every 50 µs), so that once it returns no call of its own is left on the stream: after an
+// then after sleeps of 50 µs, about 100 µs apart with the kernel's timer slack), so that once it returns no call of its own is left on the stream: after an
 // abort it waits for the stream at most about 10 s, and a kernel that still has not stopped then
 // delays neither s.Close nor anything else. A nil s (the legacy default stream) waits for the whole
 // device (cuCtxSynchronize, which has no non-blocking form): after an abort whose kernels do not stop
@@ -443,7 +445,6 @@ func (c *Comm) deviceDone() func() (bool, error) {
 // asynchronous error, or when Abort is called. c.mu is held.
 func (c *Comm) watch(ctx context.Context, done func() (bool, error)) error {
 	var graceEnd time.Time
-	ctxDone := ctx.Done()
 	start := time.Now()
 	for {
 		if ok, err := done(); ok || err != nil {
@@ -458,45 +459,36 @@ func (c *Comm) watch(ctx context.Context, done func() (bool, error)) error {
 			return afterAbort(done, fmt.Errorf("nccl: wait on %v: Abort was called: %w", c, ErrAborted))
 		}
 		if ctx.Err() != nil && graceEnd.IsZero() {
-			graceEnd, ctxDone = time.Now().Add(syncGrace), nil // the work may be done: see syncGrace
+			graceEnd = time.Now().Add(syncGrace) // the work may be done: see syncGrace
 		} else if ctx.Err() != nil && time.Now().After(graceEnd) {
 			c.abortLocked(ctx.Err())
 			return afterAbort(done, fmt.Errorf("nccl: wait on %v: the stream's work was not done when the context ended, communicator aborted: %w",
 				c, errors.Join(ErrAborted, ctx.Err())))
 		}
-		c.pause(ctxDone, waitPause(time.Since(start)))
+		pause(time.Since(start))
 	}
 }
 
 // Wait's polls: none between them for the first waitSpin (work that ends then is seen within
-// microseconds, as a spinning cuStreamSynchronize sees it), then one every waitPoll at the most, so
-// that longer work is seen ending within about waitPoll for one cheap query per pause.
+// microseconds, as a spinning cuStreamSynchronize sees it), then one after each sleep of waitPoll,
+// so that longer work is seen ending within about twice waitPoll (the kernel's timer slack, 50 µs by
+// default, lengthens each sleep) for one cheap query per pause.
 const (
 	waitSpin = time.Millisecond
 	waitPoll = 50 * time.Microsecond
 )
 
-// waitPause is the pause before Wait's next poll, after waiting for elapsed.
-func waitPause(elapsed time.Duration) time.Duration {
+// pause waits before Wait's next poll, after waiting for elapsed: it yields the processor for the
+// first waitSpin, then sleeps waitPoll in the kernel (nanosleep). A Go timer would not do: one of
+// under a millisecond, in a process with nothing else to run, sleeps a millisecond or more (the
+// runtime's poller waits in whole milliseconds), and Wait would see longer work end that late.
+func pause(elapsed time.Duration) {
 	if elapsed < waitSpin {
-		return 0
-	}
-	return waitPoll
-}
-
-// pause sleeps for d (a d of 0 yields the processor) unless ctxDone (nil: not watched) is closed or
-// Abort is called first.
-func (c *Comm) pause(ctxDone <-chan struct{}, d time.Duration) {
-	if d == 0 {
 		runtime.Gosched()
 		return
 	}
-	t := time.NewTimer(d)
-	defer t.Stop()
-	select {
-	case <-ctxDone:
-	case <-c.abortReq:
-	case <-t.C:
+	ts := unix.NsecToTimespec(waitPoll.Nanoseconds())
+	for unix.Nanosleep(&ts, &ts) == unix.EINTR {
 	}
 }
 
@@ -518,14 +510,14 @@ var abortWait = 10 * time.Second
 // afterAbort polls done, for at most abortWait, for the work that an abort released, and returns err
 // (saying so when the work was not done by then). A failed poll counts as the end of the work.
 func afterAbort(done func() (bool, error), err error) error {
-	end := time.Now().Add(abortWait)
-	for pause := time.Duration(0); ; pause = backoff(pause) {
+	start := time.Now()
+	for {
 		if ok, pollErr := done(); ok || pollErr != nil {
 			return err
 		}
-		if time.Now().After(end) {
+		if time.Since(start) > abortWait {
 			return fmt.Errorf("%w (the stream was still busy %v after the abort)", err, abortWait)
 		}
-		time.Sleep(pause)
+		pause(time.Since(start))
 	}
 }

@@ -21,3 +21,6 @@ func SetHoldStream(f func(*vmm.Stream) (release func(), err error)) (restore fun
 	holdStream = f
 	return func() { holdStream = old }
 }
+
+// PauseAfter takes the pause Wait takes before its next poll after waiting for elapsed.
+func PauseAfter(elapsed time.Duration) { pause(elapsed) }
