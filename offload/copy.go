@@ -89,10 +89,13 @@ var errNotDrained = errors.New("the copy stream could not be drained, so copies 
 // brought the caller here already carries the copy's error.
 func drain(st *vmm.Stream) error {
 	if err := st.Drain(vmm.DrainAttempts); errors.Is(err, vmm.ErrNotDrained) {
-		return fmt.Errorf("%w: %w", errNotDrained, err)
+		return notDrained(err)
 	}
 	return nil
 }
+
+// notDrained marks err, a failed vmm.Stream.Drain, as errNotDrained.
+func notDrained(err error) error { return fmt.Errorf("%w: %w", errNotDrained, err) }
 
 // drainOrHold is what a call does after a failure on st, before it pools, reuses or frees the
 // memory st's copies use, and before it returns: it drains st and, when that fails, synchronizes
@@ -103,16 +106,16 @@ func drain(st *vmm.Stream) error {
 // see hostPool.hold) and returns an error wrapping errNotDrained: the caller must then leave
 // slots alone, and keep any device memory the copies use from being freed.
 func (s *Set) drainOrHold(st *vmm.Stream, slots ...*slot) error {
-	derr := drain(st)
-	if derr == nil {
+	derr := st.Drain(vmm.DrainAttempts)
+	if !errors.Is(derr, vmm.ErrNotDrained) {
 		return nil
 	}
 	d := st.Device()
 	serr := d.Synchronize()
-	if serr == nil {
-		return fmt.Errorf("offload: the copy stream could not be drained, but %s was synchronized, so no copy is left queued", d)
+	if serr == nil { // nothing is left queued: the error says why, but does not wrap derr
+		return fmt.Errorf("offload: the copy stream could not be drained (%v), but %s was synchronized, so no copy is left queued", derr, d)
 	}
-	return errors.Join(derr, fmt.Errorf("offload: synchronizing %s failed too: %w", d, serr), s.pool.hold(slots, d))
+	return errors.Join(notDrained(derr), fmt.Errorf("offload: synchronizing %s failed too: %w", d, serr), s.pool.hold(slots, d))
 }
 
 // copyWait copies n bytes from src to dst on st and waits for the copy. When either fails it

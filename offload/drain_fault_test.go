@@ -79,6 +79,8 @@ func TestRestoreUndrainedSynchronizesDevice(t *testing.T) {
 		err := f.set.Restore(bg, bytes.NewReader(ck.Bytes()))
 		require.ErrorIs(t, err, driver.ErrorUnknown)
 		require.ErrorContains(t, err, "was synchronized, so no copy is left queued")
+		require.ErrorContains(t, err, "could not be drained after 3 attempts", "the drain's own failure is reported")
+		require.NotErrorIs(t, err, vmm.ErrNotDrained, "nothing is left queued, so the error must not say so")
 		require.NotContains(t, err.Error(), "held out of the pool")
 		b.Sim.ClearFaults()
 		requirePattern(t, f.d1, f.v.Ptr(), 4*mib, 82)
