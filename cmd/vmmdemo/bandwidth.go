@@ -35,7 +35,7 @@ func runBandwidth(e *env, args []string) error {
 	if err := noStagingFlags(fs, *noStaging); err != nil {
 		return err
 	}
-	if err := zeroSizes(fs, "max-size", "staging", "staging-chunk"); err != nil {
+	if err := zeroFlags(fs, "max-size", "staging", "staging-chunk"); err != nil {
 		return err
 	}
 	return measureAndShow(e, &c, func(me measure.Env) (*measure.BandwidthResult, error) {
@@ -58,28 +58,25 @@ func noStagingFlags(fs *flag.FlagSet, noStaging bool) error {
 	return nil
 }
 
-// zeroSizes refuses a size flag among names that was given as 0 (left out, it takes its default).
-func zeroSizes(fs *flag.FlagSet, names ...string) error {
-	var err error
-	fs.Visit(func(f *flag.Flag) {
-		for _, n := range names {
-			if f.Name == n && err == nil {
-				if s, ok := f.Value.(*sizeFlag); ok && s.v == 0 {
-					err = fmt.Errorf("--%s 0: want a size above 0 (leave the flag out for its default): %w", n, errUsage)
-				}
-			}
-		}
-	})
-	return err
-}
-
-// zeroCounts refuses a count flag among names that was given as 0: measure takes 0 for its default,
-// which is not the flag's. A negative count is measure's to refuse.
-func zeroCounts(fs *flag.FlagSet, names ...string) error {
+// zeroFlags refuses a size or count flag among names that was given as 0: left out, it takes its
+// default, while measure takes 0 for its own default, which is not always the flag's. A negative
+// count is measure's to refuse.
+func zeroFlags(fs *flag.FlagSet, names ...string) error {
 	for _, n := range names {
-		if isSet(fs, n) && fs.Lookup(n).Value.String() == "0" {
+		if !isSet(fs, n) {
+			continue
+		}
+		switch v := fs.Lookup(n).Value; {
+		case isZeroSize(v):
+			return fmt.Errorf("--%s 0: want a size above 0 (leave the flag out for its default): %w", n, errUsage)
+		case v.String() == "0":
 			return fmt.Errorf("--%s 0: want at least 1: %w", n, errUsage)
 		}
 	}
 	return nil
+}
+
+func isZeroSize(v flag.Value) bool {
+	s, ok := v.(*sizeFlag)
+	return ok && s.v == 0
 }

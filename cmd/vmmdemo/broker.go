@@ -38,7 +38,7 @@ func runBroker(e *env, args []string) error {
 	if err := parse(fs, args); err != nil {
 		return err
 	}
-	if err := zeroSizes(fs, "max-request", "bytes"); err != nil {
+	if err := zeroFlags(fs, "max-request", "bytes"); err != nil {
 		return err
 	}
 	return measureAndShow(e, &c, func(me measure.Env) (*measure.BrokerResult, error) {

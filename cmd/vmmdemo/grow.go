@@ -25,7 +25,7 @@ func runGrow(e *env, args []string) error {
 	if err := parse(fs, args); err != nil {
 		return err
 	}
-	if err := zeroSizes(fs, "chunk"); err != nil {
+	if err := zeroFlags(fs, "chunk"); err != nil {
 		return err
 	}
 	return measureAndShow(e, &c, func(me measure.Env) (*measure.GrowResult, error) {

@@ -39,10 +39,7 @@ func runPool(e *env, args []string) error {
 	if err := parse(fs, args); err != nil {
 		return err
 	}
-	if err := zeroCounts(fs, "cache-iters", "verify-every"); err != nil {
-		return err
-	}
-	if err := zeroSizes(fs, "memory"); err != nil {
+	if err := zeroFlags(fs, "cache-iters", "verify-every", "memory"); err != nil {
 		return err
 	}
 	tr, defFill, err := loadPoolTrace(*traceFile, *synthetic)

@@ -35,7 +35,7 @@ func runSleep(e *env, args []string) error {
 	if err := parse(fs, args); err != nil {
 		return err
 	}
-	if err := zeroSizes(fs, "chunk", "slot", "file-part"); err != nil {
+	if err := zeroFlags(fs, "chunk", "slot", "file-part"); err != nil {
 		return err
 	}
 	return measureAndShow(e, &c, func(me measure.Env) (*measure.SleepResult, error) {

@@ -37,10 +37,7 @@ func runXfer(e *env, args []string) error {
 	if err := checkXferFlags(devs, *warmup); err != nil {
 		return err
 	}
-	if err := zeroSizes(fs, "block"); err != nil {
-		return err
-	}
-	if err := zeroCounts(fs, "iters"); err != nil {
+	if err := zeroFlags(fs, "block", "iters"); err != nil {
 		return err
 	}
 	if *warmup == 0 {
