@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"io"
 	"os"
+	"slices"
 
 	"github.com/cuvmm/cuvmm/driver"
 	"github.com/cuvmm/cuvmm/driver/sim"
@@ -30,6 +31,20 @@ type Backend struct {
 // Sim reports whether the backend is the simulator. Its times are of Go code, and each process
 // has its own simulated devices (so per-process figures are added up).
 func (b *Backend) Sim() bool { return b.Name == "sim" }
+
+// Ordinals lists every device of the backend, in order.
+func (b *Backend) Ordinals() []int { return b.OrdinalsBut(nil) }
+
+// OrdinalsBut lists, in order, the devices of the backend that skip does not.
+func (b *Backend) OrdinalsBut(skip []int) []int {
+	var out []int
+	for o := range b.Sys.DeviceCount() {
+		if !slices.Contains(skip, o) {
+			out = append(out, o)
+		}
+	}
+	return out
+}
 
 // OpenBackend opens the backend kind names: "cuda", "sim" (with simDevices devices), or "auto",
 // the real driver when it loads and has devices, else the simulator; fallback, when not nil, is

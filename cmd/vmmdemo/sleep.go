@@ -41,9 +41,7 @@ func runSleep(e *env, args []string) error {
 	return measureAndShow(e, &c, func(me measure.Env) (*measure.SleepResult, error) {
 		ordinals := devs.list()
 		if ordinals == nil { // all
-			for i := 0; i < me.Backend.Sys.DeviceCount(); i++ {
-				ordinals = append(ordinals, i)
-			}
+			ordinals = me.Backend.Ordinals()
 		}
 		return measure.Sleep(measure.SleepOptions{Env: me, Size: size.v, Devices: ordinals, Mode: *mode, File: *file,
 			Chunk: chunk.v, SlotSize: slot.v, IOWorkers: *ioWorkers, FilePart: part.v, FileBuffers: *fileBuffers,

@@ -2,7 +2,6 @@ package main
 
 import (
 	"fmt"
-	"slices"
 
 	"github.com/cuvmm/cuvmm/measure"
 )
@@ -49,17 +48,13 @@ func runStripe(e *env, args []string) error {
 // accessOnlyList is --access-only for package measure: the list given (nil for none), or for all
 // every device of the backend that --devices does not list (none with --devices all).
 func accessOnlyList(accessOnly, devs deviceList, b *measure.Backend) []int {
-	if !accessOnly.all {
-		if len(accessOnly.ordinals) == 0 {
-			return nil
-		}
-		return accessOnly.ordinals
+	switch {
+	case accessOnly.all && devs.all:
+		return nil
+	case accessOnly.all:
+		return b.OrdinalsBut(devs.ordinals)
+	case len(accessOnly.ordinals) == 0:
+		return nil
 	}
-	var out []int
-	for o := 0; o < b.Sys.DeviceCount() && !devs.all; o++ {
-		if !slices.Contains(devs.ordinals, o) {
-			out = append(out, o)
-		}
-	}
-	return out
+	return accessOnly.ordinals
 }
