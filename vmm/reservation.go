@@ -469,11 +469,11 @@ func (r *Reservation) UnmapRange(off, size uint64) error {
 	if err != nil {
 		return err
 	}
-	for _, m := range ms {
-		if err := m.alloc.checkHeld("unmap " + m.String()); err != nil {
-			return err
-		}
+	end, err := beginUnmaps(ms)
+	if err != nil {
+		return err
 	}
+	defer end()
 	ptr := r.ptr + driver.DevicePtr(off)
 	if err := r.dev.do(func(api driver.API) error { return api.MemUnmap(ptr, size) }); err != nil {
 		return fmt.Errorf("vmm: unmap %s at offset %#x of %s: %w", units.FormatSize(size), off, r, err)
@@ -691,9 +691,11 @@ func (m *Mapping) closeLocked() error {
 		r.pending = slices.DeleteFunc(r.pending, func(x *Mapping) bool { return x == m })
 		return nil
 	}
-	if err := m.alloc.checkHeld("unmap " + m.String()); err != nil {
+	end, err := beginUnmaps([]*Mapping{m})
+	if err != nil {
 		return err
 	}
+	defer end()
 	ptr := m.Ptr()
 	if err := r.dev.do(func(api driver.API) error { return api.MemUnmap(ptr, m.size) }); err != nil {
 		return fmt.Errorf("vmm: unmap %s: %w", m, err)
