@@ -145,13 +145,22 @@ func (a *Allocation) Handle() driver.MemHandle {
 func (a *Allocation) withHandle(op string, fn func(driver.MemHandle) error) error {
 	a.own.Lock()
 	defer a.own.Unlock()
+	if err := a.usable(op); err != nil {
+		return err
+	}
+	return fn(a.handle)
+}
+
+// usable refuses, naming op, a closed allocation with ErrClosed and one asleep with ErrAsleep; the
+// caller holds a's lock.
+func (a *Allocation) usable(op string) error {
 	switch {
 	case a.own.Closed():
 		return fmt.Errorf("vmm: %s: %s: %w", op, a, ErrClosed)
 	case a.sleep.asleep:
 		return fmt.Errorf("vmm: %s: %s is released to sleep: %w", op, a, ErrAsleep)
 	}
-	return fn(a.handle)
+	return nil
 }
 
 func (a *Allocation) String() string {

@@ -32,11 +32,8 @@ func (a *Allocation) Hold(by string) (release func(), err error) {
 	// its reservation's lock instead, and marks itself in h (beginUnmap).
 	a.own.Lock()
 	defer a.own.Unlock()
-	switch {
-	case a.own.Closed():
-		return nil, fmt.Errorf("vmm: hold %s for %s: %w", a, by, ErrClosed)
-	case a.sleep.asleep:
-		return nil, fmt.Errorf("vmm: hold %s for %s: %w", a, by, ErrAsleep)
+	if err := a.usable("hold for " + by); err != nil {
+		return nil, err
 	}
 	h := &a.hold
 	h.mu.Lock()
