@@ -74,6 +74,8 @@ type Reservation struct {
 	mappings map[uint64]*Mapping // by offset
 	offsets  []uint64            // the keys of mappings, sorted, for overlap checks in O(log n)
 	pending  []*Mapping          // unmapped, their allocations' release failed: retried by Close
+
+	unblocking atomic.Bool // Close is retrying the System's ranges that block pending releases
 }
 
 // Granularity is the granularity the system uses for reservations: the least common multiple of the
@@ -549,6 +551,7 @@ func (r *Reservation) Close() error {
 	if r == nil {
 		return nil
 	}
+	r.unblockPending()
 	if err := r.closeOrphans(); err != nil {
 		return fmt.Errorf("vmm: close %s: %w", r, err)
 	}
@@ -560,19 +563,36 @@ func (r *Reservation) Close() error {
 	})
 }
 
-// closeOrphans retries closing the mappings a failed undo left in the range, and the releases that
-// failed after an unmap.
+// unblockPending retries the ranges the System keeps that still map the allocations of r.pending,
+// whose release failed after an unmap, as Mapping.Close does before it releases. It runs without r's
+// lock, since freeing those ranges takes their reservations' locks, and is skipped when r's Close
+// comes back here through one of them (a range kept by the System whose Close is retried).
+func (r *Reservation) unblockPending() {
+	if !r.unblocking.CompareAndSwap(false, true) {
+		return
+	}
+	defer r.unblocking.Store(false)
+	r.own.Lock()
+	pending := slices.Clone(r.pending)
+	r.own.Unlock()
+	for _, m := range pending {
+		m.unblockRelease()
+	}
+}
+
+// closeOrphans retries closing the mappings a failed undo left in the range, then the releases that
+// failed after an unmap, which such a mapping of the same allocation may have refused.
 func (r *Reservation) closeOrphans() error {
 	r.own.Lock()
 	defer r.own.Unlock()
 	var errs []error
-	for _, m := range slices.Clone(r.pending) {
-		errs = append(errs, m.closeLocked())
-	}
 	for _, off := range slices.Clone(r.offsets) {
 		if m := r.mappings[off]; m.orphan.Load() {
 			errs = append(errs, m.closeLocked())
 		}
+	}
+	for _, m := range slices.Clone(r.pending) {
+		errs = append(errs, m.closeLocked())
 	}
 	return errors.Join(errs...)
 }
@@ -670,12 +690,23 @@ func (m *Mapping) Close() error {
 		return nil
 	}
 	r := m.res
-	if m.OwnsAllocation() {
-		m.alloc.unblockRelease(1)
-	}
+	m.unblockRelease()
 	r.own.Lock()
 	defer r.own.Unlock()
 	return m.closeLocked()
+}
+
+// unblockRelease is Allocation.unblockRelease for the allocation that m's Close releases, if m owns
+// it; m itself counts among its mappings until unmapped. The caller holds no lock of this package.
+func (m *Mapping) unblockRelease() {
+	if !m.OwnsAllocation() {
+		return
+	}
+	mine := 1
+	if m.unmapped.Load() {
+		mine = 0 // unmapped already, its release failed: what still maps the allocation is not m
+	}
+	m.alloc.unblockRelease(mine)
 }
 
 // closeLocked is Close; the caller holds the reservation's lock.

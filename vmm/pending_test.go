@@ -1,0 +1,117 @@
+package vmm_test
+
+import (
+	"testing"
+
+	"github.com/stretchr/testify/require"
+
+	"github.com/cuvmm/cuvmm/driver"
+	"github.com/cuvmm/cuvmm/internal/testutil"
+	"github.com/cuvmm/cuvmm/vmm"
+)
+
+// The ways to retry the release that failed after UnmapRange unmapped a mapping m of r.
+var pendingRetries = map[string]func(r *vmm.Reservation, m *vmm.Mapping) error{
+	"Reservation.Close": func(r *vmm.Reservation, _ *vmm.Mapping) error { return r.Close() },
+	"Mapping.Close": func(r *vmm.Reservation, m *vmm.Mapping) error {
+		if err := m.Close(); err != nil {
+			return err
+		}
+		return r.Close()
+	},
+}
+
+// A release that failed after UnmapRange unmapped its mapping is retried by the mapping's Close and
+// by the reservation's Close, and then nothing is left.
+func TestPendingReleaseRetried(t *testing.T) {
+	for name, retry := range pendingRetries {
+		t.Run(name, func(t *testing.T) {
+			testutil.Run(t, func(t *testing.T, b *testutil.Backend) {
+				r, m := mapFilled(t, b.Device(t, 0), 2*mib, 4)
+				b.Sim.FailNth("cuMemRelease", 1, driver.ErrorUnknown)
+				require.ErrorIs(t, r.UnmapRange(0, 2*mib), driver.ErrorUnknown)
+				require.False(t, m.Allocation().Closed(), "the release failed")
+
+				require.NoError(t, retry(r, m))
+				require.True(t, m.Allocation().Closed())
+				require.Empty(t, b.Sys.Orphans())
+			}, testutil.SimOnly())
+		})
+	}
+}
+
+// The same when the release failed because a range the System keeps (a failed undo's) still maps
+// the allocation, and retrying that range failed too: the retry of the release retries that range
+// first, as Mapping.Close and UnmapRange do before they release, and nothing is left.
+func TestPendingReleaseRetriesOrphanMappingIt(t *testing.T) {
+	for name, retry := range pendingRetries {
+		t.Run(name, func(t *testing.T) {
+			testutil.Run(t, func(t *testing.T, b *testutil.Backend) {
+				r, m := mapFilled(t, b.Device(t, 0), 2*mib, 4)
+				orphanMapping(t, b, m.Allocation())
+				b.Sim.FailNth("cuMemUnmap", 1, driver.ErrorUnknown) // UnmapRange's retry of the kept range
+				err := r.UnmapRange(0, 2*mib)
+				require.ErrorIs(t, err, vmm.ErrInUse)
+				require.ErrorContains(t, err, "1 mappings still use it")
+				require.NotEmpty(t, b.Sys.Orphans())
+
+				require.NoError(t, retry(r, m))
+				require.True(t, m.Allocation().Closed())
+				require.Empty(t, b.Sys.Orphans())
+			}, testutil.SimOnly())
+		})
+	}
+}
+
+// The same when what still maps the allocation is a mapping that a failed undo left in the same
+// reservation: Reservation.Close closes that mapping before it retries the release, so one Close
+// frees everything.
+func TestPendingReleaseAfterOrphanInSameReservation(t *testing.T) {
+	testutil.Run(t, func(t *testing.T, b *testutil.Backend) {
+		d := b.Device(t, 0)
+		r, err := b.Sys.Reserve(4*mib, vmm.ReserveOptions{})
+		require.NoError(t, err)
+		m, err := r.MapNew(0, 2*mib, d, vmm.AllocOptions{}, vmm.ReadWrite(d))
+		require.NoError(t, err)
+		b.Sim.FailNth("cuMemSetAccess", 1, driver.ErrorOutOfMemory)
+		b.Sim.FailNth("cuMemUnmap", 1, driver.ErrorUnknown) // the undo's unmap
+		_, err = r.MapAccess(2*mib, m.Allocation(), vmm.ReadWrite(d))
+		require.ErrorContains(t, err, "kept by the System")
+		err = r.UnmapRange(0, 2*mib)
+		require.ErrorIs(t, err, vmm.ErrInUse)
+		require.ErrorContains(t, err, "1 mappings still use it")
+
+		require.NoError(t, r.Close())
+		require.True(t, m.Allocation().Closed())
+		require.Empty(t, b.Sys.Orphans())
+	}, testutil.SimOnly())
+}
+
+// A range kept by the System with a pending release, whose allocation is still mapped by an orphan
+// in that same range: retrying the range (here through RetryOrphansMapping) retries the ranges that
+// map the allocation, the range itself among them; that inner Close does not start the same retry
+// again, and the range is freed.
+func TestKeptRangeWithPendingReleaseRetried(t *testing.T) {
+	testutil.Run(t, func(t *testing.T, b *testutil.Backend) {
+		d := b.Device(t, 0)
+		a, err := d.Allocate(2*mib, vmm.AllocOptions{})
+		require.NoError(t, err)
+		rw := []vmm.Access{vmm.ReadWrite(d)}
+		specs := []vmm.ChunkSpec{
+			{Offset: 0, Allocation: a, Own: true, Access: rw},
+			{Offset: 2 * mib, Allocation: a, Access: rw},
+			{Offset: 4 * mib, Size: 2 * mib, Device: d, Access: rw},
+		}
+		b.Sim.FailNth("cuMemCreate", 1, driver.ErrorOutOfMemory)
+		b.Sim.FailNth("cuMemUnmap", 1, driver.ErrorUnknown) // the undo's unmap of the chunk at 2 MiB
+		b.Sim.FailNth("cuMemUnmap", 3, driver.ErrorUnknown) // its retry as the range is freed
+		_, _, err = b.Sys.ReserveChunks(6*mib, vmm.ReserveOptions{}, specs)
+		require.ErrorIs(t, err, driver.ErrOutOfMemory)
+		require.False(t, a.Closed(), "its release is pending")
+		require.NotEmpty(t, b.Sys.Orphans())
+
+		require.NoError(t, b.Sys.RetryOrphansMapping(a))
+		require.True(t, a.Closed())
+		require.Empty(t, b.Sys.Orphans())
+	}, testutil.SimOnly())
+}
