@@ -13,7 +13,9 @@ import (
 // next request would give that request the copy's error (another worker's, maybe), and releasing the
 // buffer would let an unregister unmap it under the copy engine. So the stream is drained first, and
 // a stream that cannot be drained is retired: it leaves the lane (a new stream takes its place) and
-// keeps a use of the buffer until one of its synchronizations succeeds.
+// keeps a use of the buffer, and the copy's place in the copy gates, until one of its
+// synchronizations succeeds or the server closes: an end of the connection or Server.Close waits
+// for it as for any copy queued on a stream.
 
 // The first and the longest pause between a retired stream's synchronizations.
 const (
@@ -30,17 +32,19 @@ func (c *copyStream) drain() error {
 	return nil
 }
 
-// settle gives back the stream and the buffer of a copy that failed, once the stream is drained.
-// When it cannot be drained, it retires the stream (retire keeps the buffer in use) and says so.
-func (s *Server) settle(b *regBuffer, cs *copyStream) error {
+// settle gives back the stream and the buffer of a copy that failed and ends the copy's place in
+// the gates (end), once the stream is drained. When it cannot be drained, it retires the stream
+// (retire keeps the buffer in use and calls end once it gives the stream up) and says so.
+func (s *Server) settle(b *regBuffer, cs *copyStream, end func()) error {
 	err := cs.drain()
 	if err == nil {
 		b.lane.free <- cs
 		b.users.Done()
+		end()
 		return nil
 	}
 	replaced := s.replaceStream(b)
-	go s.retire(b, cs, replaced)
+	go s.retire(b, cs, replaced, end)
 	return fmt.Errorf("its stream could not be drained and is retired, the buffer held until it drains: %w", err)
 }
 
@@ -61,9 +65,11 @@ func (s *Server) replaceStream(b *regBuffer) bool {
 }
 
 // retire synchronizes a stream that could not be drained, with growing pauses, until it drains or
-// the server closes; then it lets go of the buffer. A stream still not drained when the server
-// closes marks the buffer stuck: release keeps it mapped (see keepStuck).
-func (s *Server) retire(b *regBuffer, cs *copyStream, replaced bool) {
+// the server closes; then it gives the stream up, lets go of the buffer and ends the copy's place in
+// the gates (end). A stream still not drained when the server closes marks the buffer stuck:
+// release keeps it mapped (see keepStuck).
+func (s *Server) retire(b *regBuffer, cs *copyStream, replaced bool, end func()) {
+	defer end()
 	defer b.users.Done()
 	for pause := retireFirstRetry; ; pause = min(2*pause, retireMaxRetry) {
 		closing := false

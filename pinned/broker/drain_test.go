@@ -35,10 +35,14 @@ type oneLane struct {
 	path   string
 }
 
-func newOneLane(t *testing.T, b *testutil.Backend) oneLane {
+func newOneLane(t *testing.T, b *testutil.Backend) oneLane { return newOneLaneWith(t, b, Options{}) }
+
+// newOneLaneWith is newOneLane with opts (StreamsPerDevice is set to 1).
+func newOneLaneWith(t *testing.T, b *testutil.Backend, opts Options) oneLane {
 	l := oneLane{ctx: testCtx(t), dev: b.Device(t, 0)}
 	l.region = newRegion(t, l.dev, 4*mib, pinned.Options{})
-	l.srv, l.path = startServer(t, l.region, Options{StreamsPerDevice: 1})
+	opts.StreamsPerDevice = 1
+	l.srv, l.path = startServer(t, l.region, opts)
 	return l
 }
 

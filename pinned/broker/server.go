@@ -142,9 +142,10 @@ type Server struct {
 	workers map[*worker]struct{}
 	quit    chan struct{} // closed when Close begins: retired streams stop retrying (see retire)
 	closeMu sync.Mutex    // held through Close, so that a second Close waits for the first
-	// gate counts each copy from before it is queued on a stream until it is complete (or settled),
-	// as a call in progress (Begin, End; see beginCopy). Close closes it before it closes the
-	// connections: a copy is queued and drained before then, or not queued at all.
+	// gate counts each copy from before it is queued on a stream until it is complete, or its
+	// stream drained or given up by retire, as a call in progress (Begin, End; see beginCopy). Close
+	// closes it before it closes the connections: a copy is queued and drained before then (or its
+	// retired stream has had its last try), or not queued at all.
 	gate lifetime.Owner
 
 	inFlight                                              atomic.Int64
@@ -557,9 +558,9 @@ func (w *worker) countDrop(err error) {
 }
 
 // stopCopies makes the copies of the connection not queued on a stream yet never start, and waits
-// for those queued on one to complete (or settle). It does not wait for those still waiting for a
-// stream (jobs does), which drop once they get one. (No free and no children: the gate's Close
-// cannot fail.)
+// for those queued on one to complete or settle (on a retired stream: until it drains or the server
+// closes). It does not wait for those still waiting for a stream (jobs does), which drop once they
+// get one. (No free and no children: the gate's Close cannot fail.)
 func (w *worker) stopCopies() { _ = w.gate.Close("broker: a connection's copies", nil) }
 
 // beginCopy admits a copy to the streams unless Server.Close or the connection's end has begun:
@@ -576,7 +577,8 @@ func (w *worker) beginCopy() bool {
 	return true
 }
 
-// endCopy ends a copy admitted by beginCopy.
+// endCopy ends a copy admitted by beginCopy, once it is complete or its stream drained or given up
+// (settle, retire).
 func (w *worker) endCopy() {
 	w.gate.End()
 	w.s.gate.End()
@@ -830,10 +832,10 @@ func (w *worker) runCopy(req request, b *regBuffer, cs *copyStream) {
 	if err == nil {
 		b.lane.free <- cs
 		b.users.Done()
-	} else if serr := w.s.settle(b, cs); serr != nil {
+		w.endCopy()
+	} else if serr := w.s.settle(b, cs, w.endCopy); serr != nil {
 		err = fmt.Errorf("%w; %w", err, serr)
 	}
-	w.endCopy()
 	// Not in flight once answered: a client that saw the answer must not find it in Stats.
 	w.s.inFlight.Add(-1)
 	if err != nil {
