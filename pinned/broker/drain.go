@@ -38,8 +38,7 @@ func (c *copyStream) drain() error {
 func (s *Server) settle(b *regBuffer, cs *copyStream, end func()) error {
 	err := cs.drain()
 	if err == nil {
-		b.lane.free <- cs
-		b.users.Done()
+		b.giveBack(cs)
 		end()
 		return nil
 	}

@@ -488,6 +488,12 @@ type regBuffer struct {
 	stuck atomic.Bool
 }
 
+// giveBack returns the stream of a copy into or out of b, drained, to its lane and lets go of b.
+func (b *regBuffer) giveBack(cs *copyStream) {
+	b.lane.free <- cs
+	b.users.Done()
+}
+
 type extent struct{ off, end uint64 }
 
 // covers reports whether [off, off+n) lies inside the buffer's chunks (no hole).
@@ -792,9 +798,7 @@ func (w *worker) startCopy(req request) {
 		w.replyErr(OpCopy, req.id, err)
 		return
 	}
-	w.sem <- struct{}{}
-	w.jobs.Add(1)
-	w.s.inFlight.Add(1)
+	w.beginJob()
 	if int64(req.length) <= w.s.opts.InlineMax {
 		select {
 		case st := <-b.lane.free:
@@ -806,58 +810,80 @@ func (w *worker) startCopy(req request) {
 	go func() { w.runCopy(req, b, <-b.lane.free) }()
 }
 
-// runCopy queues the copy on the stream, waits for it (see Options.SpinMax), gives the stream and
-// the buffer back (after a failure, once the stream is drained: settle) and answers. Once Close has
+// runCopy queues the copy on the stream and waits for it (queueCopy), then answers. Once Close has
 // begun, or the connection has ended, it queues nothing (beginCopy): the worker is told the broker
 // is gone as its connection closes (or closed it itself), and a copy started after that would write
 // its memory or the region when the worker no longer expects it.
 func (w *worker) runCopy(req request, b *regBuffer, cs *copyStream) {
-	region, st := w.s.region, cs.st
-	t0 := time.Now()
-	dst := b.ptr + driver.DevicePtr(req.bufOff)
 	if !w.beginCopy() {
 		w.dropCopy(b, cs)
 		return
 	}
+	took, err := w.queueCopy(req, b, cs)
+	w.endJob(func() { w.answerCopy(req, took, err) })
+}
+
+// queueCopy queues the copy on the stream, waits for it (see Options.SpinMax), gives the stream and
+// the buffer back (after a failure, once the stream is drained: settle) and ends the copy's place in
+// the gates. It returns how long the copy took to queue and complete.
+func (w *worker) queueCopy(req request, b *regBuffer, cs *copyStream) (time.Duration, error) {
+	t0 := time.Now()
+	dst := b.ptr + driver.DevicePtr(req.bufOff)
 	var err error
 	if req.dir == ToDevice {
-		err = region.CopyToDevice(st, dst, req.hostOff, req.length)
+		err = w.s.region.CopyToDevice(cs.st, dst, req.hostOff, req.length)
 	} else {
-		err = region.CopyFromDevice(st, dst, req.hostOff, req.length)
+		err = w.s.region.CopyFromDevice(cs.st, dst, req.hostOff, req.length)
 	}
 	if err == nil {
 		err = cs.wait(req.length, w.s.opts.SpinMax)
 	}
 	took := time.Since(t0)
 	if err == nil {
-		b.lane.free <- cs
-		b.users.Done()
+		b.giveBack(cs)
 		w.endCopy()
 	} else if serr := w.s.settle(b, cs, w.endCopy); serr != nil {
 		err = fmt.Errorf("%w; %w", err, serr)
 	}
-	// Not in flight once answered: a client that saw the answer must not find it in Stats.
-	w.s.inFlight.Add(-1)
+	return took, err
+}
+
+// answerCopy answers a copy that ran: its time and length, or its error.
+func (w *worker) answerCopy(req request, took time.Duration, err error) {
 	if err != nil {
 		w.replyErr(OpCopy, req.id, fmt.Errorf("broker: copy %s %s (buffer %d offset %#x, region offset %#x): %v: %w",
 			units.FormatSize(req.length), req.dir, req.buffer, req.bufOff, req.hostOff, err, ErrInternal))
-	} else {
-		w.s.copies.Add(1)
-		w.s.bytes.Add(req.length)
-		w.reply(&response{op: OpCopy, id: req.id, values: [4]uint64{uint64(took.Nanoseconds()), req.length}})
+		return
 	}
-	<-w.sem
-	w.jobs.Done()
+	w.s.copies.Add(1)
+	w.s.bytes.Add(req.length)
+	w.reply(&response{op: OpCopy, id: req.id, values: [4]uint64{uint64(took.Nanoseconds()), req.length}})
 }
 
 // dropCopy gives back the stream and the buffer of a copy not queued because the server is closing
 // or the connection ended, and counts it failed. It sends no answer: the connection is closed or
 // closing, and the worker fails the request with ErrBrokerGone (or ErrClosed, if it closed it).
 func (w *worker) dropCopy(b *regBuffer, cs *copyStream) {
-	b.lane.free <- cs
-	b.users.Done()
-	w.s.inFlight.Add(-1)
+	b.giveBack(cs)
 	w.s.failed.Add(1)
+	w.endJob(nil)
+}
+
+// beginJob counts a copy accepted: it takes a slot of Options.MaxInFlight (waiting for one), is
+// waited for by cleanup (jobs) and counts in Stats.InFlight, until endJob.
+func (w *worker) beginJob() {
+	w.sem <- struct{}{}
+	w.jobs.Add(1)
+	w.s.inFlight.Add(1)
+}
+
+// endJob ends a copy counted by beginJob, answering it first (answer; nil: no answer). It is out of
+// flight before it is answered: a client that saw the answer must not find it in Stats.
+func (w *worker) endJob(answer func()) {
+	w.s.inFlight.Add(-1)
+	if answer != nil {
+		answer()
+	}
 	<-w.sem
 	w.jobs.Done()
 }
