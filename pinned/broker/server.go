@@ -453,8 +453,8 @@ type worker struct {
 	cred      unix.Ucred
 	grant     Grant
 	helloDone atomic.Bool
-	// lost: a write failed, so the framing is lost: nothing more is sent, and the connection closes
-	// once the copies queued are drained (writeFailed). Set under the connection's write lock.
+	// lost: a write failed, so the framing is lost: nothing more is sent or started, and the reader
+	// ends the connection (writeFailed). Set under the connection's write lock.
 	lost atomic.Bool
 
 	pbuf [ResponseSize + MaxText]byte // response payloads; guarded by conn's write lock
@@ -467,9 +467,8 @@ type worker struct {
 	sem  chan struct{} // one slot per copy in flight
 	jobs sync.WaitGroup
 	// gate is the server's gate for this connection's copies: it is closed when the connection ends
-	// or is closed (cleanup, a failed write), since the worker no longer expects its copies: those
-	// not queued yet are dropped (see runCopy), and those queued are drained before the connection
-	// closes.
+	// (cleanup), since the worker no longer expects its copies: those not queued yet are dropped
+	// (see runCopy), and those queued are drained before the connection closes.
 	gate lifetime.Owner
 }
 
@@ -515,8 +514,8 @@ func (w *worker) logf(format string, args ...any) {
 }
 
 // reply writes one response, unless an earlier write failed. A write that fails (the worker is
-// gone, or stopped reading for WriteTimeout) ends the connection (writeFailed): the reader then ends
-// it and cleanup frees the buffers.
+// gone, or stopped reading for WriteTimeout) ends the connection (writeFailed): the reader stops
+// and cleanup ends it.
 func (w *worker) reply(r *response) {
 	if r.status != StatusOK {
 		w.s.failed.Add(1)
@@ -542,17 +541,18 @@ func (w *worker) send(write func() error) error {
 	return err
 }
 
-// writeFailed ends a connection whose write failed; the framing is lost. Like every other end, it
-// drops the copies still waiting for a stream and drains those queued on one before it closes the
-// connection: the worker takes the end to mean that none of its copies runs any more. A worker that
-// stopped reading for WriteTimeout counts as dropped.
+// writeFailed ends a connection whose write failed; the framing is lost. It leaves the end to the
+// reader, as every other end does: it shuts the connection's reading side, so that the reader stops
+// (next) and cleanup drops the copies still waiting for a stream, drains those queued on one and
+// releases the buffers before it closes the connection: the worker takes the end to mean that the
+// broker holds nothing of it any more. A worker that stopped reading for WriteTimeout counts as
+// dropped.
 func (w *worker) writeFailed(err error) {
 	if !hangUp(err) {
 		w.countDrop(err)
-		w.logf("writing a response: %v (closing the connection once its queued copies are drained)", err)
+		w.logf("writing a response: %v (closing the connection once its copies are drained and its buffers released)", err)
 	}
-	w.stopCopies()
-	_ = w.conn.Close()
+	_ = w.conn.Unix().CloseRead()
 }
 
 // countDrop counts the worker as dropped when err is a write that timed out: it stopped reading for
@@ -569,11 +569,11 @@ func (w *worker) countDrop(err error) {
 // get one. (No free and no children: the gate's Close cannot fail.)
 func (w *worker) stopCopies() { _ = w.gate.Close("broker: a connection's copies", nil) }
 
-// beginCopy admits a copy to the streams unless Server.Close or the connection's end has begun:
-// the copy counts in both gates until endCopy. It reports false, counting nothing, when either
-// gate refuses.
+// beginCopy admits a copy to the streams unless Server.Close or the connection's end has begun, or
+// a write failed (its answer cannot be sent, and the connection is ending): the copy counts in both
+// gates until endCopy. It reports false, counting nothing, when either gate refuses.
 func (w *worker) beginCopy() bool {
-	if !w.s.gate.Begin() {
+	if w.lost.Load() || !w.s.gate.Begin() {
 		return false
 	}
 	if !w.gate.Begin() {
@@ -685,6 +685,9 @@ func (w *worker) hello() (request, error) {
 // next reads and runs one request; it reports whether the connection goes on.
 func (w *worker) next() bool {
 	req, err := readRequest(w.conn)
+	if w.lost.Load() {
+		return false // a write failed: the reading side is shut, the connection ends (writeFailed)
+	}
 	if errors.Is(err, ErrIdle) && len(w.sem) > 0 {
 		return true // silent while its copies run: not idle
 	}

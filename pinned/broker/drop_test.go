@@ -1,0 +1,98 @@
+package broker
+
+import (
+	"net"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/require"
+
+	"github.com/cuvmm/cuvmm/internal/testutil"
+	"github.com/cuvmm/cuvmm/ipc"
+)
+
+// requireEnds waits up to 10 s for the connection's end that ended reports.
+func requireEnds(t *testing.T, ended <-chan error, what string) {
+	t.Helper()
+	select {
+	case err := <-ended:
+		require.NoError(t, err, what)
+	case <-time.After(10 * time.Second):
+		t.Fatalf("%s did not end", what)
+	}
+}
+
+// endOf reads conn until the broker ends it (connEnd) on its own goroutine.
+func endOf(conn *net.UnixConn) <-chan error {
+	ended := make(chan error, 1)
+	go func() { ended <- connEnd(conn) }()
+	return ended
+}
+
+// sendCopy sends a copy request of 4 KiB to the device through a raw connection.
+func sendCopy(t *testing.T, conn *net.UnixConn, id uint64, buffer uint32) {
+	t.Helper()
+	require.NoError(t, ipc.WriteMessage(conn, KindRequest, encodeReq(request{op: OpCopy, id: id, buffer: buffer, dir: ToDevice, length: 4096}), nil))
+}
+
+// A worker dropped for WriteTimeout sees its connection end only once the broker has dropped its
+// copy still waiting for a stream and released its buffer, as at every other end (cleanup): the end
+// tells the worker that the broker holds nothing of it any more.
+func TestWriteTimeoutDropEndsAfterTheBuffersAreReleased(t *testing.T) {
+	testutil.Run(t, func(t *testing.T, b *testutil.Backend) {
+		l := newOneLaneWith(t, b, Options{WriteTimeout: 50 * time.Millisecond})
+		// Another worker's copy, queued on the lane's only stream, holds it.
+		other, _, orb := l.filledWorker(t, 81, 82)
+		release := holdStream(t, b, l.srv, l.dev)
+		queued := b.Sim.Calls("cuMemcpyHtoDAsync")
+		held, err := other.CopyAsync(Request{Buffer: orb.ID(), Dir: ToDevice, Length: 4096})
+		require.NoError(t, err)
+		eventually(t, "the other worker's copy to be queued", func() bool { return b.Sim.Calls("cuMemcpyHtoDAsync") == queued+1 })
+		// The worker dropped: a copy waiting for the stream, then pings it does not read.
+		buf := newDevBuffer(t, l.dev, 1, 2*mib)
+		require.NoError(t, l.dev.Fill(buf.Ptr(), mib, 0, 83))
+		conn := rawConn(t, l.path, true)
+		sendCopy(t, conn, 3, rawRegister(t, conn, buf))
+		eventually(t, "its copy to wait for the stream", func() bool { return l.srv.Stats().InFlight == 2 })
+		go pingWithoutReading(conn, 4)
+		eventually(t, "the worker to be dropped", func() bool { return l.srv.Stats().Dropped == 1 })
+
+		ended := testutil.StillWaiting(t, 200*time.Millisecond, "the dropped worker's connection, while a copy of it waited for a stream and its buffer was registered,",
+			func() error { return connEnd(conn) })
+		require.NoError(t, release())
+		requireEnds(t, ended, "the dropped worker's connection")
+		require.Equal(t, 1, l.srv.Stats().Buffers, "the broker ended the dropped worker's connection before releasing its buffer")
+		require.NoError(t, held.Wait(l.ctx))
+		eventually(t, "the worker to be cleaned up", func() bool { return l.srv.Stats().Drained == 1 })
+		requireDevicePattern(t, l.dev, buf.Ptr(), 4096, 0, 83) // its copy, dropped, never ran
+		require.Equal(t, uint64(1), l.srv.Stats().Copies)
+	}, testutil.SimOnly())
+}
+
+// A worker dropped for WriteTimeout on the answer of a copy (written by the copy's goroutine, while
+// the reader waits for the next request) loses its connection then, not at the idle timeout: the
+// failed write wakes the reader, which ends the connection.
+func TestWriteTimeoutDropOnACopyAnswerEndsTheConnection(t *testing.T) {
+	testutil.Run(t, func(t *testing.T, b *testutil.Backend) {
+		l := newOneLaneWith(t, b, Options{WriteTimeout: 50 * time.Millisecond, InlineMax: -1, IdleTimeout: time.Hour})
+		conn := rawConn(t, l.path, true)
+		id := rawRegister(t, conn, newDevBuffer(t, l.dev, 1, 2*mib))
+		var w *worker
+		l.srv.own.Lock()
+		for w = range l.srv.workers {
+		}
+		l.srv.own.Unlock()
+		require.NoError(t, w.conn.Unix().SetWriteBuffer(1)) // the least: a few answers fill it
+		release := holdStream(t, b, l.srv, l.dev)
+		const n = 32
+		for i := range n {
+			sendCopy(t, conn, uint64(3+i), id)
+		}
+		eventually(t, "every copy read", func() bool { return l.srv.Stats().InFlight == n })
+		require.NoError(t, release())
+		eventually(t, "the worker to be dropped", func() bool { return l.srv.Stats().Dropped == 1 })
+		requireEnds(t, endOf(conn), "the dropped worker's connection")
+		eventually(t, "the worker to be cleaned up", func() bool { return l.srv.Stats().Drained == 1 })
+		require.Zero(t, l.srv.Stats().Buffers)
+	}, testutil.SimOnly())
+}
