@@ -508,6 +508,9 @@ func TestWriteTimeoutDropDrainsQueuedCopiesBeforeTheEnd(t *testing.T) {
 
 		ended := testutil.StillWaiting(t, 200*time.Millisecond, "the dropped worker's connection, while a copy of it was still queued on a broker stream,",
 			func() error { _, err := io.Copy(io.Discard, conn); return err })
+		// The buffer is released only once the copy is complete (the simulator fails a queued copy
+		// whose memory was unmapped before its stream ran it).
+		require.Equal(t, 1, srv.Stats().Buffers, "the dropped worker's buffer was released while a copy into it was queued")
 		require.NoError(t, release())
 		select {
 		case err := <-ended: // a reset: the broker closed its end with pings unread
