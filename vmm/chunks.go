@@ -131,7 +131,7 @@ func UndoClose(o Closer) error {
 	}
 	switch x := o.(type) {
 	case *Mapping:
-		x.orphan.Store(true)
+		return errors.Join(fmt.Errorf("undo: %w", err), sys.adoptMapping(x))
 	case *Reservation:
 		return errors.Join(fmt.Errorf("undo: %w", err), sys.adoptReservation(x))
 	}

@@ -61,10 +61,11 @@ func (d *Device) create(o *lifetime.Owner, kind string, fn func(api driver.API) 
 // adoptee is an object whose clean-up failed during an undo: the System keeps it and retries its
 // Close in System.Close, so that no failure leaves an object no API can free.
 type adoptee struct {
-	what   string
-	own    *lifetime.Owner // nil when unknown
-	close  func() error
-	lo, hi driver.DevicePtr // the addresses it holds, for a reservation (else empty)
+	what    string
+	own     *lifetime.Owner // nil when unknown
+	close   func() error
+	lo, hi  driver.DevicePtr // the addresses it holds, for a reservation (else empty)
+	mapping *Mapping         // the mapping itself, for a mapping (else nil)
 }
 
 func (a adoptee) done() bool { return a.own != nil && a.own.IsClosed() }
@@ -81,6 +82,13 @@ func (s *System) adoptReservation(r *Reservation) error {
 	return s.keepAdoptee(adoptee{what: r.String(), own: &r.own, close: r.Close, lo: r.ptr, hi: r.End()})
 }
 
+// adoptMapping hands the System a mapping that a failed undo could not close, remembering it so that
+// a release of its allocation retries it first (RetryOrphansMapping), wherever its range is.
+func (s *System) adoptMapping(m *Mapping) error {
+	m.orphan.Store(true)
+	return s.keepAdoptee(adoptee{what: m.String(), own: &m.own, close: m.Close, mapping: m})
+}
+
 func (s *System) keepAdoptee(a adoptee) error {
 	s.adoptMu.Lock()
 	s.adopted = append(s.adopted, a)
@@ -88,39 +96,69 @@ func (s *System) keepAdoptee(a adoptee) error {
 	return fmt.Errorf("vmm: %s is kept by the System, and its Close retries freeing it", a.what)
 }
 
+// adoptedWhere lists the adopted objects not yet closed that match, which runs with s.adoptMu held.
+func (s *System) adoptedWhere(match func(adoptee) bool) []adoptee {
+	s.adoptMu.Lock()
+	defer s.adoptMu.Unlock()
+	var out []adoptee
+	for _, a := range s.adopted {
+		if !a.done() && match(a) {
+			out = append(out, a)
+		}
+	}
+	return out
+}
+
 // retryIn retries freeing the adopted reservations that hold addresses in [lo, hi): one left there
 // by a failed undo is in the way of a Reserve hinted at lo (a buffer growing in place, say), or
 // maps an allocation its owner is about to release (RetryOrphansMapping). Those still failing stay
 // adopted; their errors are returned.
 func (s *System) retryIn(lo, hi driver.DevicePtr) error {
-	s.adoptMu.Lock()
-	var in []adoptee
-	for _, a := range s.adopted {
-		if a.lo < hi && lo < a.hi {
-			in = append(in, a)
-		}
-	}
-	s.adoptMu.Unlock()
 	var errs []error
-	for _, a := range in {
+	for _, a := range s.adoptedWhere(func(a adoptee) bool { return a.lo < hi && lo < a.hi }) {
 		errs = append(errs, a.close())
 	}
 	return errors.Join(errs...)
 }
 
-// RetryOrphansMapping retries freeing the orphaned reservations (see Orphans) in which a is still
-// mapped: a failed undo that could not unmap a from a new range keeps a from being released until
-// that range goes. Allocation.Close, and Mapping.Close and Reservation.UnmapRange of a mapping that
-// owns a, call it before they release a, so owners need not; it remains for a caller that wants the
-// errors of those that still fail, which it returns.
+// retryMappingsOf retries closing the adopted mappings of a that a failed undo left in ranges the
+// System does not keep, ranges still in use (a kept range's own Close, in retryIn, retries those in
+// it). Each is closed without first retrying what blocks its own release, as Mapping.Close would:
+// that is a's release, the caller's, and an orphan owning a would come back here. Those still
+// failing stay adopted; their errors are returned.
+func (s *System) retryMappingsOf(a *Allocation) error {
+	var errs []error
+	for _, o := range s.adoptedWhere(func(o adoptee) bool {
+		return o.mapping != nil && o.mapping.alloc == a && !s.keepsLocked(&o.mapping.res.own)
+	}) {
+		errs = append(errs, o.mapping.closeWithoutUnblock())
+	}
+	return errors.Join(errs...)
+}
+
+// keepsLocked reports whether the object own belongs to is adopted and not yet closed; the caller
+// holds s.adoptMu.
+func (s *System) keepsLocked(own *lifetime.Owner) bool {
+	return slices.ContainsFunc(s.adopted, func(a adoptee) bool { return a.own == own && !a.done() })
+}
+
+// RetryOrphansMapping retries closing the orphaned mappings of a and freeing the orphaned
+// reservations in which a is still mapped (see Orphans): a failed undo that could not unmap a, from
+// a new range or from one still in use, keeps a from being released until that mapping goes.
+// Allocation.Close, and Mapping.Close and Reservation.UnmapRange of a mapping that owns a, call it
+// before they release a, so owners need not; it remains for a caller that wants the errors of those
+// that still fail, which it returns. The caller holds no reservation's lock: the retries take them.
 func (s *System) RetryOrphansMapping(a *Allocation) error {
 	if s == nil || a == nil {
 		return nil
 	}
+	// The ranges first: freeing one closes the orphans in it, which a retry of those alone would
+	// leave in a range no longer found through a's mappings.
 	var errs []error
 	for _, p := range a.mappings.snapshot() {
 		errs = append(errs, s.retryIn(p, p+driver.DevicePtr(a.size)))
 	}
+	errs = append(errs, s.retryMappingsOf(a))
 	return errors.Join(errs...)
 }
 

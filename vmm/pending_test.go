@@ -77,6 +77,7 @@ func TestPendingReleaseAfterOrphanInSameReservation(t *testing.T) {
 		b.Sim.FailNth("cuMemUnmap", 1, driver.ErrorUnknown) // the undo's unmap
 		_, err = r.MapAccess(2*mib, m.Allocation(), vmm.ReadWrite(d))
 		require.ErrorContains(t, err, "kept by the System")
+		b.Sim.FailNth("cuMemUnmap", 1, driver.ErrorUnknown) // UnmapRange's retry of that mapping
 		err = r.UnmapRange(0, 2*mib)
 		require.ErrorIs(t, err, vmm.ErrInUse)
 		require.ErrorContains(t, err, "1 mappings still use it")
@@ -104,7 +105,9 @@ func TestKeptRangeWithPendingReleaseRetried(t *testing.T) {
 		}
 		b.Sim.FailNth("cuMemCreate", 1, driver.ErrorOutOfMemory)
 		b.Sim.FailNth("cuMemUnmap", 1, driver.ErrorUnknown) // the undo's unmap of the chunk at 2 MiB
-		b.Sim.FailNth("cuMemUnmap", 3, driver.ErrorUnknown) // its retry as the range is freed
+		b.Sim.FailNth("cuMemUnmap", 2, driver.ErrorUnknown) // its retry before chunk 0's release
+		b.Sim.FailNth("cuMemUnmap", 4, driver.ErrorUnknown) // its retry before the range's Close retries that release
+		b.Sim.FailNth("cuMemUnmap", 5, driver.ErrorUnknown) // its retry as the range is freed
 		_, _, err = b.Sys.ReserveChunks(6*mib, vmm.ReserveOptions{}, specs)
 		require.ErrorIs(t, err, driver.ErrOutOfMemory)
 		require.False(t, a.Closed(), "its release is pending")
@@ -113,5 +116,109 @@ func TestKeptRangeWithPendingReleaseRetried(t *testing.T) {
 		require.NoError(t, b.Sys.RetryOrphansMapping(a))
 		require.True(t, a.Closed())
 		require.Empty(t, b.Sys.Orphans())
+	}, testutil.SimOnly())
+}
+
+// orphanInLiveRange leaves in a new range r2, which stays live, a mapping of a on device 0 that a
+// failed undo could not unmap (a MapAccess whose cuMemSetAccess fails, and then its cuMemUnmap):
+// the System keeps that mapping, not the range.
+func orphanInLiveRange(t *testing.T, b *testutil.Backend, a *vmm.Allocation) *vmm.Reservation {
+	t.Helper()
+	d := b.Device(t, 0)
+	r2, err := b.Sys.Reserve(a.Size(), vmm.ReserveOptions{})
+	require.NoError(t, err)
+	b.Sim.FailNth("cuMemSetAccess", 1, driver.ErrorOutOfMemory)
+	b.Sim.FailNth("cuMemUnmap", 1, driver.ErrorUnknown) // the undo's unmap
+	_, err = r2.MapAccess(0, a, vmm.ReadWrite(d))
+	require.ErrorContains(t, err, "kept by the System")
+	require.Len(t, b.Sys.Orphans(), 1, "the mapping left in r2")
+	return r2
+}
+
+// requireOrphanInLiveRangeFreed checks that the mapping orphanInLiveRange left in r2 is gone while
+// r2 stayed live, and that r2 then closes.
+func requireOrphanInLiveRangeFreed(t *testing.T, b *testutil.Backend, r2 *vmm.Reservation) {
+	t.Helper()
+	require.Empty(t, b.Sys.Orphans())
+	require.Empty(t, r2.Mappings(), "the orphan was unmapped")
+	require.NoError(t, r2.Close())
+}
+
+// An allocation that a failed undo left mapped in another range, which stays live (the System keeps
+// the mapping, not the range), is released by its owner's Close or UnmapRange: the release retries
+// the System's orphan mappings of the allocation first, wherever they live, as it does the ranges
+// the System keeps.
+func TestReleaseRetriesOrphanMappingInLiveRange(t *testing.T) {
+	for name, unmap := range unmapWays {
+		t.Run(name, func(t *testing.T) {
+			testutil.Run(t, func(t *testing.T, b *testutil.Backend) {
+				r, m := mapFilled(t, b.Device(t, 0), 2*mib, 4)
+				r2 := orphanInLiveRange(t, b, m.Allocation())
+
+				require.NoError(t, unmap(r, m), "unmapped and released")
+				require.True(t, m.Allocation().Closed())
+				requireOrphanInLiveRangeFreed(t, b, r2)
+				require.NoError(t, r.Close())
+			}, testutil.SimOnly())
+		})
+	}
+}
+
+// The same for Allocation.Close, once the caller's own mapping (which did not own it) is gone.
+func TestAllocationCloseRetriesOrphanMappingInLiveRange(t *testing.T) {
+	testutil.Run(t, func(t *testing.T, b *testutil.Backend) {
+		d := b.Device(t, 0)
+		a, err := d.Allocate(2*mib, vmm.AllocOptions{})
+		require.NoError(t, err)
+		r2 := orphanInLiveRange(t, b, a)
+
+		require.NoError(t, a.Close(), "the release retries the orphan mapping first")
+		requireOrphanInLiveRangeFreed(t, b, r2)
+	}, testutil.SimOnly())
+}
+
+// The same for a release left pending by UnmapRange (its cuMemRelease failed) when the allocation is
+// then mapped again and that mapping's undo fails: Mapping.Close and Reservation.Close retry the
+// orphan mapping before they retry the release.
+func TestPendingReleaseRetriesOrphanMappingInLiveRange(t *testing.T) {
+	for name, retry := range pendingRetries {
+		t.Run(name, func(t *testing.T) {
+			testutil.Run(t, func(t *testing.T, b *testutil.Backend) {
+				r, m := mapFilled(t, b.Device(t, 0), 2*mib, 4)
+				b.Sim.FailNth("cuMemRelease", 1, driver.ErrorUnknown)
+				require.ErrorIs(t, r.UnmapRange(0, 2*mib), driver.ErrorUnknown)
+				r2 := orphanInLiveRange(t, b, m.Allocation())
+
+				require.NoError(t, retry(r, m))
+				require.True(t, m.Allocation().Closed())
+				requireOrphanInLiveRangeFreed(t, b, r2)
+			}, testutil.SimOnly())
+		})
+	}
+}
+
+// An orphan mapping that owns its allocation, whose release a caller's mapping still refuses: the
+// retry of that release (RetryOrphansMapping, or its reservation's Close) retries the System's orphan
+// mappings of the allocation, the orphan itself among them, and that inner Close does not start the
+// same retry again (it would not end).
+func TestOwningOrphanMappingRetryEnds(t *testing.T) {
+	testutil.Run(t, func(t *testing.T, b *testutil.Backend) {
+		d := b.Device(t, 0)
+		r, m := mapFilled(t, d, 2*mib, 4)
+		r2, err := b.Sys.Reserve(2*mib, vmm.ReserveOptions{})
+		require.NoError(t, err)
+		m2, err := r2.MapAccess(0, m.Allocation(), vmm.ReadWrite(d))
+		require.NoError(t, err)
+		err = vmm.UndoClose(m)
+		require.ErrorIs(t, err, vmm.ErrInUse)
+		require.ErrorContains(t, err, "kept by the System")
+
+		require.ErrorIs(t, b.Sys.RetryOrphansMapping(m.Allocation()), vmm.ErrInUse, "m2 still maps it")
+		require.ErrorIs(t, r.Close(), vmm.ErrInUse, "its pending release is retried, and refused")
+		require.NoError(t, m2.Close())
+		require.NoError(t, r.Close())
+		require.True(t, m.Allocation().Closed())
+		require.Empty(t, b.Sys.Orphans())
+		require.NoError(t, r2.Close())
 	}, testutil.SimOnly())
 }

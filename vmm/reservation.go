@@ -600,9 +600,7 @@ func (r *Reservation) closeOrphans() error {
 // keepOrphan records a mapping that a failed undo could not unmap and hands it to the System; the
 // caller holds r's lock.
 func (r *Reservation) keepOrphan(off uint64, a *Allocation, owns bool) error {
-	m := r.addMapping(off, a, owns)
-	m.orphan.Store(true)
-	return r.dev.sys.adopt(m.String(), &m.own, m.Close)
+	return r.dev.sys.adoptMapping(r.addMapping(off, a, owns))
 }
 
 // Mapping is an allocation mapped into a reservation at an offset (cuMemMap).
@@ -689,10 +687,14 @@ func (m *Mapping) Close() error {
 	if m == nil {
 		return nil
 	}
-	r := m.res
 	m.unblockRelease()
-	r.own.Lock()
-	defer r.own.Unlock()
+	return m.closeWithoutUnblock()
+}
+
+// closeWithoutUnblock is Close without unblockRelease; it takes the reservation's lock.
+func (m *Mapping) closeWithoutUnblock() error {
+	m.res.own.Lock()
+	defer m.res.own.Unlock()
 	return m.closeLocked()
 }
 
