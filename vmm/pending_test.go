@@ -27,10 +27,7 @@ func TestPendingReleaseRetried(t *testing.T) {
 	for name, retry := range pendingRetries {
 		t.Run(name, func(t *testing.T) {
 			testutil.Run(t, func(t *testing.T, b *testutil.Backend) {
-				r, m := mapFilled(t, b.Device(t, 0), 2*mib, 4)
-				b.Sim.FailNth("cuMemRelease", 1, driver.ErrorUnknown)
-				require.ErrorIs(t, r.UnmapRange(0, 2*mib), driver.ErrorUnknown)
-				require.False(t, m.Allocation().Closed(), "the release failed")
+				r, m := pendingRelease(t, b)
 
 				require.NoError(t, retry(r, m))
 				require.True(t, m.Allocation().Closed())
@@ -121,6 +118,16 @@ func TestKeptRangeWithPendingReleaseRetried(t *testing.T) {
 
 // orphanInLiveRange leaves in a new range r2, which stays live, a mapping of a on device 0 that a
 // failed undo could not unmap (a MapAccess whose cuMemSetAccess fails, and then its cuMemUnmap):
+// pendingRelease maps a filled 2 MiB allocation on device 0 and unmaps it with UnmapRange, whose
+// release of the allocation fails: the mapping's release is left pending in r.
+func pendingRelease(t *testing.T, b *testutil.Backend) (*vmm.Reservation, *vmm.Mapping) {
+	r, m := mapFilled(t, b.Device(t, 0), 2*mib, 4)
+	b.Sim.FailNth("cuMemRelease", 1, driver.ErrorUnknown)
+	require.ErrorIs(t, r.UnmapRange(0, 2*mib), driver.ErrorUnknown)
+	require.False(t, m.Allocation().Closed(), "the release failed")
+	return r, m
+}
+
 // the System keeps that mapping, not the range.
 func orphanInLiveRange(t *testing.T, b *testutil.Backend, a *vmm.Allocation) *vmm.Reservation {
 	t.Helper()
@@ -184,9 +191,7 @@ func TestPendingReleaseRetriesOrphanMappingInLiveRange(t *testing.T) {
 	for name, retry := range pendingRetries {
 		t.Run(name, func(t *testing.T) {
 			testutil.Run(t, func(t *testing.T, b *testutil.Backend) {
-				r, m := mapFilled(t, b.Device(t, 0), 2*mib, 4)
-				b.Sim.FailNth("cuMemRelease", 1, driver.ErrorUnknown)
-				require.ErrorIs(t, r.UnmapRange(0, 2*mib), driver.ErrorUnknown)
+				r, m := pendingRelease(t, b)
 				r2 := orphanInLiveRange(t, b, m.Allocation())
 
 				require.NoError(t, retry(r, m))
