@@ -137,10 +137,11 @@ func (c *Comm) use(op string) error {
 	return nil
 }
 
-// waitLocked polls ncclCommGetAsyncError until the communicator has left ncclInProgress. When ctx
-// ends first, or the communicator reports an error, it aborts the communicator. c.mu is held.
+// waitLocked polls ncclCommGetAsyncError, with Wait's pauses (see pause), until the communicator
+// has left ncclInProgress. When ctx ends first, or the communicator reports an error, it aborts the
+// communicator. c.mu is held.
 func (c *Comm) waitLocked(ctx context.Context, op string) error {
-	pause := time.Duration(0)
+	start := time.Now()
 	for {
 		err := c.lib.CommGetAsyncError(c.h)
 		if err == nil {
@@ -158,33 +159,8 @@ func (c *Comm) waitLocked(ctx context.Context, op string) error {
 			c.abortLocked(errAbortCalled)
 			return fmt.Errorf("nccl: %s (%v): Abort was called: %w", op, c, ErrAborted)
 		}
-		pause = backoff(pause)
-		if pause == 0 {
-			runtime.Gosched()
-			continue
-		}
-		t := time.NewTimer(pause)
-		select {
-		case <-ctx.Done():
-		case <-c.abortReq:
-		case <-t.C:
-		}
-		t.Stop()
+		pause(time.Since(start))
 	}
-}
-
-// backoff spins (returns 0) for the first polls, then sleeps from 20 µs doubling up to 1 ms: most
-// operations finish enqueueing within tens of microseconds, initialization takes longer.
-func backoff(p time.Duration) time.Duration {
-	switch {
-	case p < 0:
-		return 0
-	case p == 0:
-		return 20 * time.Microsecond
-	case p >= time.Millisecond:
-		return time.Millisecond
-	}
-	return 2 * p
 }
 
 var errAbortCalled = errors.New("Abort was called")
@@ -400,9 +376,9 @@ func (c *Comm) destroy(ctx context.Context) error {
 // wait for their peers and would otherwise wait forever.
 //
 // Wait records an event on s and polls it (cuEventQuery: back to back for the first millisecond,
-// then after sleeps of 50 µs, about 100 µs apart with the kernel's timer slack), so that once it returns no call of its own is left on the stream: after an
-// abort it waits for the stream at most about 10 s, and a kernel that still has not stopped then
-// delays neither s.Close nor anything else. A nil s (the legacy default stream) waits for the whole
+// then after sleeps of 50 µs, about 100 µs apart with the kernel's timer slack), so that once it
+// returns no call of its own is left on the stream: after an abort it waits for the stream at most
+// about 10 s, and a kernel that still has not stopped then delays neither s.Close nor anything else. A nil s (the legacy default stream) waits for the whole
 // device (cuCtxSynchronize, which has no non-blocking form): after an abort whose kernels do not stop
 // that call keeps running on another goroutine past Wait, and System.Close waits for it.
 func (c *Comm) Wait(ctx context.Context, s *vmm.Stream) (err error) {
@@ -440,7 +416,7 @@ func (c *Comm) deviceDone() func() (bool, error) {
 	}
 }
 
-// watch polls done, with waitPause's pauses, until it reports the work done or fails, and aborts
+// watch polls done, with pause's pauses, until it reports the work done or fails, and aborts
 // the communicator when ctx ends first (after syncGrace), when the communicator reports an
 // asynchronous error, or when Abort is called. c.mu is held.
 func (c *Comm) watch(ctx context.Context, done func() (bool, error)) error {
@@ -469,7 +445,8 @@ func (c *Comm) watch(ctx context.Context, done func() (bool, error)) error {
 	}
 }
 
-// Wait's polls: none between them for the first waitSpin (work that ends then is seen within
+// The polls of Wait and of the calls that wait for NCCL to leave ncclInProgress (waitLocked):
+// none between them for the first waitSpin (work that ends then is seen within
 // microseconds, as a spinning cuStreamSynchronize sees it), then one after each sleep of waitPoll,
 // so that longer work is seen ending within about twice waitPoll (the kernel's timer slack, 50 µs by
 // default, lengthens each sleep) for one cheap query per pause.
@@ -478,10 +455,10 @@ const (
 	waitPoll = 50 * time.Microsecond
 )
 
-// pause waits before Wait's next poll, after waiting for elapsed: it yields the processor for the
+// pause waits before the next poll of Wait or waitLocked, after waiting for elapsed: it yields the processor for the
 // first waitSpin, then sleeps waitPoll in the kernel (nanosleep). A Go timer would not do: one of
 // under a millisecond, in a process with nothing else to run, sleeps a millisecond or more (the
-// runtime's poller waits in whole milliseconds), and Wait would see longer work end that late.
+// runtime's poller waits in whole milliseconds), and they would see longer work end that late.
 func pause(elapsed time.Duration) {
 	if elapsed < waitSpin {
 		runtime.Gosched()
