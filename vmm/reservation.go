@@ -462,8 +462,8 @@ func (r *Reservation) UnmapRange(off, size uint64) error {
 	if r == nil {
 		return nil
 	}
-	for _, a := range r.ownedIn(off, size) {
-		a.unblockRelease(1)
+	for _, m := range r.unmappableNow(off, size) {
+		m.unblockRelease()
 	}
 	r.own.Lock()
 	defer r.own.Unlock()
@@ -498,20 +498,14 @@ func (r *Reservation) unmappable(off, size uint64) ([]*Mapping, error) {
 	return r.mappingsIn(off, size)
 }
 
-// ownedIn lists the allocations that the mappings in [off, off+size) own, those UnmapRange releases
-// (none when it refuses the range). A mapping that does not own its allocation releases nothing, so
-// it has no release to unblock.
-func (r *Reservation) ownedIn(off, size uint64) []*Allocation {
+// unmappableNow is unmappable taking r's lock: the mappings UnmapRange would unmap now (none when
+// it refuses the range), whose releases it unblocks before it takes the lock (Mapping.unblockRelease
+// skips those that release nothing).
+func (r *Reservation) unmappableNow(off, size uint64) []*Mapping {
 	r.own.Lock()
 	defer r.own.Unlock()
 	ms, _ := r.unmappable(off, size)
-	var as []*Allocation
-	for _, m := range ms {
-		if m.ownsAlloc {
-			as = append(as, m.alloc)
-		}
-	}
-	return as
+	return ms
 }
 
 // forget drops an unmapped mapping from the reservation and, when it owns its allocation,
