@@ -1,6 +1,7 @@
 package measure
 
 import (
+	"cmp"
 	"fmt"
 	"os"
 	"os/exec"
@@ -18,7 +19,7 @@ const (
 // naming --python if it is not, and its script located by locatePeerScript (script, else rel); any
 // other peer is refused. Errors wrap ErrInvalidOption.
 func findPeer(peer, python, script, rel string) (string, string, error) {
-	python = cmp0(python, "python3")
+	python = cmp.Or(python, "python3")
 	switch peer {
 	case "":
 		return python, script, nil

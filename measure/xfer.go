@@ -1,6 +1,7 @@
 package measure
 
 import (
+	"cmp"
 	"context"
 	"encoding/json"
 	"errors"
@@ -141,7 +142,7 @@ func (o *XferOptions) check() error {
 			return fmt.Errorf("--devices %d,%d: the %s backend has %d devices: %w", o.Devices[0], o.Devices[1], o.Backend.Name, n, ErrInvalidOption)
 		}
 	}
-	o.Block = cmp0(o.Block, 2<<20)
+	o.Block = cmp.Or(o.Block, 2<<20)
 	if o.Size == 0 || o.Size%o.Block != 0 {
 		return fmt.Errorf("--size %d: want a positive multiple of the block size %s: %w", o.Size, units.FormatSize(o.Block), ErrInvalidOption)
 	}
@@ -161,8 +162,8 @@ func (o *XferOptions) check() error {
 	if o.Iters < 0 {
 		return fmt.Errorf("--iters %d: want at least 1: %w", o.Iters, ErrInvalidOption)
 	}
-	o.Warmup, o.Iters = max(cmp0(o.Warmup, 3), 0), cmp0(o.Iters, 10)
-	o.Timeout = cmp0(o.Timeout, 2*time.Minute)
+	o.Warmup, o.Iters = max(cmp.Or(o.Warmup, 3), 0), cmp.Or(o.Iters, 10)
+	o.Timeout = cmp.Or(o.Timeout, 2*time.Minute)
 	return nil
 }
 
@@ -179,14 +180,6 @@ func (o *XferOptions) checkFits() error {
 		}
 	}
 	return nil
-}
-
-func cmp0[T comparable](v, def T) T {
-	var zero T
-	if v == zero {
-		return def
-	}
-	return v
 }
 
 // XferTransportEnv is the environment a transport needs (NCCL reads it when a communicator is made).
