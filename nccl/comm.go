@@ -455,11 +455,14 @@ const (
 	waitPoll = 50 * time.Microsecond
 )
 
-// pause waits before the next poll of Wait or waitLocked, after waiting for elapsed: it yields the processor for the
+// pause is pollPause, a variable so that tests can see which waits poll with it.
+var pause = pollPause
+
+// pollPause waits before the next poll of Wait or waitLocked, after waiting for elapsed: it yields the processor for the
 // first waitSpin, then sleeps waitPoll in the kernel (nanosleep). A Go timer would not do: one of
 // under a millisecond, in a process with nothing else to run, sleeps a millisecond or more (the
 // runtime's poller waits in whole milliseconds), and they would see longer work end that late.
-func pause(elapsed time.Duration) {
+func pollPause(elapsed time.Duration) {
 	if elapsed < waitSpin {
 		runtime.Gosched()
 		return

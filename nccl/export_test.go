@@ -23,4 +23,11 @@ func SetHoldStream(f func(*vmm.Stream) (release func(), err error)) (restore fun
 }
 
 // PauseAfter takes the pause Wait takes before its next poll after waiting for elapsed.
-func PauseAfter(elapsed time.Duration) { pause(elapsed) }
+func PauseAfter(elapsed time.Duration) { pollPause(elapsed) }
+
+// SetPause replaces the pause between the polls of Wait and waitLocked until restore is called.
+func SetPause(f func(elapsed time.Duration)) (restore func()) {
+	old := pause
+	pause = f
+	return func() { pause = old }
+}

@@ -1,6 +1,7 @@
 package nccl_test
 
 import (
+	"runtime"
 	"slices"
 	"testing"
 	"time"
@@ -91,31 +92,26 @@ func medianOf(d []time.Duration) time.Duration {
 	return d[len(d)/2]
 }
 
-// TestWaitSeesLongWorkEndWithinItsPoll: once Wait's first spinning millisecond is over, it polls
-// every 50 µs, so work that ends later is seen within about that: the lag between the work's end
-// (a held stream released) and Wait's return stays far below a millisecond, which a Go timer of
-// under a millisecond, rounded up to one by the runtime when idle, would not give.
-func TestWaitSeesLongWorkEndWithinItsPoll(t *testing.T) {
+// TestWaitPollsLongWorkWithPause: work that outlasts Wait's spinning first millisecond is polled
+// with pause (whose speed TestWaitPollsEvery50Microseconds checks) until it ends: here the stream
+// is released on the third pause past the spin, and Wait then returns without error.
+func TestWaitPollsLongWorkWithPause(t *testing.T) {
 	testutil.Run(t, func(t *testing.T, b *testutil.Backend) {
 		c := ranks(t, b, library(t, b), 1)[0]
 		s, err := b.Device(t, 0).NewStream(true)
 		require.NoError(t, err)
 		defer func() { require.NoError(t, s.Close()) }()
-		var lags []time.Duration
-		for i := range 15 { // the work ends at 2 ms and later, a fifteenth of a millisecond apart
-			require.NoError(t, b.Sim.HoldStream(s.Handle()))
-			released := make(chan time.Time, 1)
-			go func() {
-				time.Sleep(2*time.Millisecond + time.Duration(i)*time.Millisecond/15)
-				at := time.Now()
-				require.NoError(t, b.Sim.ReleaseStream(s.Handle()))
-				released <- at
-			}()
-			require.NoError(t, c.Wait(deadline(t, 10*time.Second), s))
-			lags = append(lags, time.Since(<-released))
-		}
-		lag := medianOf(lags)
-		t.Logf("Wait returned %v (median of %d) after the work ended", lag, len(lags))
-		require.Less(t, lag, 400*time.Microsecond, "Wait saw work that ended after its spin late")
+		require.NoError(t, b.Sim.HoldStream(s.Handle()))
+		var late int
+		defer nccl.SetPause(func(elapsed time.Duration) {
+			if elapsed >= time.Millisecond {
+				if late++; late == 3 {
+					require.NoError(t, b.Sim.ReleaseStream(s.Handle()))
+				}
+			}
+			runtime.Gosched()
+		})()
+		require.NoError(t, c.Wait(deadline(t, 10*time.Second), s))
+		require.Equal(t, 3, late, "Wait returned before the work ended, or kept polling after")
 	}, testutil.SimOnly())
 }
