@@ -52,7 +52,9 @@ type ReserveOptions struct {
 	// the granularity.
 	Alignment uint64
 	// Hint asks for the range to start at this address (for example the end of another
-	// reservation, to extend it in place). The driver may place it elsewhere; see RequireHint.
+	// reservation, to extend it in place). The driver may place it elsewhere, and when it refuses
+	// the hinted range outright (out of memory), Reserve asks again without the hint; see
+	// RequireHint.
 	Hint driver.DevicePtr
 	// RequireHint makes Reserve fail (with an error wrapping ErrHintNotGranted, nothing kept) when
 	// the driver does not grant the range at Hint.
@@ -136,10 +138,8 @@ func (s *System) Reserve(size uint64, opts ReserveOptions) (*Reservation, error)
 	r := &Reservation{dev: d, size: rounded, gran: g, mappings: map[uint64]*Mapping{}}
 	err = d.create(&r.own, "reservation", func(api driver.API) error {
 		var err error
-		if r.ptr, err = api.MemAddressReserve(rounded, opts.Alignment, opts.Hint, 0); err != nil {
-			return fmt.Errorf("cuMemAddressReserve: %w", err)
-		}
-		return nil
+		r.ptr, err = reserveVA(api, rounded, opts)
+		return err
 	})
 	if err != nil {
 		return nil, fmt.Errorf("vmm: reserve %s (hint %#x): %w", units.FormatSize(rounded), opts.Hint, err)
@@ -154,6 +154,24 @@ func (s *System) Reserve(size uint64, opts ReserveOptions) (*Reservation, error)
 		return nil, err
 	}
 	return r, nil
+}
+
+// reserveVA calls cuMemAddressReserve. A hint is advice unless opts.RequireHint: when the driver
+// refuses a hinted range outright (CUDA_ERROR_OUT_OF_MEMORY) instead of placing it elsewhere, the
+// range is asked for again without the hint.
+func reserveVA(api driver.API, size uint64, opts ReserveOptions) (driver.DevicePtr, error) {
+	p, err := api.MemAddressReserve(size, opts.Alignment, opts.Hint, 0)
+	if err != nil && opts.Hint != 0 && !opts.RequireHint && errors.Is(err, driver.ErrOutOfMemory) {
+		var again error
+		if p, again = api.MemAddressReserve(size, opts.Alignment, 0, 0); again == nil {
+			return p, nil
+		}
+		return 0, fmt.Errorf("cuMemAddressReserve: %w (at the hint: %w)", again, err)
+	}
+	if err != nil {
+		return 0, fmt.Errorf("cuMemAddressReserve: %w", err)
+	}
+	return p, nil
 }
 
 // Ptr is the first address of the range.

@@ -294,6 +294,70 @@ func TestReserveHintExtendsInPlace(t *testing.T) {
 	})
 }
 
+// A hint is advice unless RequireHint: when the driver refuses a hinted range outright (out of
+// memory), Reserve asks again without the hint. With RequireHint, or without a hint, the refusal
+// is the answer.
+func TestReserveHintRefusedIsAskedAgainWithout(t *testing.T) {
+	s, sys, _ := ownSim(t)
+	first, err := sys.Reserve(64*mib, vmm.ReserveOptions{})
+	require.NoError(t, err)
+	s.FailNth("cuMemAddressReserve", 1, driver.ErrorOutOfMemory)
+	r, err := sys.Reserve(64*mib, vmm.ReserveOptions{Hint: first.End()})
+	require.NoError(t, err, "placed elsewhere, or at the hint, but not refused")
+	require.NoError(t, r.Close())
+	for _, opts := range []vmm.ReserveOptions{{Hint: first.End(), RequireHint: true}, {}} {
+		s.FailNth("cuMemAddressReserve", 1, driver.ErrorOutOfMemory)
+		_, err = sys.Reserve(64*mib, opts)
+		require.ErrorIs(t, err, driver.ErrOutOfMemory, "%+v", opts)
+	}
+	require.NoError(t, first.Close())
+	require.Equal(t, sim.Live{Contexts: 1}, s.Live())
+}
+
+// A hint whose range covers host memory of the process cannot be granted there: Reserve places
+// the range elsewhere, from 1 GiB to more than a device's memory. What the driver itself answers
+// to the same hinted call is logged.
+func TestReserveHintOverHostMemoryIsPlacedElsewhere(t *testing.T) {
+	testutil.Run(t, func(t *testing.T, b *testutil.Backend) {
+		d := b.Device(t, 0)
+		host, err := unix.Mmap(-1, 0, 64*mib, unix.PROT_NONE, unix.MAP_PRIVATE|unix.MAP_ANONYMOUS)
+		require.NoError(t, err)
+		defer func() { require.NoError(t, unix.Munmap(host)) }()
+		h := uint64(uintptr(unsafe.Pointer(unsafe.SliceData(host))))
+		for _, size := range []uint64{1 << 30, 160 << 30} {
+			hint := driver.DevicePtr((h - size/2) &^ (2*mib - 1))
+			logDriverAnswer(t, d, size, hint)
+			r, err := b.Sys.Reserve(size, vmm.ReserveOptions{Hint: hint})
+			require.NoError(t, err, "%d GiB at %#x", size>>30, uint64(hint))
+			end := uint64(r.End())
+			require.True(t, end <= h || uint64(r.Ptr()) >= h+64*mib, "%v overlaps the host memory at %#x", r, h)
+			require.NoError(t, r.Close())
+		}
+		// A range just freed, as a checkpoint's saved address is, asked for at many times its size.
+		small, err := b.Sys.Reserve(4*mib, vmm.ReserveOptions{})
+		require.NoError(t, err)
+		hint := small.Ptr()
+		require.NoError(t, small.Close())
+		logDriverAnswer(t, d, 160<<30, hint)
+		r, err := b.Sys.Reserve(160<<30, vmm.ReserveOptions{Hint: hint})
+		require.NoError(t, err, "160 GiB at %#x", uint64(hint))
+		require.NoError(t, r.Close())
+	})
+}
+
+// logDriverAnswer logs what cuMemAddressReserve itself answers to size bytes at hint, and frees
+// what it reserved.
+func logDriverAnswer(t *testing.T, d *vmm.Device, size uint64, hint driver.DevicePtr) {
+	require.NoError(t, d.Raw(func(api driver.API) error {
+		p, err := api.MemAddressReserve(size, 0, hint, 0)
+		t.Logf("cuMemAddressReserve(%d GiB, hint %#x): %#x, %v", size>>30, uint64(hint), uint64(p), err)
+		if err != nil {
+			return nil
+		}
+		return api.MemAddressFree(p, size)
+	}))
+}
+
 func TestHostNUMACPUAccess(t *testing.T) {
 	testutil.Run(t, func(t *testing.T, b *testutil.Backend) {
 		d := b.Device(t, 0)
