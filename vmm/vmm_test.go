@@ -305,6 +305,11 @@ func TestReserveHintRefusedIsAskedAgainWithout(t *testing.T) {
 	r, err := sys.Reserve(64*mib, vmm.ReserveOptions{Hint: first.End()})
 	require.NoError(t, err, "placed elsewhere, or at the hint, but not refused")
 	require.NoError(t, r.Close())
+	s.FailNth("cuMemAddressReserve", 1, driver.ErrorOutOfMemory)
+	s.FailNth("cuMemAddressReserve", 2, driver.ErrorOutOfMemory)
+	_, err = sys.Reserve(64*mib, vmm.ReserveOptions{Hint: first.End()})
+	require.ErrorIs(t, err, driver.ErrOutOfMemory)
+	require.ErrorContains(t, err, "(at the hint: ", "both refusals are told")
 	for _, opts := range []vmm.ReserveOptions{{Hint: first.End(), RequireHint: true}, {}} {
 		s.FailNth("cuMemAddressReserve", 1, driver.ErrorOutOfMemory)
 		_, err = sys.Reserve(64*mib, opts)
