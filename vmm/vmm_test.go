@@ -317,6 +317,7 @@ func TestReserveHintRefusedIsAskedAgainWithout(t *testing.T) {
 	}
 	require.NoError(t, first.Close())
 	require.Equal(t, sim.Live{Contexts: 1}, s.Live())
+	require.NoError(t, sys.Close())
 }
 
 // A hint whose range covers host memory of the process cannot be granted there: Reserve places
