@@ -124,6 +124,32 @@ func TestLoad(t *testing.T) {
 	})
 }
 
+// A checkpoint loaded while its saved address is taken, where the driver refuses the hinted
+// range outright instead of placing it elsewhere (as it does on some machines), is loaded at a new
+// address, reported by Moved.
+func TestLoadWhereTheDriverRefusesTheSavedAddress(t *testing.T) {
+	testutil.Run(t, func(t *testing.T, b *testutil.Backend) {
+		d := b.Device(t, 0)
+		w, err := newOwnedBuf(d, 6*mib, 2*mib, 53)
+		require.NoError(t, err)
+		defer func() { require.NoError(t, w.Close()) }()
+		set := offload.NewSet(b.Sys, offload.Options{SlotSize: 2 * mib})
+		defer func() { require.NoError(t, set.Close()) }()
+		require.NoError(t, set.Add("weights", w, offload.Keep, offload.EntryOptions{}))
+		var ck bytes.Buffer
+		require.NoError(t, set.Save(bg, &ck))
+
+		loaded, bufs, err := offload.Load(bg, b.Sys, &ck, offload.Options{SlotSize: 2 * mib})
+		require.NoError(t, err)
+		require.Len(t, bufs, 1)
+		require.True(t, bufs[0].Moved())
+		require.NotEqual(t, w.Ptr(), bufs[0].Ptr())
+		requirePattern(t, d, bufs[0].Ptr(), 6*mib, 53)
+		require.NoError(t, loaded.Close())
+		require.NoError(t, bufs[0].Close())
+	}, testutil.SimOnly(), testutil.SimOptions(sim.RefuseUngrantedHints()))
+}
+
 // TestCheckpointProgress: Options.Progress is called during Save, Restore and Load too, and each
 // ends at the bytes of the buffers.
 func TestCheckpointProgress(t *testing.T) {

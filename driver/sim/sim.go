@@ -51,6 +51,7 @@ type config struct {
 	kernels     map[string]KernelFunc
 	deferWork   bool // DeferWork (deferred.go)
 	reuse       bool // ReuseHandles
+	refuseHints bool // RefuseUngrantedHints
 }
 
 type attrOverride struct {
@@ -98,6 +99,11 @@ func EnableFabric() Option { return func(c *config) { c.fabric = true } }
 // CUDA_ERROR_INVALID_HANDLE, which is what code that calls the driver with a handle its owner has
 // destroyed does on a GPU. By default every handle is new.
 func ReuseHandles() Option { return func(c *config) { c.reuse = true } }
+
+// RefuseUngrantedHints makes cuMemAddressReserve refuse a hinted range it cannot grant at the hint
+// with CUDA_ERROR_OUT_OF_MEMORY, instead of placing it elsewhere, as the driver does on some
+// machines (see docs/driver-facts.md). By default a hint that cannot be granted is ignored.
+func RefuseUngrantedHints() Option { return func(c *config) { c.refuseHints = true } }
 
 // DriverVersion sets what cuDriverGetVersion reports (default 13000).
 func DriverVersion(v int) Option { return func(c *config) { c.version = v } }

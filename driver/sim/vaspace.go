@@ -149,6 +149,12 @@ func (s *Sim) MemAddressReserve(size, alignment uint64, hint driver.DevicePtr, f
 	if !ok {
 		return 0, driver.ErrorOutOfMemory
 	}
+	if s.cfg.refuseHints && hint != 0 && base != uint64(hint) {
+		if err := releaseVA(base, size); err != nil {
+			return 0, driver.ErrorUnknown
+		}
+		return 0, driver.ErrorOutOfMemory
+	}
 	s.addReservation(&reservation{base: base, size: size})
 	return driver.DevicePtr(base), nil
 }

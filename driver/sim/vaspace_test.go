@@ -124,6 +124,24 @@ func TestInPlaceExtension(t *testing.T) {
 	require.NoError(t, s.MemAddressFree(base, resSize))
 }
 
+// With RefuseUngrantedHints a hint on taken space is refused (out of memory), and nothing is kept
+// reserved; a hint on free space is granted there, and no hint is placed anywhere.
+func TestRefuseUngrantedHints(t *testing.T) {
+	s := start(t, RefuseUngrantedHints())
+	bind(t, s, 0)
+	base, err := s.MemAddressReserve(64*mib, 0, 0, 0)
+	require.NoError(t, err)
+	_, err = s.MemAddressReserve(2*mib, 0, base, 0)
+	require.ErrorIs(t, err, driver.ErrorOutOfMemory)
+	require.Equal(t, 1, s.Live().Reservations, "the misplaced range is not kept")
+	end := base + driver.DevicePtr(64*mib)
+	ext, err := s.MemAddressReserve(64*mib, 0, end, 0)
+	require.NoError(t, err)
+	require.Equal(t, end, ext)
+	require.NoError(t, s.MemAddressFree(ext, 64*mib))
+	require.NoError(t, s.MemAddressFree(base, 64*mib))
+}
+
 // The driver does not extend a reservation under 32 MiB in place (docs/driver-facts.md, section 5): a
 // hint at its end is not taken, and cuMemAddressReserve succeeds elsewhere.
 func TestSmallReservationNotExtended(t *testing.T) {
