@@ -156,12 +156,15 @@ func (s *System) Reserve(size uint64, opts ReserveOptions) (*Reservation, error)
 	return r, nil
 }
 
-// reserveVA calls cuMemAddressReserve. A hint is advice unless opts.RequireHint: when the driver
-// refuses a hinted range outright (CUDA_ERROR_OUT_OF_MEMORY) instead of placing it elsewhere, the
-// range is asked for again without the hint.
+// reserveVA calls cuMemAddressReserve. The driver may refuse a hinted range outright
+// (CUDA_ERROR_OUT_OF_MEMORY) instead of placing it elsewhere: with opts.RequireHint that is the
+// hint not granted; otherwise the hint was advice, and the range is asked for again without it.
 func reserveVA(api driver.API, size uint64, opts ReserveOptions) (driver.DevicePtr, error) {
 	p, err := api.MemAddressReserve(size, opts.Alignment, opts.Hint, 0)
-	if err != nil && opts.Hint != 0 && !opts.RequireHint && errors.Is(err, driver.ErrOutOfMemory) {
+	if err != nil && opts.Hint != 0 && opts.RequireHint && errors.Is(err, driver.ErrOutOfMemory) {
+		return 0, fmt.Errorf("cuMemAddressReserve: %w (%w)", ErrHintNotGranted, err)
+	}
+	if err != nil && opts.Hint != 0 && errors.Is(err, driver.ErrOutOfMemory) {
 		var again error
 		if p, again = api.MemAddressReserve(size, opts.Alignment, 0, 0); again == nil {
 			return p, nil

@@ -295,8 +295,8 @@ func TestReserveHintExtendsInPlace(t *testing.T) {
 }
 
 // A hint is advice unless RequireHint: when the driver refuses a hinted range outright (out of
-// memory), Reserve asks again without the hint. With RequireHint, or without a hint, the refusal
-// is the answer.
+// memory), Reserve asks again without the hint. With RequireHint the refusal is the hint not
+// granted; without a hint it is the answer.
 func TestReserveHintRefusedIsAskedAgainWithout(t *testing.T) {
 	s, sys, _ := ownSim(t)
 	first, err := sys.Reserve(64*mib, vmm.ReserveOptions{})
@@ -314,6 +314,7 @@ func TestReserveHintRefusedIsAskedAgainWithout(t *testing.T) {
 		s.FailNth("cuMemAddressReserve", 1, driver.ErrorOutOfMemory)
 		_, err = sys.Reserve(64*mib, opts)
 		require.ErrorIs(t, err, driver.ErrOutOfMemory, "%+v", opts)
+		require.Equal(t, opts.RequireHint, errors.Is(err, vmm.ErrHintNotGranted), "%+v: %v", opts, err)
 	}
 	require.NoError(t, first.Close())
 	require.Equal(t, sim.Live{Contexts: 1}, s.Live())
