@@ -84,20 +84,9 @@ func TestCheckpointRoundTrip(t *testing.T) {
 func TestLoad(t *testing.T) {
 	testutil.Run(t, func(t *testing.T, b *testutil.Backend) {
 		d := b.Device(t, 0)
-		var saved []byte
-		var ptr uint64
-		func() {
-			set := offload.NewSet(b.Sys, offload.Options{SlotSize: 2 * mib})
-			defer func() { require.NoError(t, set.Close()) }()
-			w, err := newOwnedBuf(d, 6*mib, 2*mib, 51)
-			require.NoError(t, err)
-			defer func() { require.NoError(t, w.Close()) }()
-			ptr = uint64(w.Ptr())
-			require.NoError(t, set.Add("weights", w, offload.Keep, offload.EntryOptions{}))
-			var ck bytes.Buffer
-			require.NoError(t, set.Save(bg, &ck))
-			saved = ck.Bytes()
-		}()
+		w, saved := savedBuf(t, b, d, "weights", 6*mib, 51)
+		ptr := uint64(w.Ptr())
+		require.NoError(t, w.Close())
 		before := free(t, d)
 
 		bad := bytes.Clone(saved)
@@ -130,16 +119,10 @@ func TestLoad(t *testing.T) {
 func TestLoadWhereTheDriverRefusesTheSavedAddress(t *testing.T) {
 	testutil.Run(t, func(t *testing.T, b *testutil.Backend) {
 		d := b.Device(t, 0)
-		w, err := newOwnedBuf(d, 6*mib, 2*mib, 53)
-		require.NoError(t, err)
+		w, saved := savedBuf(t, b, d, "weights", 6*mib, 53)
 		defer func() { require.NoError(t, w.Close()) }()
-		set := offload.NewSet(b.Sys, offload.Options{SlotSize: 2 * mib})
-		defer func() { require.NoError(t, set.Close()) }()
-		require.NoError(t, set.Add("weights", w, offload.Keep, offload.EntryOptions{}))
-		var ck bytes.Buffer
-		require.NoError(t, set.Save(bg, &ck))
 
-		loaded, bufs, err := offload.Load(bg, b.Sys, &ck, offload.Options{SlotSize: 2 * mib})
+		loaded, bufs, err := offload.Load(bg, b.Sys, bytes.NewReader(saved), offload.Options{SlotSize: 2 * mib})
 		require.NoError(t, err)
 		require.Len(t, bufs, 1)
 		require.True(t, bufs[0].Moved())
@@ -285,19 +268,11 @@ func TestSaveFromBackupCancel(t *testing.T) {
 func TestLoadTruncatedClaimsMoreThanTheDevice(t *testing.T) {
 	testutil.Run(t, func(t *testing.T, b *testutil.Backend) {
 		d := b.Device(t, 0)
-		var ck bytes.Buffer
-		func() {
-			buf, err := newOwnedBuf(d, 4*mib, 2*mib, 75)
-			require.NoError(t, err)
-			defer func() { require.NoError(t, buf.Close()) }()
-			set := offload.NewSet(b.Sys, offload.Options{SlotSize: 2 * mib})
-			defer func() { require.NoError(t, set.Close()) }()
-			require.NoError(t, set.Add("w", buf, offload.Keep, offload.EntryOptions{}))
-			require.NoError(t, set.Save(bg, &ck))
-		}()
+		buf, saved := savedBuf(t, b, d, "w", 4*mib, 75)
+		require.NoError(t, buf.Close())
 		_, total, err := d.MemInfo()
 		require.NoError(t, err)
-		bad := rewriteHeader(t, ck.Bytes(), func(h map[string]any) {
+		bad := rewriteHeader(t, saved, func(h map[string]any) {
 			e := h["entries"].([]any)[0].(map[string]any)
 			chunks := e["chunks"].([]any)
 			for off := uint64(4 * mib); off <= total; off += 2 * mib {

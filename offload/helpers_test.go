@@ -101,6 +101,21 @@ func newOwnedBuf(d *vmm.Device, size, chunk, seed uint64) (*growbuf.Buffer, erro
 	return buf, nil
 }
 
+// savedBuf makes a buffer of size bytes in 2 MiB chunks on d filled with the pattern of seed, and
+// saves a checkpoint of a Keep set holding it under tag (the set is closed again). The caller
+// closes the buffer.
+func savedBuf(t *testing.T, b *testutil.Backend, d *vmm.Device, tag string, size, seed uint64) (*growbuf.Buffer, []byte) {
+	t.Helper()
+	buf, err := newOwnedBuf(d, size, 2*mib, seed)
+	require.NoError(t, err)
+	set := offload.NewSet(b.Sys, offload.Options{SlotSize: 2 * mib})
+	defer func() { require.NoError(t, set.Close()) }()
+	require.NoError(t, set.Add(tag, buf, offload.Keep, offload.EntryOptions{}))
+	var ck bytes.Buffer
+	require.NoError(t, set.Save(bg, &ck))
+	return buf, ck.Bytes()
+}
+
 // requireFreeAbout checks a free-memory figure: exactly on the simulator, whose accounting the
 // tests model (the backup's page tables included), within 4 MiB on the real driver, whose page
 // tables and allocator keep their own granularity.
