@@ -116,11 +116,10 @@ func TestKeptRangeWithPendingReleaseRetried(t *testing.T) {
 	}, testutil.SimOnly())
 }
 
-// orphanInLiveRange leaves in a new range r2, which stays live, a mapping of a on device 0 that a
-// failed undo could not unmap (a MapAccess whose cuMemSetAccess fails, and then its cuMemUnmap):
 // pendingRelease maps a filled 2 MiB allocation on device 0 and unmaps it with UnmapRange, whose
 // release of the allocation fails: the mapping's release is left pending in r.
 func pendingRelease(t *testing.T, b *testutil.Backend) (*vmm.Reservation, *vmm.Mapping) {
+	t.Helper()
 	r, m := mapFilled(t, b.Device(t, 0), 2*mib, 4)
 	b.Sim.FailNth("cuMemRelease", 1, driver.ErrorUnknown)
 	require.ErrorIs(t, r.UnmapRange(0, 2*mib), driver.ErrorUnknown)
@@ -128,6 +127,8 @@ func pendingRelease(t *testing.T, b *testutil.Backend) (*vmm.Reservation, *vmm.M
 	return r, m
 }
 
+// orphanInLiveRange leaves in a new range r2, which stays live, a mapping of a on device 0 that a
+// failed undo could not unmap (a MapAccess whose cuMemSetAccess fails, and then its cuMemUnmap):
 // the System keeps that mapping, not the range.
 func orphanInLiveRange(t *testing.T, b *testutil.Backend, a *vmm.Allocation) *vmm.Reservation {
 	t.Helper()

@@ -355,6 +355,7 @@ func TestReserveHintOverHostMemoryIsPlacedElsewhere(t *testing.T) {
 // logDriverAnswer logs what cuMemAddressReserve itself answers to size bytes at hint, and frees
 // what it reserved.
 func logDriverAnswer(t *testing.T, d *vmm.Device, size uint64, hint driver.DevicePtr) {
+	t.Helper()
 	require.NoError(t, d.Raw(func(api driver.API) error {
 		p, err := api.MemAddressReserve(size, 0, hint, 0)
 		t.Logf("cuMemAddressReserve(%d GiB, hint %#x): %#x, %v", size>>30, uint64(hint), uint64(p), err)
@@ -570,6 +571,7 @@ func TestAccessRacesClose(t *testing.T) {
 
 // raceRange reserves the 2 MiB range on device 0 that the Close races remap, closed at cleanup.
 func raceRange(t *testing.T, b *testutil.Backend) (*vmm.Device, *vmm.Reservation) {
+	t.Helper()
 	r, err := b.Sys.Reserve(2*mib, vmm.ReserveOptions{})
 	require.NoError(t, err)
 	t.Cleanup(func() { require.NoError(t, r.Close()) })
