@@ -140,11 +140,7 @@ func UndoClose(o Closer) error {
 
 func ownerOf(o Closer) *lifetime.Owner {
 	switch x := o.(type) {
-	case *Mapping:
-		return &x.own
 	case *Allocation:
-		return &x.own
-	case *Reservation:
 		return &x.own
 	case interface{ lifetimeOwner() *lifetime.Owner }:
 		return x.lifetimeOwner()

@@ -161,18 +161,17 @@ func (s *System) Reserve(size uint64, opts ReserveOptions) (*Reservation, error)
 // hint not granted; otherwise the hint was advice, and the range is asked for again without it.
 func reserveVA(api driver.API, size uint64, opts ReserveOptions) (driver.DevicePtr, error) {
 	p, err := api.MemAddressReserve(size, opts.Alignment, opts.Hint, 0)
-	if err != nil && opts.Hint != 0 && opts.RequireHint && errors.Is(err, driver.ErrOutOfMemory) {
+	switch {
+	case err == nil:
+		return p, nil
+	case opts.Hint == 0 || !errors.Is(err, driver.ErrOutOfMemory):
+		return 0, fmt.Errorf("cuMemAddressReserve: %w", err)
+	case opts.RequireHint:
 		return 0, fmt.Errorf("cuMemAddressReserve: %w (%w)", ErrHintNotGranted, err)
 	}
-	if err != nil && opts.Hint != 0 && errors.Is(err, driver.ErrOutOfMemory) {
-		var again error
-		if p, again = api.MemAddressReserve(size, opts.Alignment, 0, 0); again == nil {
-			return p, nil
-		}
+	p, again := api.MemAddressReserve(size, opts.Alignment, 0, 0)
+	if again != nil {
 		return 0, fmt.Errorf("cuMemAddressReserve: %w (at the hint: %w)", again, err)
-	}
-	if err != nil {
-		return 0, fmt.Errorf("cuMemAddressReserve: %w", err)
 	}
 	return p, nil
 }
