@@ -70,10 +70,7 @@ func TestPendingReleaseAfterOrphanInSameReservation(t *testing.T) {
 		require.NoError(t, err)
 		m, err := r.MapNew(0, 2*mib, d, vmm.AllocOptions{}, vmm.ReadWrite(d))
 		require.NoError(t, err)
-		b.Sim.FailNth("cuMemSetAccess", 1, driver.ErrorOutOfMemory)
-		b.Sim.FailNth("cuMemUnmap", 1, driver.ErrorUnknown) // the undo's unmap
-		_, err = r.MapAccess(2*mib, m.Allocation(), vmm.ReadWrite(d))
-		require.ErrorContains(t, err, "kept by the System")
+		orphanMappingAt(t, b, r, 2*mib, m.Allocation())
 		b.Sim.FailNth("cuMemUnmap", 1, driver.ErrorUnknown) // UnmapRange's retry of that mapping
 		err = r.UnmapRange(0, 2*mib)
 		require.ErrorIs(t, err, vmm.ErrInUse)
@@ -132,15 +129,21 @@ func pendingRelease(t *testing.T, b *testutil.Backend) (*vmm.Reservation, *vmm.M
 // the System keeps that mapping, not the range.
 func orphanInLiveRange(t *testing.T, b *testutil.Backend, a *vmm.Allocation) *vmm.Reservation {
 	t.Helper()
-	d := b.Device(t, 0)
 	r2, err := b.Sys.Reserve(a.Size(), vmm.ReserveOptions{})
 	require.NoError(t, err)
-	b.Sim.FailNth("cuMemSetAccess", 1, driver.ErrorOutOfMemory)
-	b.Sim.FailNth("cuMemUnmap", 1, driver.ErrorUnknown) // the undo's unmap
-	_, err = r2.MapAccess(0, a, vmm.ReadWrite(d))
-	require.ErrorContains(t, err, "kept by the System")
+	orphanMappingAt(t, b, r2, 0, a)
 	require.Len(t, b.Sys.Orphans(), 1, "the mapping left in r2")
 	return r2
+}
+
+// orphanMappingAt maps a at off in r for device 0 with a MapAccess whose cuMemSetAccess fails and
+// whose undo's cuMemUnmap fails too: the System keeps the mapping.
+func orphanMappingAt(t *testing.T, b *testutil.Backend, r *vmm.Reservation, off uint64, a *vmm.Allocation) {
+	t.Helper()
+	b.Sim.FailNth("cuMemSetAccess", 1, driver.ErrorOutOfMemory)
+	b.Sim.FailNth("cuMemUnmap", 1, driver.ErrorUnknown) // the undo's unmap
+	_, err := r.MapAccess(off, a, vmm.ReadWrite(b.Device(t, 0)))
+	require.ErrorContains(t, err, "kept by the System")
 }
 
 // requireOrphanInLiveRangeFreed checks that the mapping orphanInLiveRange left in r2 is gone while
