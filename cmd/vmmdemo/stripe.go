@@ -53,8 +53,6 @@ func accessOnlyList(accessOnly, devs deviceList, b *measure.Backend) []int {
 		return nil
 	case accessOnly.all:
 		return b.OrdinalsBut(devs.ordinals)
-	case len(accessOnly.ordinals) == 0:
-		return nil
 	}
 	return accessOnly.ordinals
 }
