@@ -213,7 +213,7 @@ func (s *Sim) newLegacyBuffer(d *device, size uint64) (*legacyAlloc, error) {
 	}
 	a.legacy = true
 	a.refs++ // held by the buffer itself until MemFree
-	base, ok := reserveVA(n, s.gran(), 0)
+	base, ok := reserveVA(n, s.gran(), 0, false)
 	if !ok {
 		s.unref(a)
 		return nil, driver.ErrorOutOfMemory

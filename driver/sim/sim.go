@@ -102,7 +102,8 @@ func ReuseHandles() Option { return func(c *config) { c.reuse = true } }
 
 // RefuseUngrantedHints makes cuMemAddressReserve refuse a hinted range it cannot grant at the hint
 // with CUDA_ERROR_OUT_OF_MEMORY, instead of placing it elsewhere, as the driver does on some
-// machines (see docs/driver-facts.md). By default a hint that cannot be granted is ignored.
+// machines (see docs/driver-facts.md); that includes a hint at the end of a small reservation, which
+// the driver never grants. By default a hint that cannot be granted is ignored.
 func RefuseUngrantedHints() Option { return func(c *config) { c.refuseHints = true } }
 
 // DriverVersion sets what cuDriverGetVersion reports (default 13000).

@@ -111,12 +111,14 @@ func arenaPlace(size, align uint64) uint64 {
 }
 
 // reserveVA finds size bytes of address space aligned to align, at hint when that range is free
-// (a hint that is taken is only a hint), and makes it inaccessible. A hint at the end of a reservation
-// under smallBlock is not taken either. ok=false means no address space.
-func reserveVA(size, align, hint uint64) (uint64, bool) {
+// (a hint that is taken is only a hint, unless exact), and makes it inaccessible. A hint at the end
+// of a reservation under smallBlock is not taken either. ok=false means no address space, or with
+// exact, none at the hint.
+func reserveVA(size, align, hint uint64, exact bool) (uint64, bool) {
 	arena.Lock()
 	defer arena.Unlock()
 	setupArena()
+	asked := hint
 	if endsSmall(hint) {
 		hint = 0
 	}
@@ -135,6 +137,9 @@ func reserveVA(size, align, hint uint64) (uint64, bool) {
 				_ = munmap(p, size) // a kernel without MAP_FIXED_NOREPLACE took it as a plain hint
 			}
 		}
+	}
+	if exact && asked != 0 {
+		return 0, false
 	}
 	if arena.size != 0 && size <= arena.size/4 {
 		if at := arenaPlace(size, align); at != 0 {

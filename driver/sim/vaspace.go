@@ -145,14 +145,8 @@ func (s *Sim) MemAddressReserve(size, alignment uint64, hint driver.DevicePtr, f
 		return 0, driver.ErrorOutOfMemory
 	}
 	align := max(alignment, s.gran())
-	base, ok := reserveVA(size, align, uint64(hint))
+	base, ok := reserveVA(size, align, uint64(hint), s.cfg.refuseHints)
 	if !ok {
-		return 0, driver.ErrorOutOfMemory
-	}
-	if s.cfg.refuseHints && hint != 0 && base != uint64(hint) {
-		if err := releaseVA(base, size); err != nil {
-			return 0, driver.ErrorUnknown
-		}
 		return 0, driver.ErrorOutOfMemory
 	}
 	s.addReservation(&reservation{base: base, size: size})
