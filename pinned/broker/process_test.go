@@ -106,8 +106,6 @@ func childMain(role string) error {
 	return fmt.Errorf("unknown role %q", role)
 }
 
-// startChild runs this test binary as the other process in role, with b's backend, serving or
-// dialling the socket at socket.
 // readyBroker starts a broker process on a new socket and waits until it listens.
 func readyBroker(t *testing.T, b *testutil.Backend) (br *testutil.Child, path string) {
 	t.Helper()
@@ -117,6 +115,8 @@ func readyBroker(t *testing.T, b *testutil.Backend) (br *testutil.Child, path st
 	return br, path
 }
 
+// startChild runs this test binary as the other process in role, with b's backend, serving or
+// dialling the socket at socket.
 func startChild(t *testing.T, b *testutil.Backend, role, socket string) *testutil.Child {
 	t.Helper()
 	return testutil.StartChild(t, b, []string{envChild + "=" + role, envSocket + "=" + socket})

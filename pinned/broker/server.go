@@ -549,18 +549,12 @@ func (w *worker) send(write func() error) error {
 // dropped.
 func (w *worker) writeFailed(err error) {
 	if !hangUp(err) {
-		w.countDrop(err)
+		if errors.Is(err, os.ErrDeadlineExceeded) { // it stopped reading for WriteTimeout
+			w.s.drops.Add(1)
+		}
 		w.logf("writing a response: %v (closing the connection once its copies are drained and its buffers released)", err)
 	}
 	_ = w.conn.Unix().CloseRead()
-}
-
-// countDrop counts the worker as dropped when err is a write that timed out: it stopped reading for
-// WriteTimeout.
-func (w *worker) countDrop(err error) {
-	if errors.Is(err, os.ErrDeadlineExceeded) {
-		w.s.drops.Add(1)
-	}
 }
 
 // stopCopies makes the copies of the connection not queued on a stream yet never start, and waits
@@ -712,8 +706,7 @@ func (w *worker) next() bool {
 		w.unregister(req)
 	case OpRegion:
 		if err := w.shareRegion(req); err != nil {
-			w.countDrop(err)
-			w.logf("sharing the region: %v (closing the connection)", err)
+			w.writeFailed(err)
 			return false
 		}
 	}
