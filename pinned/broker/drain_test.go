@@ -59,6 +59,18 @@ func (l oneLane) filledWorker(t *testing.T, devSeed, hostSeed uint64) (*Client, 
 	return c, buf, rb
 }
 
+// onlyWorker is the server's one connection.
+func (l oneLane) onlyWorker(t *testing.T) *worker {
+	t.Helper()
+	l.srv.own.Lock()
+	defer l.srv.own.Unlock()
+	require.Len(t, l.srv.workers, 1)
+	for w := range l.srv.workers {
+		return w
+	}
+	return nil
+}
+
 // stuckCopy registers a 2 MiB buffer through a new client and fails its first copy with a stream
 // that cannot be drained (every synchronization fails until the faults are cleared).
 func (l oneLane) stuckCopy(t *testing.T, b *testutil.Backend) (*Client, *Buffer) {
@@ -338,11 +350,7 @@ func TestWorkerCloseDropsCopiesWaitingForAStream(t *testing.T) {
 	testutil.Run(t, func(t *testing.T, b *testutil.Backend) {
 		l := newOneLane(t, b)
 		c, buf, rb := l.filledWorker(t, 41, 42)
-		var w *worker
-		l.srv.own.Lock()
-		for w = range l.srv.workers {
-		}
-		l.srv.own.Unlock()
+		w := l.onlyWorker(t)
 		st := l.srv.lanes[l.dev.Ordinal()].streams[0].st.Handle()
 		require.NoError(t, b.Sim.HoldStream(st))
 		t.Cleanup(func() { _ = b.Sim.ReleaseStream(st) }) // before the server's Close, should the test stop early

@@ -2,6 +2,7 @@ package broker
 
 import (
 	"net"
+	"os"
 	"testing"
 	"time"
 
@@ -77,11 +78,7 @@ func TestWriteTimeoutDropOnACopyAnswerEndsTheConnection(t *testing.T) {
 		l := newOneLaneWith(t, b, Options{WriteTimeout: 50 * time.Millisecond, InlineMax: -1, IdleTimeout: time.Hour})
 		conn := rawConn(t, l.path, true)
 		id := rawRegister(t, conn, newDevBuffer(t, l.dev, 1, 2*mib))
-		var w *worker
-		l.srv.own.Lock()
-		for w = range l.srv.workers {
-		}
-		l.srv.own.Unlock()
+		w := l.onlyWorker(t)
 		require.NoError(t, w.conn.Unix().SetWriteBuffer(1)) // the least: a few answers fill it
 		release := holdStream(t, b, l.srv, l.dev)
 		const n = 32
@@ -94,5 +91,31 @@ func TestWriteTimeoutDropOnACopyAnswerEndsTheConnection(t *testing.T) {
 		requireEnds(t, endOf(conn), "the dropped worker's connection")
 		eventually(t, "the worker to be cleaned up", func() bool { return l.srv.Stats().Drained == 1 })
 		require.Zero(t, l.srv.Stats().Buffers)
+	}, testutil.SimOnly())
+}
+
+// A client whose broker stopped reading its requests after a failed write to it, while a copy of
+// the client is still queued, gets EPIPE on its next write. That does not end the connection on the
+// client's side: Close still waits for the broker's end, which comes once the copy has landed.
+func TestClientOfABrokerThatStoppedReadingWaitsForItsEnd(t *testing.T) {
+	testutil.Run(t, func(t *testing.T, b *testutil.Backend) {
+		l := newOneLane(t, b)
+		c, _, rb := l.filledWorker(t, 93, 94)
+		release := holdStream(t, b, l.srv, l.dev)
+		queued := b.Sim.Calls("cuMemcpyHtoDAsync")
+		held, err := c.CopyAsync(Request{Buffer: rb.ID(), Dir: ToDevice, Length: 4096})
+		require.NoError(t, err)
+		eventually(t, "the copy to be queued", func() bool { return b.Sim.Calls("cuMemcpyHtoDAsync") == queued+1 })
+		w := l.onlyWorker(t)
+		w.conn.Lock()
+		w.lost.Store(true)
+		w.conn.Unlock()
+		w.writeFailed(os.ErrDeadlineExceeded)
+		eventually(t, "a write to the broker to fail", func() bool { return c.Ping(l.ctx) != nil })
+
+		closed := testutil.StillWaiting(t, 200*time.Millisecond, "Close, while the broker drained a copy of the client,", c.Close)
+		require.NoError(t, release())
+		requireEnds(t, closed, "Close")
+		require.Error(t, held.Wait(l.ctx), "its answer was not sent")
 	}, testutil.SimOnly())
 }
