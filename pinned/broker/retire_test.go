@@ -54,12 +54,7 @@ func (l oneLane) requireEndAfterRelease(t *testing.T, conn *net.UnixConn, releas
 	ended := testutil.StillWaiting(t, 200*time.Millisecond, "the worker's connection, while its copy was still queued on a retired stream,",
 		func() error { return connEnd(conn) })
 	require.NoError(t, release())
-	select {
-	case err := <-ended:
-		require.NoError(t, err)
-	case <-time.After(10 * time.Second):
-		t.Fatal("the worker's connection did not end once the retired stream was released")
-	}
+	requireEnds(t, ended, "the worker's connection, once the retired stream was released,")
 	require.Zero(t, badHost(l.region.Bytes()[:mib], 0, seed), "the retired stream's copy had not landed when the connection ended")
 }
 
