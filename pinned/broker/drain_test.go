@@ -58,6 +58,21 @@ func (l oneLane) filledWorker(t *testing.T, devSeed, hostSeed uint64) (*Client, 
 	return c, buf, rb
 }
 
+// queueHeld sends req through c and waits until its copy is queued on the lane's stream, which
+// holdStream holds: the copy stays in flight until the stream is released.
+func (l oneLane) queueHeld(t *testing.T, b *testutil.Backend, c *Client, req Request) *Completion {
+	t.Helper()
+	fn := "cuMemcpyDtoHAsync"
+	if req.Dir == ToDevice {
+		fn = "cuMemcpyHtoDAsync"
+	}
+	queued := b.Sim.Calls(fn)
+	done, err := c.CopyAsync(req)
+	require.NoError(t, err)
+	eventually(t, "the copy to be queued on the stream", func() bool { return b.Sim.Calls(fn) == queued+1 })
+	return done
+}
+
 // onlyWorker is the server's one connection.
 func (l oneLane) onlyWorker(t *testing.T) *worker {
 	t.Helper()
@@ -420,10 +435,7 @@ func TestClientCloseWaitsForItsQueuedCopies(t *testing.T) {
 		l := newOneLane(t, b)
 		c, buf, rb := l.filledWorker(t, 51, 52)
 		release := holdStream(t, b, l.srv, l.dev)
-		queued := b.Sim.Calls("cuMemcpyDtoHAsync")
-		first, err := c.CopyAsync(Request{Buffer: rb.ID(), Dir: ToHost, Length: mib})
-		require.NoError(t, err)
-		eventually(t, "the first copy to be queued on the stream", func() bool { return b.Sim.Calls("cuMemcpyDtoHAsync") == queued+1 })
+		first := l.queueHeld(t, b, c, Request{Buffer: rb.ID(), Dir: ToHost, Length: mib})
 		second, err := c.CopyAsync(Request{Buffer: rb.ID(), Dir: ToDevice, HostOffset: 2 * mib, BufferOffset: mib, Length: mib})
 		require.NoError(t, err)
 		eventually(t, "the second copy to wait for the stream", func() bool { return l.srv.Stats().InFlight == 2 })

@@ -45,10 +45,7 @@ func TestWriteTimeoutDropEndsAfterTheBuffersAreReleased(t *testing.T) {
 		// Another worker's copy, queued on the lane's only stream, holds it.
 		other, _, orb := l.filledWorker(t, 81, 82)
 		release := holdStream(t, b, l.srv, l.dev)
-		queued := b.Sim.Calls("cuMemcpyHtoDAsync")
-		held, err := other.CopyAsync(Request{Buffer: orb.ID(), Dir: ToDevice, Length: 4096})
-		require.NoError(t, err)
-		eventually(t, "the other worker's copy to be queued", func() bool { return b.Sim.Calls("cuMemcpyHtoDAsync") == queued+1 })
+		held := l.queueHeld(t, b, other, Request{Buffer: orb.ID(), Dir: ToDevice, Length: 4096})
 		// The worker dropped: a copy waiting for the stream, then pings it does not read.
 		buf := newDevBuffer(t, l.dev, 1, 2*mib)
 		require.NoError(t, l.dev.Fill(buf.Ptr(), mib, 0, 83))
@@ -102,10 +99,7 @@ func TestClientOfABrokerThatStoppedReadingWaitsForItsEnd(t *testing.T) {
 		l := newOneLane(t, b)
 		c, _, rb := l.filledWorker(t, 93, 94)
 		release := holdStream(t, b, l.srv, l.dev)
-		queued := b.Sim.Calls("cuMemcpyHtoDAsync")
-		held, err := c.CopyAsync(Request{Buffer: rb.ID(), Dir: ToDevice, Length: 4096})
-		require.NoError(t, err)
-		eventually(t, "the copy to be queued", func() bool { return b.Sim.Calls("cuMemcpyHtoDAsync") == queued+1 })
+		held := l.queueHeld(t, b, c, Request{Buffer: rb.ID(), Dir: ToDevice, Length: 4096})
 		w := l.onlyWorker(t)
 		w.conn.Lock()
 		w.lost.Store(true)
