@@ -376,8 +376,8 @@ func (c *Comm) destroy(ctx context.Context) error {
 // wait for their peers and would otherwise wait forever.
 //
 // Wait records an event on s and polls it (cuEventQuery: back to back for the first millisecond,
-// then after sleeps of 50 µs, about 100 µs apart with the kernel's timer slack), so that once it
-// returns no call of its own is left on the stream: after an abort it waits for the stream at most
+// then after sleeps of a sixteenth of the time waited so far, from 50 µs up to 1 ms, so that it
+// sees the end at most about 6 % late plus the kernel's timer slack). Once it returns no call of its own is left on the stream: after an abort it waits for the stream at most
 // about 10 s, and a kernel that still has not stopped then delays neither s.Close nor anything else. A nil s (the legacy default stream) waits for the whole
 // device (cuCtxSynchronize, which has no non-blocking form): after an abort whose kernels do not stop
 // that call keeps running on another goroutine past Wait, and System.Close waits for it.
@@ -446,30 +446,40 @@ func (c *Comm) watch(ctx context.Context, done func() (bool, error)) error {
 }
 
 // The polls of Wait and of the calls that wait for NCCL to leave ncclInProgress (waitLocked):
-// none between them for the first waitSpin (work that ends then is seen within
-// microseconds, as a spinning cuStreamSynchronize sees it), then one after each sleep of waitPoll,
-// so that longer work is seen ending within about twice waitPoll (the kernel's timer slack, 50 µs by
-// default, lengthens each sleep) for one cheap query per pause.
+// none between them for the first waitSpin (work that ends then is seen within microseconds, as a
+// spinning cuStreamSynchronize sees it), then one after each sleep of a sixteenth of the time waited
+// so far, at least waitPoll and at most waitPollMax. Work that ends is so seen at most about 6 %
+// of its time late (plus the kernel's timer slack, 50 µs by default), for one cheap query per
+// pause: a wait of a millisecond polls every 50-100 µs, a long one (a receive waiting for its
+// peer, NewComm, a finalize) about once a millisecond instead of 10,000 times a second.
 const (
-	waitSpin = time.Millisecond
-	waitPoll = 50 * time.Microsecond
+	waitSpin    = time.Millisecond
+	waitPoll    = 50 * time.Microsecond
+	waitPollMax = time.Millisecond
 )
 
 // pause is pollPause, a variable so that tests can see which waits poll with it.
 var pause = pollPause
 
-// pollPause waits before the next poll of Wait or waitLocked, after waiting for elapsed: it yields the processor for the
-// first waitSpin, then sleeps waitPoll in the kernel (nanosleep). A Go timer would not do: one of
-// under a millisecond, in a process with nothing else to run, sleeps a millisecond or more (the
-// runtime's poller waits in whole milliseconds), and they would see longer work end that late.
+// pollPause waits before the next poll of Wait or waitLocked, after waiting for elapsed: it yields
+// the processor for the first waitSpin, then sleeps pollSleep(elapsed) in the kernel (nanosleep).
+// A Go timer would not do: one of under a millisecond, in a process with nothing else to run,
+// sleeps a millisecond or more (the runtime's poller waits in whole milliseconds), and they would
+// see short work end that late.
 func pollPause(elapsed time.Duration) {
 	if elapsed < waitSpin {
 		runtime.Gosched()
 		return
 	}
-	ts := unix.NsecToTimespec(waitPoll.Nanoseconds())
+	ts := unix.NsecToTimespec(pollSleep(elapsed).Nanoseconds())
 	for unix.Nanosleep(&ts, &ts) == unix.EINTR {
 	}
+}
+
+// pollSleep is how long pollPause sleeps after waiting for elapsed: elapsed/16, within
+// [waitPoll, waitPollMax].
+func pollSleep(elapsed time.Duration) time.Duration {
+	return min(max(elapsed/16, waitPoll), waitPollMax)
 }
 
 func (c *Comm) synchronized(err error) error {

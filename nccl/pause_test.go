@@ -12,20 +12,38 @@ import (
 	"github.com/cuvmm/cuvmm/nccl"
 )
 
-// TestWaitPollsEvery50Microseconds: past its first spinning millisecond, Wait pauses about 50 µs
-// between polls, even in a process that has nothing else to do, where a Go timer of under a
+// TestWaitPollsEvery50Microseconds: just past its first spinning millisecond, Wait pauses about
+// 50 µs between polls, even in a process that has nothing else to do, where a Go timer of under a
 // millisecond sleeps a whole millisecond or more (the runtime's poller waits in milliseconds).
 func TestWaitPollsEvery50Microseconds(t *testing.T) {
+	p := medianPause(time.Millisecond)
+	t.Logf("pause after the spin: %v", p)
+	require.GreaterOrEqual(t, p, 50*time.Microsecond)
+	require.Less(t, p, 300*time.Microsecond, "Wait would see work that ends after its spin up to %v late", p)
+}
+
+// TestLongWaitsPollAboutOnceAMillisecond: the pause grows with the time waited, a sixteenth of it,
+// up to a millisecond, so that a long wait (a receive waiting for its peer) does not poll 10,000
+// times a second for as long as it lasts.
+func TestLongWaitsPollAboutOnceAMillisecond(t *testing.T) {
+	mid := medianPause(8 * time.Millisecond)
+	long := medianPause(time.Minute)
+	t.Logf("pause after 8 ms: %v; after a minute: %v", mid, long)
+	require.GreaterOrEqual(t, mid, 500*time.Microsecond)
+	require.Less(t, mid, 900*time.Microsecond, "after 8 ms Wait would see the end %v late", mid)
+	require.GreaterOrEqual(t, long, time.Millisecond, "a long wait polls more often than once a millisecond")
+	require.Less(t, long, 3*time.Millisecond, "a long wait would see the end %v late", long)
+}
+
+// medianPause is the median of 21 pauses after waiting for elapsed.
+func medianPause(elapsed time.Duration) time.Duration {
 	var pauses []time.Duration
 	for range 21 {
 		start := time.Now()
-		nccl.PauseAfter(time.Second)
+		nccl.PauseAfter(elapsed)
 		pauses = append(pauses, time.Since(start))
 	}
-	p := medianOf(pauses)
-	t.Logf("pause after the spin: %v (median of %d)", p, len(pauses))
-	require.GreaterOrEqual(t, p, 50*time.Microsecond)
-	require.Less(t, p, 300*time.Microsecond, "Wait would see work that ends after its spin up to %v late", p)
+	return medianOf(pauses)
 }
 
 // TestRunPollsWithWaitsPauses: a group that NCCL is still queueing when ncclGroupEnd returns
