@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"github.com/cuvmm/cuvmm/driver"
+	"github.com/cuvmm/cuvmm/offload"
 	"github.com/cuvmm/cuvmm/pinned"
 	"github.com/cuvmm/cuvmm/vmm"
 )
@@ -179,6 +180,7 @@ func (r *sleepRun) measureRaw() error {
 func (r *sleepRun) measureWarmRounds() error {
 	return r.withRawCopies(func(rc *rawCopies, t *rawTimes) error {
 		var sleeps, wakes []float64
+		var steps []offload.SleepSteps
 		total := r.res.TotalBytes
 		for range r.opts.Rounds {
 			if err := t.add(rc, true); err != nil {
@@ -188,6 +190,7 @@ func (r *sleepRun) measureWarmRounds() error {
 			if err != nil {
 				return err
 			}
+			steps = append(steps, r.set.Stats().LastSleepSteps)
 			time.Sleep(asleepPause)
 			if err := t.add(rc, false); err != nil {
 				return err
@@ -199,6 +202,7 @@ func (r *sleepRun) measureWarmRounds() error {
 			sleeps, wakes = append(sleeps, s), append(wakes, w)
 		}
 		r.warmRoundFigures(t.outs, t.ins, sleeps, wakes)
+		r.sleepStepFigures(steps)
 		return r.verify("after the warm rounds")
 	})
 }
@@ -214,6 +218,15 @@ func (r *sleepRun) warmRoundFigures(outs, ins, sleeps, wakes []float64) {
 	}
 	res.SleepVsRawRoundsMedian, res.WakeVsRawRoundsMedian = median(res.SleepVsRawRounds), median(res.WakeVsRawRounds)
 	res.SleepSeconds, res.WakeSeconds = median(sleeps), median(wakes)
+}
+
+// sleepStepFigures sets the medians of the warm sleeps' steps.
+func (r *sleepRun) sleepStepFigures(steps []offload.SleepSteps) {
+	var prep, cp, rel []float64
+	for _, s := range steps {
+		prep, cp, rel = append(prep, s.Prepare.Seconds()), append(cp, s.Copy.Seconds()), append(rel, s.Release.Seconds())
+	}
+	r.res.SleepPrepareSeconds, r.res.SleepCopySeconds, r.res.SleepReleaseSeconds = median(prep), median(cp), median(rel)
 }
 
 // inStep runs each step for i in [0, n), each i on a goroutine of its own, step after step: no i

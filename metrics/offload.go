@@ -17,6 +17,7 @@ type SetCollector struct {
 	bufBytes, bufAsleep                   *prometheus.Desc
 	asleep, backup, pooled                *prometheus.Desc
 	calls, failures, bytes, seconds, last *prometheus.Desc
+	sleepStep                             *prometheus.Desc
 }
 
 // NewSet returns a collector that reports set under the name given (the const label set), so that
@@ -45,13 +46,14 @@ func NewSetFunc(stats func() offload.Stats, name string, opts Options) *SetColle
 		bytes:     desc("bytes_total", "GPU memory the successful sleeps gave back and the wakes got again.", "op"),
 		seconds:   desc("seconds_total", "Time spent in sleeps and wakes, failed ones included.", "op"),
 		last:      desc("last_seconds", "The last successful sleep's or wake's time.", "op"),
+		sleepStep: desc("last_sleep_step_seconds", "The last successful sleep's time by step: prepare (waiting for queued work), copy (the content out) and release (the GPU memory).", "step"),
 	}
 }
 
 // Describe sends every series' description.
 func (c *SetCollector) Describe(ch chan<- *prometheus.Desc) {
 	for _, d := range []*prometheus.Desc{c.bufBytes, c.bufAsleep, c.asleep, c.backup, c.pooled,
-		c.calls, c.failures, c.bytes, c.seconds, c.last} {
+		c.calls, c.failures, c.bytes, c.seconds, c.last, c.sleepStep} {
 		ch <- d
 	}
 }
@@ -86,6 +88,10 @@ func (c *SetCollector) Collect(ch chan<- prometheus.Metric) {
 		counter(ch, c.seconds, op.total, op.name)
 		gauge(ch, c.last, op.last, op.name)
 	}
+	steps := st.LastSleepSteps
+	gauge(ch, c.sleepStep, steps.Prepare.Seconds(), "prepare")
+	gauge(ch, c.sleepStep, steps.Copy.Seconds(), "copy")
+	gauge(ch, c.sleepStep, steps.Release.Seconds(), "release")
 }
 
 // uniqueLabel is tag's label (labelValue), quoted again while another buffer of the snapshot

@@ -132,6 +132,7 @@ type Set struct {
 	streams map[*vmm.Device]*vmm.Stream // one copy stream per device, made on first use
 	own     lifetime.Owner              // the set's closed state; its lock is taken only with mu held
 	stats   setStats                    // what Stats returns, as the last call left it
+	steps   SleepSteps                  // the last sleep's steps, for Stats once it is counted
 }
 
 // entry is one buffer of a set.

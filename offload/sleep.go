@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"slices"
+	"time"
 
 	"github.com/cuvmm/cuvmm/vmm"
 )
@@ -42,11 +43,13 @@ func (s *Set) sleep(ctx context.Context, tags []string) (n uint64, err error) {
 	if len(todo) == 0 {
 		return 0, nil
 	}
+	start := time.Now()
 	refs, err := s.prepare(todo)
 	if err != nil {
 		forget(todo)
 		return 0, err
 	}
+	copyStart := time.Now()
 	if err := s.copyOut(ctx, refs); err != nil {
 		s.dropBackups(todo)
 		forget(todo)
@@ -57,9 +60,11 @@ func (s *Set) sleep(ctx context.Context, tags []string) (n uint64, err error) {
 		forget(todo)
 		return 0, fmt.Errorf("offload: sleep: %w", err)
 	}
+	releaseStart := time.Now()
 	if err := s.release(refs); err != nil {
 		return 0, fmt.Errorf("offload: sleep: %w", err)
 	}
+	s.steps = SleepSteps{Prepare: copyStart.Sub(start), Copy: releaseStart.Sub(copyStart), Release: time.Since(releaseStart)}
 	for _, e := range todo {
 		e.asleep = true
 	}

@@ -28,6 +28,18 @@ type Stats struct {
 	// and LastWake are the last successful call's.
 	SleepTime, WakeTime time.Duration
 	LastSleep, LastWake time.Duration
+	// LastSleepSteps is how the last successful Sleep spent LastSleep, step by step.
+	LastSleepSteps SleepSteps
+}
+
+// SleepSteps is how a Sleep spent its time, step by step.
+type SleepSteps struct {
+	// Prepare is checking the buffers and waiting for the work queued on them.
+	Prepare time.Duration
+	// Copy is copying their content out (backups, the file), every device at once.
+	Copy time.Duration
+	// Release is unmapping and releasing their GPU memory, one chunk after the other.
+	Release time.Duration
 }
 
 // BufferStats is one buffer of a set: its GPU memory (the bytes of its chunks) and whether it sleeps.
@@ -123,6 +135,9 @@ func (s *Set) count(wake bool, start time.Time, n uint64, err error) {
 	*calls++
 	*bytes += n
 	*last = took
+	if !wake {
+		st.LastSleepSteps = s.steps
+	}
 }
 
 // mappedBytes is the size of buf's chunks, skipping any without an allocation (which Sleep refuses).

@@ -36,6 +36,10 @@ func TestStatsFollowSleepAndWake(t *testing.T) {
 		require.GreaterOrEqual(t, st.BackupBytes, uint64(8*mib), "the backup")
 		require.Positive(t, st.LastSleep)
 		require.Equal(t, st.LastSleep, st.SleepTime)
+		steps := st.LastSleepSteps
+		require.Positive(t, steps.Copy, "the copy out")
+		require.Positive(t, steps.Release, "the release")
+		require.LessOrEqual(t, steps.Prepare+steps.Copy+steps.Release, st.LastSleep, "steps %+v", steps)
 
 		require.NoError(t, set.Sleep(bg))
 		require.NoError(t, set.Wake(bg))
@@ -78,6 +82,7 @@ func TestStatsCountFailures(t *testing.T) {
 		require.Zero(t, st.Wakes)
 		require.Zero(t, st.WokenBytes)
 		require.Greater(t, st.SleepTime, st.LastSleep, "the failed sleep's time counts too")
+		require.Positive(t, st.LastSleepSteps.Copy, "the successful sleep's steps")
 		require.Equal(t, uint64(4*mib), st.AsleepBytes, "still asleep")
 		require.NoError(t, set.Wake(bg))
 		require.Equal(t, uint64(1), set.Stats().Wakes)
