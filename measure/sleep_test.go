@@ -100,7 +100,6 @@ func requireWarmRounds(t *testing.T, res *SleepResult, rounds int) {
 	require.Equal(t, median(res.SleepVsRawRounds), res.SleepVsRawRoundsMedian)
 	require.Equal(t, median(res.WakeVsRawRounds), res.WakeVsRawRoundsMedian)
 	require.Positive(t, res.SleepCopySeconds, "the warm sleeps' copy step")
-	require.Positive(t, res.SleepReleaseSeconds, "the warm sleeps' release step")
 	require.Less(t, res.SleepCopySeconds+res.SleepReleaseSeconds, res.SleepSeconds*1.5, "the steps of a sleep that took %v s", res.SleepSeconds)
 	for _, c := range []struct {
 		ratio  float64

@@ -139,15 +139,17 @@ func (s *Set) keepOut(ctx context.Context, st *vmm.Stream, u *unit, share int, p
 	copyOut := func(j int, sl *slot) error { return u.copyOut(j, sl, st) }
 	f := s.pool.feedUsing(ctx, u.dev, u.nSlots, u.slotSize, copyOut, share)
 	u.slots = make([]*slot, u.nSlots)
+	done := 0 // the slots whose copies are done: the backup of the chunks releaseDone released
 	defer func() {
 		f.finish() // first: no slot's copy is queued after the drain
 		if err != nil {
-			// Copies may still run into these slots, and into those the pinning goroutines queued
-			// copies into but that were never taken: held if the stream cannot be drained.
-			herr := s.drainOrHold(st, append(slices.Clip(u.slots), f.spent...)...)
+			// Copies may still run into the slots after done, and into those the pinning
+			// goroutines queued copies into but that were never taken: held if the stream cannot
+			// be drained.
+			herr := s.drainOrHold(st, append(slices.Clip(u.slots[done:]), f.spent...)...)
 			err = errors.Join(err, herr)
 			if errors.Is(herr, errNotDrained) {
-				clear(u.slots)
+				clear(u.slots[done:])
 				return
 			}
 		}
@@ -167,8 +169,16 @@ func (s *Set) keepOut(ctx context.Context, st *vmm.Stream, u *unit, share int, p
 		if err := p.next(ctx, j, u.used(j), prog); err != nil {
 			return err
 		}
+		done = j
+		if err := s.releaseDone(u, j-1); err != nil {
+			return err
+		}
 	}
-	return p.finish(prog)
+	if err := p.finish(prog); err != nil {
+		return err
+	}
+	done = u.nSlots
+	return s.releaseDone(u, u.nSlots-1)
 }
 
 // copyOut queues the copies of the unit's bytes that slot j backs up into sl.

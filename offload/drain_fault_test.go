@@ -347,9 +347,11 @@ func TestSleepReleaseUndoUndrainedKeepsBackup(t *testing.T) {
 	testutil.Run(t, func(t *testing.T, b *testutil.Backend) {
 		f := newTwoDeviceFixture(t, b)
 		b.Sim.FailNth("cuMemRelease", 2, driver.ErrorUnknown) // k's chunk 1: undone, still mapped
-		// After the backup's wait: the undo wake's wait and every attempt of its drain.
+		// After the backup's wait and the drain that follows the failed release (chunk 1 is
+		// released as soon as its copy is done, in the backup's pipeline): the undo wake's wait
+		// and every attempt of its drain.
 		for n := range 1 + vmm.DrainAttempts {
-			b.Sim.FailNth("cuStreamSynchronize", 2+n, driver.ErrorUnknown)
+			b.Sim.FailNth("cuStreamSynchronize", 3+n, driver.ErrorUnknown)
 		}
 		b.Sim.FailNth("cuCtxSynchronize", 2, driver.ErrorUnknown) // resleepBusy's synchronize
 		err := f.set.Sleep(bg, "k")

@@ -40,6 +40,7 @@ type unit struct {
 	nSlots   int
 	pieces   []piece // in slot order
 	slots    []*slot // the slots taken, by index (Keep: the backup)
+	released int     // Keep, sleeping: the pieces whose chunks releaseDone has released
 }
 
 // plan groups refs by device and, within a device, by entry, and cuts the chunks into pieces of at

@@ -1,6 +1,7 @@
 package offload_test
 
 import (
+	"context"
 	"testing"
 
 	"github.com/stretchr/testify/require"
@@ -38,4 +39,61 @@ func TestSleepReleaseFailsOnTwoDevices(t *testing.T) {
 		require.NoError(t, set.Wake(bg))
 		requirePattern(t, d0, a.Ptr(), 4*mib, 43)
 	}, testutil.Devices(2), testutil.SimOnly())
+}
+
+// TestSleepReleasesEachChunkOnceCopied: a Keep chunk's memory goes back to the driver as soon as
+// its copy out is done, while the chunks after it are still being copied, not once every copy is
+// done: when the last chunk's copy is counted, the three before it are released already.
+func TestSleepReleasesEachChunkOnceCopied(t *testing.T) {
+	testutil.Run(t, func(t *testing.T, b *testutil.Backend) {
+		d := b.Device(t, 0)
+		buf := newBuf(t, d, 32*mib, 8*mib, 45, nil)
+		var before, atEnd uint64
+		set := newSet(t, b, offload.Options{SlotSize: 8 * mib, Progress: func(done, total uint64) {
+			if done == total {
+				atEnd = free(t, d)
+			}
+		}})
+		require.NoError(t, set.Add("w", buf, offload.Keep, offload.EntryOptions{}))
+		before = free(t, d)
+		require.NoError(t, set.Sleep(bg))
+		require.GreaterOrEqual(t, atEnd, before+20*mib, "free when the last copy was done: %d MiB more than before the sleep", (int64(atEnd)-int64(before))/mib)
+		require.NoError(t, set.Wake(bg))
+		requirePattern(t, d, buf.Ptr(), 32*mib, 45)
+	})
+}
+
+// TestSleepCancelledAfterReleasesRestoresThem: a Sleep cancelled once some chunks are released
+// (their copies were done) recreates them and restores their content: the buffer is awake and
+// intact and the device's free memory is what it was.
+func TestSleepCancelledAfterReleasesRestoresThem(t *testing.T) {
+	testutil.Run(t, func(t *testing.T, b *testutil.Backend) {
+		d := b.Device(t, 0)
+		buf := newBuf(t, d, 32*mib, 8*mib, 46, nil)
+		ctx, cancel := context.WithCancel(bg)
+		set := newSet(t, b, offload.Options{SlotSize: 8 * mib, Progress: func(done, total uint64) {
+			if done >= 24*mib { // chunks 0 and 1 are released by now
+				cancel()
+			}
+		}})
+		require.NoError(t, set.Add("w", buf, offload.Keep, offload.EntryOptions{}))
+		before := free(t, d)
+		require.NoError(t, set.Prepare(bg)) // the backup pinned beforehand: its page tables are not the sleep's
+		pinnedCost := before - free(t, d)
+		calls := func() int { return 0 }
+		if b.IsSim() {
+			calls = func() int { return b.Sim.Calls("cuMemCreate") }
+		}
+		creates := calls()
+		require.ErrorIs(t, set.Sleep(ctx), context.Canceled)
+		require.False(t, set.Asleep("w"))
+		if b.IsSim() {
+			require.Equal(t, 2, calls()-creates, "the two released chunks recreated")
+		}
+		requireFreeAbout(t, b, before-pinnedCost, free(t, d), "every chunk mapped again")
+		requirePattern(t, d, buf.Ptr(), 32*mib, 46)
+		require.NoError(t, set.Sleep(bg), "a cancelled sleep can be retried")
+		require.NoError(t, set.Wake(bg))
+		requirePattern(t, d, buf.Ptr(), 32*mib, 46)
+	})
 }

@@ -11,14 +11,15 @@ import (
 )
 
 // Sleep puts the buffers tagged tags (every buffer when none is given) to sleep: it waits for the
-// work queued on them, copies their content out as their policies say, then unmaps and releases
-// their physical memory, keeping the reservations and the access description of every chunk.
-// Buffers already asleep are left as they are (so Sleep of a sleeping set is a no-op). On any error,
-// and when ctx is cancelled before the memory is released, every buffer is left awake and intact
-// and the error says which step failed. The one exception is a release that fails and whose undo
-// fails too (the driver refusing memory it just gave back): then the buffers with memory still
-// released stay asleep with their content kept, Asleep reports them, the error names them, and
-// Wake restores them (do not use them until then).
+// work queued on them, copies their content out as their policies say, and unmaps and releases
+// their physical memory (a Keep chunk as soon as its copy is done), keeping the reservations and
+// the access description of every chunk. Buffers already asleep are left as they are (so Sleep of
+// a sleeping set is a no-op). On any error, and when ctx is cancelled, every buffer is left awake
+// and intact (the chunks already released are recreated and their content restored) and the error
+// says which step failed. The one exception is an undo that fails too (the driver refusing memory
+// it just gave back): then the buffers with memory still released stay asleep with their content
+// kept, Asleep reports them, the error names them, and Wake restores them (do not use them until
+// then).
 func (s *Set) Sleep(ctx context.Context, tags ...string) error {
 	if s == nil {
 		return fmt.Errorf("offload: sleep: nil set: %w", ErrInvalidValue)
@@ -50,15 +51,12 @@ func (s *Set) sleep(ctx context.Context, tags []string) (n uint64, err error) {
 		return 0, err
 	}
 	copyStart := time.Now()
-	if err := s.copyOut(ctx, refs); err != nil {
-		s.dropBackups(todo)
-		forget(todo)
-		return 0, fmt.Errorf("offload: sleep: %w", err)
+	err = s.copyOut(ctx, refs)
+	if err == nil {
+		err = ctx.Err()
 	}
-	if err := ctx.Err(); err != nil {
-		s.dropBackups(todo)
-		forget(todo)
-		return 0, fmt.Errorf("offload: sleep: %w", err)
+	if err != nil {
+		return 0, fmt.Errorf("offload: sleep: %w", s.unrelease(refs, err))
 	}
 	releaseStart := time.Now()
 	if err := s.release(refs); err != nil {
@@ -185,7 +183,11 @@ func (s *Set) copyOut(ctx context.Context, refs []chunkRef) error {
 	// Record the backups, also on failure, so that dropBackups returns every slot to the pool.
 	for _, us := range units {
 		for _, u := range us {
-			u.e.backup = append(u.e.backup, u.slots...)
+			for _, sl := range u.slots { // nil: held out of the pool (keepOut)
+				if sl != nil {
+					u.e.backup = append(u.e.backup, sl)
+				}
+			}
 			for _, pc := range u.pieces {
 				if u.e.policy != Keep || pc.slot >= len(u.slots) || u.slots[pc.slot] == nil {
 					continue
@@ -211,35 +213,69 @@ func (s *Set) streamsFor(units map[*vmm.Device][]*unit) (map[*vmm.Device]*vmm.St
 	return out, nil
 }
 
-// release unmaps and releases every chunk. When one fails, the chunks already released are
-// recreated and their content restored, so that every buffer is awake again. When that fails too,
-// the entries with a chunk still released, or left mapped for the System to release because copies
-// may still be queued into it (chunkState.pending), stay asleep with their backups (Wake finishes
-// the undo) and the error names them.
+// release unmaps and releases every chunk that copyOut has not released already (Keep chunks go
+// as soon as their copies are done: see releaseDone). When one fails, unrelease undoes the sleep.
 func (s *Set) release(refs []chunkRef) error {
-	for k, r := range refs {
-		if err := s.releaseChunk(r, r.e.opts.Force); err != nil {
-			err = fmt.Errorf("release %s chunk %d: %w", r.e, r.i, err)
-			undo := refs[:k]
-			if r.state().alloc.Asleep() { // unmapped, its memory kept: mapped again with the others
-				undo = refs[:k+1]
-			}
-			werr := s.wakeRefs(context.Background(), undo)
-			var asleep []*entry
-			for _, e := range entriesOf(refs) {
-				if werr != nil && (e.released.Load() > 0 || hasPending(e)) {
-					e.asleep = true
-					asleep = append(asleep, e)
-					continue
-				}
-				s.dropBackups([]*entry{e})
-				forget([]*entry{e})
-			}
-			if werr != nil {
-				return errors.Join(err, fmt.Errorf("and undoing the release failed, so %v stay asleep with their content kept, for Wake to restore: %w", asleep, werr))
-			}
-			return err
+	for _, r := range refs {
+		if r.state().alloc.Asleep() {
+			continue
 		}
+		if err := s.releaseChunk(r, r.e.opts.Force); err != nil {
+			return s.unrelease(refs, fmt.Errorf("release %s chunk %d: %w", r.e, r.i, err))
+		}
+	}
+	return nil
+}
+
+// unrelease undoes a sleep of refs that failed with err: the chunks already released (those
+// whose allocation is asleep, a failed release's included: unmapped with its memory kept) are
+// recreated and their content restored, so that every buffer is awake again, and the backups go
+// back to the pool. When that fails too, the entries with a chunk still released, or left mapped
+// for the System to release because copies may still be queued into it (chunkState.pending), stay
+// asleep with their backups (Wake finishes the undo) and the error names them.
+func (s *Set) unrelease(refs []chunkRef, err error) error {
+	var undo []chunkRef
+	for _, r := range refs {
+		if r.state().alloc.Asleep() {
+			undo = append(undo, r)
+		}
+	}
+	var werr error
+	if len(undo) > 0 {
+		werr = s.wakeRefs(context.Background(), undo)
+	}
+	var asleep []*entry
+	for _, e := range entriesOf(refs) {
+		if werr != nil && (e.released.Load() > 0 || hasPending(e)) {
+			e.asleep = true
+			asleep = append(asleep, e)
+			continue
+		}
+		s.dropBackups([]*entry{e})
+		forget([]*entry{e})
+	}
+	if werr != nil {
+		return errors.Join(err, fmt.Errorf("and undoing the release failed, so %v stay asleep with their content kept, for Wake to restore: %w", asleep, werr))
+	}
+	return err
+}
+
+// releaseDone releases, in order, the chunks of a Keep unit whose every piece lies in slots up to
+// m, once their copies are done (keepOut calls it as its pipe sees slot m's batch end), so that
+// releasing the memory overlaps the copies of the chunks after them instead of following them all.
+func (s *Set) releaseDone(u *unit, m int) error {
+	for u.released < len(u.pieces) {
+		r, end := u.pieces[u.released].ref, u.released
+		for end < len(u.pieces) && u.pieces[end].ref == r {
+			end++
+		}
+		if u.pieces[end-1].slot > m {
+			return nil
+		}
+		if err := s.releaseChunk(r, r.e.opts.Force); err != nil {
+			return fmt.Errorf("release %s chunk %d: %w", r.e, r.i, err)
+		}
+		u.released = end
 	}
 	return nil
 }

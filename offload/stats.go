@@ -36,9 +36,11 @@ type Stats struct {
 type SleepSteps struct {
 	// Prepare is checking the buffers and waiting for the work queued on them.
 	Prepare time.Duration
-	// Copy is copying their content out (backups, the file), every device at once.
+	// Copy is copying their content out (backups, the file), every device at once, and releasing
+	// each Keep chunk as soon as its copy is done.
 	Copy time.Duration
-	// Release is unmapping and releasing their GPU memory, one chunk after the other.
+	// Release is unmapping and releasing the rest of their GPU memory (Discard and File chunks),
+	// one chunk after the other, once every copy is done.
 	Release time.Duration
 }
 

@@ -37,8 +37,7 @@ func TestStatsFollowSleepAndWake(t *testing.T) {
 		require.Positive(t, st.LastSleep)
 		require.Equal(t, st.LastSleep, st.SleepTime)
 		steps := st.LastSleepSteps
-		require.Positive(t, steps.Copy, "the copy out")
-		require.Positive(t, steps.Release, "the release")
+		require.Positive(t, steps.Copy, "the copy out, Keep chunks released on the way")
 		require.LessOrEqual(t, steps.Prepare+steps.Copy+steps.Release, st.LastSleep, "steps %+v", steps)
 
 		require.NoError(t, set.Sleep(bg))
