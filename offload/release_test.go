@@ -7,8 +7,10 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/cuvmm/cuvmm/driver"
+	"github.com/cuvmm/cuvmm/growbuf"
 	"github.com/cuvmm/cuvmm/internal/testutil"
 	"github.com/cuvmm/cuvmm/offload"
+	"github.com/cuvmm/cuvmm/vmm"
 )
 
 // TestSleepReleaseFailsOnTwoDevices: whichever release fails, on either device, the chunks
@@ -46,15 +48,13 @@ func TestSleepReleaseFailsOnTwoDevices(t *testing.T) {
 // done: when the last chunk's copy is counted, the three before it are released already.
 func TestSleepReleasesEachChunkOnceCopied(t *testing.T) {
 	testutil.Run(t, func(t *testing.T, b *testutil.Backend) {
-		d := b.Device(t, 0)
-		buf := newBuf(t, d, 32*mib, 8*mib, 45, nil)
 		var before, atEnd uint64
-		set := newSet(t, b, offload.Options{SlotSize: 8 * mib, Progress: func(done, total uint64) {
+		var d *vmm.Device
+		d, buf, set := keptWithProgress(t, b, 45, func(done, total uint64) {
 			if done == total {
 				atEnd = free(t, d)
 			}
-		}})
-		require.NoError(t, set.Add("w", buf, offload.Keep, offload.EntryOptions{}))
+		})
 		before = free(t, d)
 		require.NoError(t, set.Sleep(bg))
 		require.GreaterOrEqual(t, atEnd, before+20*mib, "free when the last copy was done: %d MiB more than before the sleep", (int64(atEnd)-int64(before))/mib)
@@ -68,15 +68,12 @@ func TestSleepReleasesEachChunkOnceCopied(t *testing.T) {
 // intact and the device's free memory is what it was.
 func TestSleepCancelledAfterReleasesRestoresThem(t *testing.T) {
 	testutil.Run(t, func(t *testing.T, b *testutil.Backend) {
-		d := b.Device(t, 0)
-		buf := newBuf(t, d, 32*mib, 8*mib, 46, nil)
 		ctx, cancel := context.WithCancel(bg)
-		set := newSet(t, b, offload.Options{SlotSize: 8 * mib, Progress: func(done, total uint64) {
+		d, buf, set := keptWithProgress(t, b, 46, func(done, total uint64) {
 			if done >= 24*mib { // chunks 0 and 1 are released by now
 				cancel()
 			}
-		}})
-		require.NoError(t, set.Add("w", buf, offload.Keep, offload.EntryOptions{}))
+		})
 		before := free(t, d)
 		require.NoError(t, set.Prepare(bg)) // the backup pinned beforehand: its page tables are not the sleep's
 		pinnedCost := before - free(t, d)
@@ -96,4 +93,14 @@ func TestSleepCancelledAfterReleasesRestoresThem(t *testing.T) {
 		require.NoError(t, set.Wake(bg))
 		requirePattern(t, d, buf.Ptr(), 32*mib, 46)
 	})
+}
+
+// keptWithProgress makes a 32 MiB buffer of seed's pattern in 8 MiB chunks on device 0, kept
+// under the tag "w" in a set of 8 MiB slots that reports its progress to progress.
+func keptWithProgress(t *testing.T, b *testutil.Backend, seed uint64, progress func(done, total uint64)) (*vmm.Device, *growbuf.Buffer, *offload.Set) {
+	d := b.Device(t, 0)
+	buf := newBuf(t, d, 32*mib, 8*mib, seed, nil)
+	set := newSet(t, b, offload.Options{SlotSize: 8 * mib, Progress: progress})
+	require.NoError(t, set.Add("w", buf, offload.Keep, offload.EntryOptions{}))
+	return d, buf, set
 }
