@@ -129,7 +129,8 @@ func (s *Set) copyWait(dst, src driver.DevicePtr, n uint64, st *vmm.Stream, stag
 }
 
 // keepOut copies a Keep unit's chunks into slots taken from the pool (pinned on the way when the
-// pool has too few), recording where each piece went; share devices do the same at once.
+// pool has too few), recording where each piece went, and releases each chunk as soon as its
+// copies are done (releaseDone); share devices do the same at once.
 func (s *Set) keepOut(ctx context.Context, st *vmm.Stream, u *unit, share int, prog *progress) (err error) {
 	p, err := newPipe(st)
 	if err != nil {
@@ -140,21 +141,7 @@ func (s *Set) keepOut(ctx context.Context, st *vmm.Stream, u *unit, share int, p
 	f := s.pool.feedUsing(ctx, u.dev, u.nSlots, u.slotSize, copyOut, share)
 	u.slots = make([]*slot, u.nSlots)
 	done := 0 // the slots whose copies are done: the backup of the chunks releaseDone released
-	defer func() {
-		f.finish() // first: no slot's copy is queued after the drain
-		if err != nil {
-			// Copies may still run into the slots after done, and into those the pinning
-			// goroutines queued copies into but that were never taken: held if the stream cannot
-			// be drained.
-			herr := s.drainOrHold(st, append(slices.Clip(u.slots[done:]), f.spent...)...)
-			err = errors.Join(err, herr)
-			if errors.Is(herr, errNotDrained) {
-				clear(u.slots[done:])
-				return
-			}
-		}
-		s.pool.put(f.spent...) // no copy into them is left queued: free again
-	}()
+	defer func() { err = s.endKeepOut(st, u, f, done, err) }()
 	for j := 0; j < u.nSlots; j++ {
 		sl, queued, err := f.takeUsed()
 		if err != nil {
@@ -179,6 +166,27 @@ func (s *Set) keepOut(ctx context.Context, st *vmm.Stream, u *unit, share int, p
 	}
 	done = u.nSlots
 	return s.releaseDone(u, u.nSlots-1)
+}
+
+// endKeepOut ends keepOut, which failed with err unless it is nil, once the copies of its first
+// done slots are done. On failure only those slots are a backup (of chunks releaseDone may have
+// released); the copies into the slots after them may not have run, or may still run, as may
+// those into the slots the pinning goroutines queued copies into but that were never taken
+// (f.spent). Those slots leave the unit, so that no chunk is restored from them: back to the pool
+// once the stream drains, else held until the device synchronizes (drainOrHold).
+func (s *Set) endKeepOut(st *vmm.Stream, u *unit, f *feed, done int, err error) error {
+	f.finish() // first: no slot's copy is queued after the drain
+	if err == nil {
+		s.pool.put(f.spent...) // no copy into them is left queued: free again
+		return nil
+	}
+	later := append(slices.Clone(u.slots[done:]), f.spent...)
+	clear(u.slots[done:])
+	herr := s.drainOrHold(st, later...)
+	if !errors.Is(herr, errNotDrained) {
+		s.pool.put(later...)
+	}
+	return errors.Join(err, herr)
 }
 
 // copyOut queues the copies of the unit's bytes that slot j backs up into sl.

@@ -48,15 +48,20 @@ func TestSleepReleaseFailsOnTwoDevices(t *testing.T) {
 // done: when the last chunk's copy is counted, the three before it are released already.
 func TestSleepReleasesEachChunkOnceCopied(t *testing.T) {
 	testutil.Run(t, func(t *testing.T, b *testutil.Backend) {
-		var before, atEnd uint64
+		var atEnd uint64
+		var atEndErr error
 		var d *vmm.Device
 		d, buf, set := keptWithProgress(t, b, 45, func(done, total uint64) {
-			if done == total {
-				atEnd = free(t, d)
+			if done == total { // on the set's goroutine: no require here
+				atEndErr = d.Synchronize()
+				if atEndErr == nil {
+					atEnd, _, atEndErr = d.MemInfo()
+				}
 			}
 		})
-		before = free(t, d)
+		before := free(t, d)
 		require.NoError(t, set.Sleep(bg))
+		require.NoError(t, atEndErr)
 		require.GreaterOrEqual(t, atEnd, before+20*mib, "free when the last copy was done: %d MiB more than before the sleep", (int64(atEnd)-int64(before))/mib)
 		require.NoError(t, set.Wake(bg))
 		requirePattern(t, d, buf.Ptr(), 32*mib, 45)
@@ -95,9 +100,30 @@ func TestSleepCancelledAfterReleasesRestoresThem(t *testing.T) {
 	})
 }
 
+// TestSleepCopyFailsAfterAReleaseAndItsUndoFails: a copy fails once a chunk is released, and
+// recreating that chunk runs out of memory, so the buffer stays asleep with its content kept; the
+// chunks after the failed copy are still mapped, and the Wake that finishes the undo must not
+// overwrite them with the slots whose copies never ran (the pool's old bytes).
+func TestSleepCopyFailsAfterAReleaseAndItsUndoFails(t *testing.T) {
+	testutil.Run(t, func(t *testing.T, b *testutil.Backend) {
+		d, buf, set := keptWithProgress(t, b, 47, nil)
+		require.NoError(t, set.Prepare(bg))                      // pooled slots: the sleep queues every copy itself
+		b.Sim.FailNth("cuMemcpyAsync", 3, driver.ErrorUnknown)   // slot 2's copy, once chunk 0 is released
+		b.Sim.FailNth("cuMemCreate", 1, driver.ErrorOutOfMemory) // the undo's recreation of chunk 0
+		err := set.Sleep(bg)
+		b.Sim.ClearFaults()
+		require.ErrorIs(t, err, driver.ErrorUnknown)
+		require.ErrorIs(t, err, driver.ErrOutOfMemory)
+		require.True(t, set.Asleep("w"), "asleep with its content kept, for Wake to restore")
+		require.NoError(t, set.Wake(bg))
+		requirePattern(t, d, buf.Ptr(), 32*mib, 47)
+	}, testutil.SimOnly())
+}
+
 // keptWithProgress makes a 32 MiB buffer of seed's pattern in 8 MiB chunks on device 0, kept
 // under the tag "w" in a set of 8 MiB slots that reports its progress to progress.
 func keptWithProgress(t *testing.T, b *testutil.Backend, seed uint64, progress func(done, total uint64)) (*vmm.Device, *growbuf.Buffer, *offload.Set) {
+	t.Helper()
 	d := b.Device(t, 0)
 	buf := newBuf(t, d, 32*mib, 8*mib, seed, nil)
 	set := newSet(t, b, offload.Options{SlotSize: 8 * mib, Progress: progress})

@@ -14,9 +14,9 @@ import (
 // work queued on them, copies their content out as their policies say, and unmaps and releases
 // their physical memory (a Keep chunk as soon as its copy is done), keeping the reservations and
 // the access description of every chunk. Buffers already asleep are left as they are (so Sleep of
-// a sleeping set is a no-op). On any error, and when ctx is cancelled, every buffer is left awake
-// and intact (the chunks already released are recreated and their content restored) and the error
-// says which step failed. The one exception is an undo that fails too (the driver refusing memory
+// a sleeping set is a no-op). On any error, and when ctx is cancelled before every copy is done,
+// every buffer is left awake and intact (the chunks already released are recreated and their
+// content restored) and the error says which step failed. The one exception is an undo that fails too (the driver refusing memory
 // it just gave back): then the buffers with memory still released stay asleep with their content
 // kept, Asleep reports them, the error names them, and Wake restores them (do not use them until
 // then).
@@ -146,7 +146,8 @@ func syncEntry(e *entry, synced map[*vmm.Device]bool) error {
 	return nil
 }
 
-// copyOut copies the content of Keep and File chunks out, every device at once.
+// copyOut copies the content of Keep and File chunks out, every device at once, releasing each
+// Keep chunk as soon as its copies are done (keepOut).
 func (s *Set) copyOut(ctx context.Context, refs []chunkRef) error {
 	units := plan(refs, s.opts.SlotSize)
 	prog := &progress{fn: s.opts.Progress}

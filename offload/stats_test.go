@@ -41,6 +41,7 @@ func TestStatsFollowSleepAndWake(t *testing.T) {
 		require.LessOrEqual(t, steps.Prepare+steps.Copy+steps.Release, st.LastSleep, "steps %+v", steps)
 
 		require.NoError(t, set.Sleep(bg))
+		require.Positive(t, set.Stats().LastSleepSteps.Release, "the discarded buffer's release, after the copies")
 		require.NoError(t, set.Wake(bg))
 		st = set.Stats()
 		require.Equal(t, uint64(2), st.Sleeps)
