@@ -128,11 +128,13 @@ type SleepResult struct {
 	WakeVsRawRounds        []float64 `json:"wake_vs_raw_rounds,omitempty"`
 	SleepVsRawRoundsMedian float64   `json:"sleep_vs_raw_rounds_median,omitempty"`
 	WakeVsRawRoundsMedian  float64   `json:"wake_vs_raw_rounds_median,omitempty"`
-	// The warm sleeps' steps (offload.Stats.LastSleepSteps), medians of the rounds: waiting for
-	// the buffers' queued work, copying their content out, and releasing their GPU memory.
-	SleepPrepareSeconds float64 `json:"sleep_prepare_seconds,omitempty"`
-	SleepCopySeconds    float64 `json:"sleep_copy_seconds,omitempty"`
-	SleepReleaseSeconds float64 `json:"sleep_release_seconds,omitempty"`
+	// The sleeps' steps (offload.Stats.LastSleepSteps), medians of the rounds (in file mode, of
+	// the file rounds): waiting for the buffers' queued work, copying their content out (Keep
+	// chunks released on the way; File: writing the file), and releasing the rest of their GPU
+	// memory (about nothing for a kept buffer).
+	SleepPrepareSeconds float64 `json:"sleep_prepare_seconds"`
+	SleepCopySeconds    float64 `json:"sleep_copy_seconds"`
+	SleepReleaseSeconds float64 `json:"sleep_release_seconds"`
 	// The warm wake (WakeSeconds) follows AsleepPauseSeconds asleep: the driver clears released
 	// memory in the background for some tens of milliseconds, and a wake meanwhile is slower. The
 	// wake right after a warm sleep, and its ratio to the raw H2D copy. Not in file mode, whose

@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"github.com/cuvmm/cuvmm/driver"
+	"github.com/cuvmm/cuvmm/offload"
 )
 
 // measureOffload sleeps and wakes the set: cold (pinning on the way), then warm; with several
@@ -225,11 +226,16 @@ func (r *sleepRun) measureUsual() error {
 func (r *sleepRun) measureFileRounds() error {
 	raw := r.newRawFile()
 	var writes, reads, sleeps, wakes, firsts []float64
+	var steps []offload.SleepSteps
 	for range r.opts.Rounds {
 		var t [5]float64
 		for j, ph := range []func() (float64, error){
 			raw.write,
-			func() (float64, error) { return r.timed("sleep", r.res.TotalBytes, r.set.Sleep) },
+			func() (float64, error) {
+				t, err := r.timed("sleep", r.res.TotalBytes, r.set.Sleep)
+				steps = append(steps, r.set.Stats().LastSleepSteps)
+				return t, err
+			},
 			raw.read,
 			func() (float64, error) {
 				t, err := r.timed("wake", r.res.TotalBytes, r.set.Wake)
@@ -247,6 +253,7 @@ func (r *sleepRun) measureFileRounds() error {
 		reads, wakes = append(reads, (t[2]+t[4])/2), append(wakes, t[3])
 	}
 	r.fileRoundFigures(writes, reads, sleeps, wakes)
+	r.sleepStepFigures(steps)
 	r.res.WakeFirstCopySeconds = median(firsts)
 	return r.verify("after the file rounds")
 }

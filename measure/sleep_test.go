@@ -136,6 +136,10 @@ func TestSleepRounds(t *testing.T) {
 	require.NoError(t, err)
 	require.Equal(t, 2, res.Rounds)
 	require.Len(t, res.WakeVsRawFileRounds, 2)
+	require.Positive(t, res.SleepCopySeconds, "the file rounds' sleeps: the copy step writes the file")
+	var text bytes.Buffer
+	res.Text(&text)
+	require.Contains(t, text.String(), "a sleep's steps")
 }
 
 // In file mode a run wakes the set only where a figure needs it: the first wake, the one after

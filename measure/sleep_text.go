@@ -34,7 +34,9 @@ func (r *SleepResult) Text(w io.Writer) {
 	if len(r.SleepVsRawRounds) > 0 {
 		fmt.Fprintf(w, "  each of %d rounds (medians above), sleep and wake against its raw copies out and in: %s (median %.2fx) and %s (median %.2fx)\n",
 			r.Rounds, roundList(r.SleepVsRawRounds), r.SleepVsRawRoundsMedian, roundList(r.WakeVsRawRounds), r.WakeVsRawRoundsMedian)
-		fmt.Fprintf(w, "  a warm sleep's steps (medians): waiting for queued work %.1f ms, copying out (each kept chunk released as its copy ends) %.1f ms, releasing the rest %.1f ms\n",
+	}
+	if r.SleepCopySeconds > 0 {
+		fmt.Fprintf(w, "  a sleep's steps (medians of the rounds): waiting for queued work %.1f ms, copying out (each kept chunk released as its copy ends) %.1f ms, releasing the rest %.1f ms\n",
 			r.SleepPrepareSeconds*1e3, r.SleepCopySeconds*1e3, r.SleepReleaseSeconds*1e3)
 	}
 	first := "first sleep of one device"
