@@ -120,6 +120,29 @@ func TestSleepCopyFailsAfterAReleaseAndItsUndoFails(t *testing.T) {
 	}, testutil.SimOnly())
 }
 
+// TestWakeAfterAFailedCopyUndoFailsKeepsTheChunksNeverReleased: after a sleep whose copy failed
+// once chunk 0 was released, and whose undo failed too, chunks 1-3 were never released and have no
+// complete backup: their content is only in the chunks. A Wake that then fails must not release
+// them with the chunks it recreated, and the Wake after it must leave them as they are.
+func TestWakeAfterAFailedCopyUndoFailsKeepsTheChunksNeverReleased(t *testing.T) {
+	testutil.Run(t, func(t *testing.T, b *testutil.Backend) {
+		d, buf, set := keptWithProgress(t, b, 48, nil)
+		require.NoError(t, set.Prepare(bg))
+		b.Sim.FailNth("cuMemcpyAsync", 3, driver.ErrorUnknown)
+		b.Sim.FailNth("cuMemCreate", 1, driver.ErrorOutOfMemory)
+		require.Error(t, set.Sleep(bg))
+		b.Sim.ClearFaults()
+		require.True(t, set.Asleep("w"))
+		require.Equal(t, uint64(8*mib), set.Stats().AsleepBytes, "only chunk 0 was given back")
+		b.Sim.FailNth("cuStreamSynchronize", 1, driver.ErrorUnknown)
+		require.Error(t, set.Wake(bg), "the wake's wait fails")
+		b.Sim.ClearFaults()
+		require.True(t, set.Asleep("w"), "still asleep, for the next Wake")
+		require.NoError(t, set.Wake(bg))
+		requirePattern(t, d, buf.Ptr(), 32*mib, 48)
+	}, testutil.SimOnly())
+}
+
 // keptWithProgress makes a 32 MiB buffer of seed's pattern in 8 MiB chunks on device 0, kept
 // under the tag "w" in a set of 8 MiB slots that reports its progress to progress.
 func keptWithProgress(t *testing.T, b *testutil.Backend, seed uint64, progress func(done, total uint64)) (*vmm.Device, *growbuf.Buffer, *offload.Set) {

@@ -167,6 +167,10 @@ type chunkState struct {
 	// to release again once the device synchronizes (Set.resleepLater); the caller may close it
 	// meanwhile, and reap then counts it as released and closed.
 	pending bool
+	// live: a failed Sleep whose undo failed too never released the chunk, so its content is in the
+	// chunk itself (its backup may be incomplete: the copy that failed was its own or one before
+	// it). Wake leaves it as it is.
+	live bool
 }
 
 func ptrOff(n uint64) driver.DevicePtr { return driver.DevicePtr(n) }

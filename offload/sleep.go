@@ -249,6 +249,7 @@ func (s *Set) unrelease(refs []chunkRef, err error) error {
 	for _, e := range entriesOf(refs) {
 		if werr != nil && (e.released.Load() > 0 || hasPending(e)) {
 			e.asleep = true
+			markLive(e, undo)
 			asleep = append(asleep, e)
 			continue
 		}
@@ -259,6 +260,17 @@ func (s *Set) unrelease(refs []chunkRef, err error) error {
 		return errors.Join(err, fmt.Errorf("and undoing the release failed, so %v stay asleep with their content kept, for Wake to restore: %w", asleep, werr))
 	}
 	return err
+}
+
+// markLive marks the chunks of e that the failed Sleep never released (not in undo, still mapped,
+// not left for the System) as holding their own content (chunkState.live).
+func markLive(e *entry, undo []chunkRef) {
+	for i := range e.chunks {
+		cs := &e.chunks[i]
+		if !cs.alloc.Asleep() && !cs.pending && !slices.Contains(undo, chunkRef{e, i}) {
+			cs.live = true
+		}
+	}
 }
 
 // releaseDone releases, in order, the chunks of a Keep unit whose every piece lies in slots up to

@@ -86,8 +86,10 @@ func (s *Set) publish() {
 		if e.asleep {
 			for _, cs := range e.chunks {
 				b.Bytes += cs.size
+				if !cs.live { // a live chunk's memory was never given back
+					asleep += cs.size
+				}
 			}
-			asleep += b.Bytes
 		} else {
 			b.Bytes = mappedBytes(e.buf)
 		}

@@ -41,10 +41,12 @@ func (s *Set) wake(ctx context.Context, tags []string) (n uint64, err error) {
 		}
 		todo = append(todo, e)
 		for i := range e.chunks {
-			refs = append(refs, chunkRef{e, i})
+			if !e.chunks[i].live { // never released: its content is in it
+				refs = append(refs, chunkRef{e, i})
+			}
 		}
 	}
-	if len(refs) == 0 {
+	if len(todo) == 0 {
 		return 0, nil
 	}
 	if err := s.wakeRefs(ctx, refs); err != nil {
