@@ -246,7 +246,7 @@ func (s *Set) saveChunks(ctx context.Context, w io.Writer, refs []chunkRef) erro
 	}
 	return s.withStaging(ctx, refs[0].state().alloc.Device(), func(stage *slot) error {
 		for _, r := range refs {
-			if !r.e.asleep {
+			if !r.e.asleep || r.state().live { // a live chunk's content is in it, maybe in no backup
 				if err := s.saveAwake(ctx, w, r, stage, prog); err != nil {
 					return err
 				}

@@ -1,6 +1,7 @@
 package offload_test
 
 import (
+	"bytes"
 	"context"
 	"testing"
 
@@ -134,11 +135,16 @@ func TestWakeAfterAFailedCopyUndoFailsKeepsTheChunksNeverReleased(t *testing.T) 
 		b.Sim.ClearFaults()
 		require.True(t, set.Asleep("w"))
 		require.Equal(t, uint64(8*mib), set.Stats().AsleepBytes, "only chunk 0 was given back")
+		var ck bytes.Buffer
+		require.NoError(t, set.Save(bg, &ck), "the chunks never released are saved from the GPU")
 		b.Sim.FailNth("cuStreamSynchronize", 1, driver.ErrorUnknown)
 		require.Error(t, set.Wake(bg), "the wake's wait fails")
 		b.Sim.ClearFaults()
 		require.True(t, set.Asleep("w"), "still asleep, for the next Wake")
 		require.NoError(t, set.Wake(bg))
+		requirePattern(t, d, buf.Ptr(), 32*mib, 48)
+		require.NoError(t, d.Fill(buf.Ptr(), 32*mib, 0, 49)) // overwritten, then restored from the checkpoint
+		require.NoError(t, set.Restore(bg, bytes.NewReader(ck.Bytes())))
 		requirePattern(t, d, buf.Ptr(), 32*mib, 48)
 	}, testutil.SimOnly())
 }
