@@ -38,7 +38,7 @@ type Comm struct {
 	nranks int
 	opts   Options
 
-	abortReq  chan struct{} // closed by Abort: a call in progress aborts at once
+	abortReq  chan struct{} // closed by Abort: a call in progress aborts at its next poll (within about a millisecond)
 	abortOnce sync.Once
 
 	// dependent ends the communicator's count as its device's dependent (vmm.Device.AddDependent);
@@ -376,11 +376,13 @@ func (c *Comm) destroy(ctx context.Context) error {
 // wait for their peers and would otherwise wait forever.
 //
 // Wait records an event on s and polls it (cuEventQuery: back to back for the first millisecond,
-// then after sleeps of a sixteenth of the time waited so far, from 50 µs up to 1 ms, so that it
-// sees the end at most about 6 % late plus the kernel's timer slack). Once it returns no call of its own is left on the stream: after an abort it waits for the stream at most
-// about 10 s, and a kernel that still has not stopped then delays neither s.Close nor anything else. A nil s (the legacy default stream) waits for the whole
-// device (cuCtxSynchronize, which has no non-blocking form): after an abort whose kernels do not stop
-// that call keeps running on another goroutine past Wait, and System.Close waits for it.
+// then after sleeps of a sixteenth of the time waited so far, from about 60 µs up to 1 ms, so
+// that it sees the end at most about 6 % late plus the kernel's timer slack). Once it returns, no
+// call of its own is left on the stream: after an abort it waits for the stream at most about
+// 10 s, and a kernel that still has not stopped then delays neither s.Close nor anything else. A
+// nil s (the legacy default stream) waits for the whole device (cuCtxSynchronize, which has no
+// non-blocking form): after an abort whose kernels do not stop that call keeps running on another
+// goroutine past Wait, and System.Close waits for it.
 func (c *Comm) Wait(ctx context.Context, s *vmm.Stream) (err error) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
@@ -448,10 +450,11 @@ func (c *Comm) watch(ctx context.Context, done func() (bool, error)) error {
 // The polls of Wait and of the calls that wait for NCCL to leave ncclInProgress (waitLocked):
 // none between them for the first waitSpin (work that ends then is seen within microseconds, as a
 // spinning cuStreamSynchronize sees it), then one after each sleep of a sixteenth of the time waited
-// so far, at least waitPoll and at most waitPollMax. Work that ends is so seen at most about 6 %
-// of its time late (plus the kernel's timer slack, 50 µs by default), for one cheap query per
-// pause: a wait of a millisecond polls every 50-100 µs, a long one (a receive waiting for its
-// peer, NewComm, a finalize) about once a millisecond instead of 10,000 times a second.
+// so far (about 60 µs just past the spin), at most waitPollMax; waitPoll is only a floor, should
+// waitSpin ever be shortened. Work that ends is so seen at most about 6 % of its time late (plus
+// the kernel's timer slack, 50 µs by default), for one cheap query per pause: a wait of a
+// millisecond polls every 60-120 µs, a long one (a receive waiting for its peer, NewComm, a
+// finalize) about once a millisecond instead of 10,000 times a second.
 const (
 	waitSpin    = time.Millisecond
 	waitPoll    = 50 * time.Microsecond

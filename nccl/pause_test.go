@@ -12,10 +12,11 @@ import (
 	"github.com/cuvmm/cuvmm/nccl"
 )
 
-// TestWaitPollsEvery50Microseconds: just past its first spinning millisecond, Wait pauses about
-// 50 µs between polls, even in a process that has nothing else to do, where a Go timer of under a
-// millisecond sleeps a whole millisecond or more (the runtime's poller waits in milliseconds).
-func TestWaitPollsEvery50Microseconds(t *testing.T) {
+// TestWaitPausesBrieflyJustPastTheSpin: just past its first spinning millisecond, Wait pauses
+// about 60 µs between polls (a sixteenth of the time waited), even in a process that has nothing
+// else to do, where a Go timer of under a millisecond sleeps a whole millisecond or more (the
+// runtime's poller waits in milliseconds).
+func TestWaitPausesBrieflyJustPastTheSpin(t *testing.T) {
 	p := medianPause(time.Millisecond)
 	t.Logf("pause after the spin: %v", p)
 	require.GreaterOrEqual(t, p, 50*time.Microsecond)
@@ -48,7 +49,7 @@ func medianPause(elapsed time.Duration) time.Duration {
 
 // TestRunPollsWithWaitsPauses: a group that NCCL is still queueing when ncclGroupEnd returns
 // (ncclInProgress; the simulator queues each group on a thread of its own) is polled with Wait's
-// pauses, which TestWaitPollsEvery50Microseconds times, not with Go timers that sleep a whole
+// pauses, which TestWaitPausesBrieflyJustPastTheSpin times, not with Go timers that sleep a whole
 // millisecond in an idle process: over 31 small operations, some are polled more than once, each
 // time through pause.
 func TestRunPollsWithWaitsPauses(t *testing.T) {

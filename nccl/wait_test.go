@@ -52,9 +52,9 @@ func TestWaitAfterAbortLeavesTheStreamFree(t *testing.T) {
 
 // TestWaitSeesTheEndAsSynchronizeDoes: Wait polls an event instead of blocking in the driver, so it
 // must see work end about as soon as cuStreamSynchronize does, for short work (within its spinning
-// first millisecond) and for longer work (polled after sleeps of a sixteenth of the time waited,
-// 50 µs to 1 ms). Rounds of the same all-reduces
-// alternate between the two waits; on the GPU the medians must stay within 10 % and 200 µs.
+// first millisecond) and for longer work (polled after sleeps of a sixteenth of the time waited, up
+// to 1 ms). Rounds of the same all-reduces alternate between the two waits; on the GPU the medians
+// must stay within 10 % and 200 µs.
 func TestWaitSeesTheEndAsSynchronizeDoes(t *testing.T) {
 	testutil.Run(t, func(t *testing.T, b *testutil.Backend) {
 		c, buf, s := soloWithStream(t, b)
@@ -94,7 +94,7 @@ func medianOf(d []time.Duration) time.Duration {
 }
 
 // TestWaitPollsLongWorkWithPause: work that outlasts Wait's spinning first millisecond is polled
-// with pause (whose speed TestWaitPollsEvery50Microseconds checks) until it ends: here the stream
+// with pause (whose speed TestWaitPausesBrieflyJustPastTheSpin checks) until it ends: here the stream
 // is released on the third pause past the spin, and Wait then returns without error.
 func TestWaitPollsLongWorkWithPause(t *testing.T) {
 	testutil.Run(t, func(t *testing.T, b *testutil.Backend) {
