@@ -290,8 +290,8 @@ func (a *Allocation) undo() error {
 }
 
 // Close releases the allocation (cuMemRelease). It fails with ErrInUse while the allocation is
-// mapped: close the mappings first. (A range that a failed undo left mapping it, kept by the System,
-// is retried first: see RetryOrphansMapping.) Close is idempotent and safe on nil; when the release
+// mapped: close the mappings first. (A mapping of it that a failed undo left, or a range that holds
+// one, kept by the System, is retried first: see RetryOrphansMapping.) Close is idempotent and safe on nil; when the release
 // fails the allocation stays open and a later Close retries.
 func (a *Allocation) Close() error {
 	if a == nil {
@@ -301,8 +301,8 @@ func (a *Allocation) Close() error {
 	return a.release()
 }
 
-// unblockRelease retries freeing the ranges the System keeps that still map a (RetryOrphansMapping)
-// when a has more than mine mappings, so that its release is not refused for a mapping that no
+// unblockRelease retries closing the orphaned mappings of a, and freeing the ranges the System
+// keeps that still map it (RetryOrphansMapping), when a has more than mine mappings, so that its release is not refused for a mapping that no
 // caller holds. What still fails stays the System's, listed in Orphans. The caller holds no lock of
 // this package: freeing those ranges takes their reservations' locks.
 func (a *Allocation) unblockRelease(mine int) {

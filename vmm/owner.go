@@ -96,7 +96,8 @@ func (s *System) keepAdoptee(a adoptee) error {
 	return fmt.Errorf("vmm: %s is kept by the System, and its Close retries freeing it", a.what)
 }
 
-// adoptedWhere lists the adopted objects not yet closed that match, which runs with s.adoptMu held.
+// adoptedWhere lists the adopted objects not yet closed that match; match runs with s.adoptMu held
+// (keepsLocked relies on it).
 func (s *System) adoptedWhere(match func(adoptee) bool) []adoptee {
 	s.adoptMu.Lock()
 	defer s.adoptMu.Unlock()
@@ -145,8 +146,9 @@ func (s *System) keepsLocked(own *lifetime.Owner) bool {
 // RetryOrphansMapping retries closing the orphaned mappings of a and freeing the orphaned
 // reservations in which a is still mapped (see Orphans): a failed undo that could not unmap a, from
 // a new range or from one still in use, keeps a from being released until that mapping goes.
-// Allocation.Close, and Mapping.Close and Reservation.UnmapRange of a mapping that owns a, call it
-// before they release a, so owners need not; it remains for a caller that wants the errors of those
+// Allocation.Close, Mapping.Close and Reservation.UnmapRange of a mapping that owns a, and
+// Reservation.Close for the mappings whose release it retries, call it before they release a, so
+// owners need not; it remains for a caller that wants the errors of those
 // that still fail, which it returns. The caller holds no reservation's lock: the retries take them.
 func (s *System) RetryOrphansMapping(a *Allocation) error {
 	if s == nil || a == nil {

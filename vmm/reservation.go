@@ -77,7 +77,7 @@ type Reservation struct {
 	offsets  []uint64            // the keys of mappings, sorted, for overlap checks in O(log n)
 	pending  []*Mapping          // unmapped, their allocations' release failed: retried by Close
 
-	unblocking atomic.Bool // Close is retrying the System's ranges that block pending releases
+	unblocking atomic.Bool // Close is retrying the System's orphans (mappings, ranges) that block pending releases
 }
 
 // Granularity is the granularity the system uses for reservations: the least common multiple of the
@@ -577,10 +577,12 @@ func (r *Reservation) Close() error {
 	})
 }
 
-// unblockPending retries the ranges the System keeps that still map the allocations of r.pending,
-// whose release failed after an unmap, as Mapping.Close does before it releases. It runs without r's
-// lock, since freeing those ranges takes their reservations' locks, and is skipped when r's Close
-// comes back here through one of them (a range kept by the System whose Close is retried).
+// unblockPending retries the orphaned mappings and ranges the System keeps that still map the
+// allocations of r.pending, whose release failed after an unmap, as Mapping.Close does before it
+// releases. It runs without r's lock, since closing those takes their reservations' locks, and is
+// skipped when r's Close comes back here through one of them (a range kept by the System whose
+// Close is retried); a second Close of r made at the same time skips it too, and may then fail
+// with ErrInUse where a retry succeeds.
 func (r *Reservation) unblockPending() {
 	if !r.unblocking.CompareAndSwap(false, true) {
 		return
