@@ -220,7 +220,7 @@ func (r *sleepRun) warmRoundFigures(outs, ins, sleeps, wakes []float64) {
 	res.SleepSeconds, res.WakeSeconds = median(sleeps), median(wakes)
 }
 
-// sleepStepFigures sets the medians of the warm sleeps' steps.
+// sleepStepFigures sets the medians of the rounds' sleeps' steps (warm rounds, or file rounds).
 func (r *sleepRun) sleepStepFigures(steps []offload.SleepSteps) {
 	var prep, cp, rel []float64
 	for _, s := range steps {
