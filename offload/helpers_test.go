@@ -129,13 +129,30 @@ func requireFreeAbout(t *testing.T, b *testutil.Backend, want, got uint64, msg s
 	require.LessOrEqual(t, diff, uint64(4*mib), "%s: free %d, want about %d", msg, got, want)
 }
 
+// keptW makes a buffer of size bytes in chunks of chunk bytes on d, filled with seed's pattern and
+// kept under the tag "w" in a set whose slots are a chunk each and which reports its progress to
+// progress (nil: to nothing).
+func keptW(t *testing.T, b *testutil.Backend, d *vmm.Device, size, chunk, seed uint64, progress func(done, total uint64)) (*growbuf.Buffer, *offload.Set) {
+	t.Helper()
+	buf := newBuf(t, d, size, chunk, seed, nil)
+	set := newSet(t, b, offload.Options{SlotSize: chunk, Progress: progress})
+	require.NoError(t, set.Add("w", buf, offload.Keep, offload.EntryOptions{}))
+	return buf, set
+}
+
+// keptWithProgress is keptW of 32 MiB in 8 MiB chunks on device 0.
+func keptWithProgress(t *testing.T, b *testutil.Backend, seed uint64, progress func(done, total uint64)) (*vmm.Device, *growbuf.Buffer, *offload.Set) {
+	t.Helper()
+	d := b.Device(t, 0)
+	buf, set := keptW(t, b, d, 32*mib, 8*mib, seed, progress)
+	return d, buf, set
+}
+
 // savedW makes a 4 MiB buffer of seed's pattern on d, kept under the tag "w" in a set of 2 MiB
 // slots, and that set's checkpoint.
 func savedW(t *testing.T, b *testutil.Backend, d *vmm.Device, seed uint64) (*growbuf.Buffer, *offload.Set, []byte) {
 	t.Helper()
-	buf := newBuf(t, d, 4*mib, 2*mib, seed, nil)
-	set := newSet(t, b, offload.Options{SlotSize: 2 * mib})
-	require.NoError(t, set.Add("w", buf, offload.Keep, offload.EntryOptions{}))
+	buf, set := keptW(t, b, d, 4*mib, 2*mib, seed, nil)
 	var ck bytes.Buffer
 	require.NoError(t, set.Save(bg, &ck))
 	return buf, set, ck.Bytes()

@@ -8,7 +8,6 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/cuvmm/cuvmm/driver"
-	"github.com/cuvmm/cuvmm/growbuf"
 	"github.com/cuvmm/cuvmm/internal/testutil"
 	"github.com/cuvmm/cuvmm/offload"
 	"github.com/cuvmm/cuvmm/vmm"
@@ -147,15 +146,4 @@ func TestWakeAfterAFailedCopyUndoFailsKeepsTheChunksNeverReleased(t *testing.T) 
 		require.NoError(t, set.Restore(bg, bytes.NewReader(ck.Bytes())))
 		requirePattern(t, d, buf.Ptr(), 32*mib, 48)
 	}, testutil.SimOnly())
-}
-
-// keptWithProgress makes a 32 MiB buffer of seed's pattern in 8 MiB chunks on device 0, kept
-// under the tag "w" in a set of 8 MiB slots that reports its progress to progress.
-func keptWithProgress(t *testing.T, b *testutil.Backend, seed uint64, progress func(done, total uint64)) (*vmm.Device, *growbuf.Buffer, *offload.Set) {
-	t.Helper()
-	d := b.Device(t, 0)
-	buf := newBuf(t, d, 32*mib, 8*mib, seed, nil)
-	set := newSet(t, b, offload.Options{SlotSize: 8 * mib, Progress: progress})
-	require.NoError(t, set.Add("w", buf, offload.Keep, offload.EntryOptions{}))
-	return d, buf, set
 }
