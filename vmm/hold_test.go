@@ -92,16 +92,15 @@ func requireRefusedAsUnmapping(t *testing.T, errs []error, n int) {
 // holds memory that is going away. Once the unmap ends, Hold works again while the allocation
 // lives, and fails with ErrClosed once the unmap closed it.
 func TestHoldDuringUnmapFails(t *testing.T) {
-	rw := func(d *vmm.Device) vmm.Access { return vmm.ReadWrite(d) }
 	t.Run("Mapping.Close, mapped elsewhere too", func(t *testing.T) {
 		u, d := hookedSim(t)
 		a, err := d.Allocate(2*mib, vmm.AllocOptions{})
 		require.NoError(t, err)
 		r, err := d.System().Reserve(4*mib, vmm.ReserveOptions{})
 		require.NoError(t, err)
-		m1, err := r.MapAccess(0, a, rw(d))
+		m1, err := r.MapAccess(0, a, vmm.ReadWrite(d))
 		require.NoError(t, err)
-		m2, err := r.MapAccess(2*mib, a, rw(d))
+		m2, err := r.MapAccess(2*mib, a, vmm.ReadWrite(d))
 		require.NoError(t, err)
 
 		errs := holdsDuringUnmap(u, a)
@@ -118,10 +117,7 @@ func TestHoldDuringUnmapFails(t *testing.T) {
 	})
 	t.Run("Mapping.Close of an owned allocation", func(t *testing.T) {
 		u, d := hookedSim(t)
-		r, err := d.System().Reserve(2*mib, vmm.ReserveOptions{})
-		require.NoError(t, err)
-		m, err := r.MapNew(0, 2*mib, d, vmm.AllocOptions{}, rw(d))
-		require.NoError(t, err)
+		r, m := mapFilled(t, d, 2*mib, 1)
 
 		errs := holdsDuringUnmap(u, m.Allocation())
 		require.NoError(t, m.Close())
@@ -133,9 +129,9 @@ func TestHoldDuringUnmapFails(t *testing.T) {
 		u, d := hookedSim(t)
 		r, err := d.System().Reserve(4*mib, vmm.ReserveOptions{})
 		require.NoError(t, err)
-		m1, err := r.MapNew(0, 2*mib, d, vmm.AllocOptions{}, rw(d))
+		m1, err := r.MapNew(0, 2*mib, d, vmm.AllocOptions{}, vmm.ReadWrite(d))
 		require.NoError(t, err)
-		m2, err := r.MapNew(2*mib, 2*mib, d, vmm.AllocOptions{}, rw(d))
+		m2, err := r.MapNew(2*mib, 2*mib, d, vmm.AllocOptions{}, vmm.ReadWrite(d))
 		require.NoError(t, err)
 
 		errs := holdsDuringUnmap(u, m1.Allocation(), m2.Allocation())
@@ -147,10 +143,7 @@ func TestHoldDuringUnmapFails(t *testing.T) {
 	})
 	t.Run("a failed unmap", func(t *testing.T) {
 		u, d := hookedSim(t)
-		r, err := d.System().Reserve(2*mib, vmm.ReserveOptions{})
-		require.NoError(t, err)
-		m, err := r.MapNew(0, 2*mib, d, vmm.AllocOptions{}, rw(d))
-		require.NoError(t, err)
+		r, m := mapFilled(t, d, 2*mib, 1)
 
 		u.FailNth("cuMemUnmap", 1, driver.ErrorUnknown)
 		errs := holdsDuringUnmap(u, m.Allocation())
@@ -168,17 +161,14 @@ func TestHoldDuringUnmapFails(t *testing.T) {
 	// that comes meanwhile waits, then finds the allocation asleep.
 	t.Run("ReleaseAt", func(t *testing.T) {
 		u, d := hookedSim(t)
-		r, err := d.System().Reserve(2*mib, vmm.ReserveOptions{})
-		require.NoError(t, err)
-		m, err := r.MapNew(0, 2*mib, d, vmm.AllocOptions{}, rw(d))
-		require.NoError(t, err)
+		r, m := mapFilled(t, d, 2*mib, 1)
 
 		var held <-chan error
 		u.onUnmap = func() {
 			u.onUnmap = nil
 			held = holdAsync(m.Allocation())
 		}
-		require.NoError(t, m.Allocation().ReleaseAt(m.Ptr(), []vmm.Access{rw(d)}, false, nil))
+		require.NoError(t, m.Allocation().ReleaseAt(m.Ptr(), []vmm.Access{vmm.ReadWrite(d)}, false, nil))
 		require.NotNil(t, held, "cuMemUnmap ran the hook")
 		require.ErrorIs(t, <-held, vmm.ErrAsleep)
 		require.NoError(t, m.Close())
