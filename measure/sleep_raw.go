@@ -186,11 +186,10 @@ func (r *sleepRun) measureWarmRounds() error {
 			if err := t.add(rc, true); err != nil {
 				return err
 			}
-			s, err := r.timed("sleep", total, r.set.Sleep)
+			s, err := r.timedSleep(&steps)
 			if err != nil {
 				return err
 			}
-			steps = append(steps, r.set.Stats().LastSleepSteps)
 			time.Sleep(asleepPause)
 			if err := t.add(rc, false); err != nil {
 				return err
@@ -218,6 +217,14 @@ func (r *sleepRun) warmRoundFigures(outs, ins, sleeps, wakes []float64) {
 	}
 	res.SleepVsRawRoundsMedian, res.WakeVsRawRoundsMedian = median(res.SleepVsRawRounds), median(res.WakeVsRawRounds)
 	res.SleepSeconds, res.WakeSeconds = median(sleeps), median(wakes)
+}
+
+// timedSleep times a sleep of the whole set (timed) and appends its steps (Stats.LastSleepSteps)
+// to steps.
+func (r *sleepRun) timedSleep(steps *[]offload.SleepSteps) (float64, error) {
+	t, err := r.timed("sleep", r.res.TotalBytes, r.set.Sleep)
+	*steps = append(*steps, r.set.Stats().LastSleepSteps)
+	return t, err
 }
 
 // sleepStepFigures sets the medians of the rounds' sleeps' steps (warm rounds, or file rounds).

@@ -231,11 +231,7 @@ func (r *sleepRun) measureFileRounds() error {
 		var t [5]float64
 		for j, ph := range []func() (float64, error){
 			raw.write,
-			func() (float64, error) {
-				t, err := r.timed("sleep", r.res.TotalBytes, r.set.Sleep)
-				steps = append(steps, r.set.Stats().LastSleepSteps)
-				return t, err
-			},
+			func() (float64, error) { return r.timedSleep(&steps) },
 			raw.read,
 			func() (float64, error) {
 				t, err := r.timed("wake", r.res.TotalBytes, r.set.Wake)
