@@ -2,17 +2,14 @@ package broker
 
 import (
 	"context"
-	"net"
 	"testing"
 	"time"
 
 	"github.com/stretchr/testify/require"
-	"golang.org/x/sys/unix"
 
 	"github.com/cuvmm/cuvmm/driver"
 	"github.com/cuvmm/cuvmm/driver/sim"
 	"github.com/cuvmm/cuvmm/internal/testutil"
-	"github.com/cuvmm/cuvmm/internal/unixsock"
 	"github.com/cuvmm/cuvmm/ipc"
 	"github.com/cuvmm/cuvmm/pinned"
 	"github.com/cuvmm/cuvmm/vmm"
@@ -56,33 +53,6 @@ func (l oneLane) filledWorker(t *testing.T, devSeed, hostSeed uint64) (*Client, 
 	rb, err := c.Register(l.ctx, buf)
 	require.NoError(t, err)
 	return c, buf, rb
-}
-
-// queueHeld sends req through c and waits until its copy is queued on the lane's stream, which
-// holdStream holds: the copy stays in flight until the stream is released.
-func (l oneLane) queueHeld(t *testing.T, b *testutil.Backend, c *Client, req Request) *Completion {
-	t.Helper()
-	fn := "cuMemcpyDtoHAsync"
-	if req.Dir == ToDevice {
-		fn = "cuMemcpyHtoDAsync"
-	}
-	queued := b.Sim.Calls(fn)
-	done, err := c.CopyAsync(req)
-	require.NoError(t, err)
-	eventually(t, "the copy to be queued on the stream", func() bool { return b.Sim.Calls(fn) == queued+1 })
-	return done
-}
-
-// onlyWorker is the server's one connection.
-func (l oneLane) onlyWorker(t *testing.T) *worker {
-	t.Helper()
-	l.srv.own.Lock()
-	defer l.srv.own.Unlock()
-	require.Len(t, l.srv.workers, 1)
-	for w := range l.srv.workers {
-		return w
-	}
-	return nil
 }
 
 // stuckCopy registers a 2 MiB buffer through a new client and fails its first copy with a stream
@@ -539,18 +509,4 @@ func TestWriteTimeoutDropDrainsQueuedCopiesBeforeTheEnd(t *testing.T) {
 		require.Zero(t, s.Buffers)
 		require.Equal(t, uint64(1), s.Copies)
 	}, testutil.SimOnly())
-}
-
-// rawRegister registers buf through a raw connection and returns its id.
-func rawRegister(t *testing.T, conn *net.UnixConn, buf vmm.Chunked) uint32 {
-	t.Helper()
-	exp, err := ipc.Export(buf)
-	require.NoError(t, err)
-	defer exp.Close()
-	require.NoError(t, ipc.WriteMessage(conn, KindRequest, encodeReq(request{op: OpRegister, id: 2}), nil))
-	require.NoError(t, ipc.Send(conn, exp))
-	resp, err := readResponse(unixsock.NewConn(conn, unix.Ucred{}))
-	require.NoError(t, err)
-	require.Equal(t, StatusOK, resp.status, resp.text)
-	return resp.buffer
 }

@@ -1,7 +1,6 @@
 package broker
 
 import (
-	"net"
 	"os"
 	"testing"
 	"time"
@@ -9,32 +8,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/cuvmm/cuvmm/internal/testutil"
-	"github.com/cuvmm/cuvmm/ipc"
 )
-
-// requireEnds waits up to 10 s for the connection's end that ended reports.
-func requireEnds(t *testing.T, ended <-chan error, what string) {
-	t.Helper()
-	select {
-	case err := <-ended:
-		require.NoError(t, err, what)
-	case <-time.After(10 * time.Second):
-		t.Fatalf("%s did not end", what)
-	}
-}
-
-// endOf reads conn until the broker ends it (connEnd) on its own goroutine.
-func endOf(conn *net.UnixConn) <-chan error {
-	ended := make(chan error, 1)
-	go func() { ended <- connEnd(conn) }()
-	return ended
-}
-
-// sendCopy sends a copy request of 4 KiB to the device through a raw connection.
-func sendCopy(t *testing.T, conn *net.UnixConn, id uint64, buffer uint32) {
-	t.Helper()
-	require.NoError(t, ipc.WriteMessage(conn, KindRequest, encodeReq(request{op: OpCopy, id: id, buffer: buffer, dir: ToDevice, length: 4096}), nil))
-}
 
 // A worker dropped for WriteTimeout sees its connection end only once the broker has dropped its
 // copy still waiting for a stream and released its buffer, as at every other end (cleanup): the end

@@ -2,7 +2,6 @@ package broker
 
 import (
 	"context"
-	"net"
 	"testing"
 	"time"
 
@@ -10,7 +9,6 @@ import (
 
 	"github.com/cuvmm/cuvmm/driver"
 	"github.com/cuvmm/cuvmm/internal/testutil"
-	"github.com/cuvmm/cuvmm/ipc"
 	"github.com/cuvmm/cuvmm/pinned"
 	"github.com/cuvmm/cuvmm/vmm"
 )
@@ -119,21 +117,6 @@ func TestStalledReaderLosesConnection(t *testing.T) {
 				require.Equal(t, uint64(1), srv.Stats().Dropped)
 			}, testutil.SimOnly())
 		})
-	}
-}
-
-// pingWithoutReading sends pings with ids from id on, never reading the answers, until a write fails
-// or takes 3 s.
-func pingWithoutReading(conn *net.UnixConn, id uint64) { requestWithoutReading(conn, OpPing, id) }
-
-// requestWithoutReading sends requests of op with ids from id on, never reading the answers, until
-// a write fails or takes 3 s.
-func requestWithoutReading(conn *net.UnixConn, op uint16, id uint64) {
-	for ; ; id++ {
-		_ = conn.SetWriteDeadline(time.Now().Add(3 * time.Second))
-		if ipc.WriteMessage(conn, KindRequest, encodeReq(request{op: op, id: id}), nil) != nil {
-			return
-		}
 	}
 }
 

@@ -2,6 +2,8 @@ package broker
 
 import (
 	"context"
+	"io"
+	"net"
 	"os"
 	"path/filepath"
 	"testing"
@@ -9,10 +11,12 @@ import (
 	"unsafe"
 
 	"github.com/stretchr/testify/require"
+	"golang.org/x/sys/unix"
 
 	"github.com/cuvmm/cuvmm/driver"
 	"github.com/cuvmm/cuvmm/internal/kernels"
 	"github.com/cuvmm/cuvmm/internal/testutil"
+	"github.com/cuvmm/cuvmm/internal/unixsock"
 	"github.com/cuvmm/cuvmm/ipc"
 	"github.com/cuvmm/cuvmm/pinned"
 	"github.com/cuvmm/cuvmm/vmm"
@@ -165,4 +169,116 @@ func privateDir(t testing.TB) string {
 	require.NoError(t, err)
 	t.Cleanup(func() { os.RemoveAll(d) })
 	return d
+}
+
+// rawConn connects to the broker without the client, optionally past the hello.
+func rawConn(t *testing.T, path string, hello bool) *net.UnixConn {
+	t.Helper()
+	conn, err := net.DialUnix("unix", nil, &net.UnixAddr{Name: path, Net: "unix"})
+	require.NoError(t, err)
+	t.Cleanup(func() { conn.Close() })
+	require.NoError(t, conn.SetDeadline(time.Now().Add(time.Minute)))
+	if hello {
+		require.NoError(t, ipc.WriteMessage(conn, KindRequest, encodeReq(request{op: OpHello, id: 1}), nil))
+		resp, err := rawResponse(conn)
+		require.NoError(t, err)
+		require.Equal(t, OpHello, resp.op)
+		require.Equal(t, StatusOK, resp.status)
+	}
+	return conn
+}
+
+// rawResponse reads one response from a raw connection (rawConn), as the client would, so that
+// tests that speak the protocol by hand can check the broker's answers.
+func rawResponse(conn *net.UnixConn) (response, error) {
+	return readResponse(unixsock.NewConn(conn, unix.Ucred{}))
+}
+
+// rawRegister registers buf through a raw connection and returns its id.
+func rawRegister(t *testing.T, conn *net.UnixConn, buf vmm.Chunked) uint32 {
+	t.Helper()
+	exp, err := ipc.Export(buf)
+	require.NoError(t, err)
+	defer exp.Close()
+	require.NoError(t, ipc.WriteMessage(conn, KindRequest, encodeReq(request{op: OpRegister, id: 2}), nil))
+	require.NoError(t, ipc.Send(conn, exp))
+	resp, err := rawResponse(conn)
+	require.NoError(t, err)
+	require.Equal(t, StatusOK, resp.status, resp.text)
+	return resp.buffer
+}
+
+// sendCopy sends a copy request of 4 KiB to the device through a raw connection.
+func sendCopy(t *testing.T, conn *net.UnixConn, id uint64, buffer uint32) {
+	t.Helper()
+	require.NoError(t, ipc.WriteMessage(conn, KindRequest, encodeReq(request{op: OpCopy, id: id, buffer: buffer, dir: ToDevice, length: 4096}), nil))
+}
+
+// pingWithoutReading sends pings with ids from id on, never reading the answers, until a write fails
+// or takes 3 s.
+func pingWithoutReading(conn *net.UnixConn, id uint64) { requestWithoutReading(conn, OpPing, id) }
+
+// requestWithoutReading sends requests of op with ids from id on, never reading the answers, until
+// a write fails or takes 3 s.
+func requestWithoutReading(conn *net.UnixConn, op uint16, id uint64) {
+	for ; ; id++ {
+		_ = conn.SetWriteDeadline(time.Now().Add(3 * time.Second))
+		if ipc.WriteMessage(conn, KindRequest, encodeReq(request{op: op, id: id}), nil) != nil {
+			return
+		}
+	}
+}
+
+// connEnd reads conn until the broker ends it (EOF, or a reset when requests were left unread).
+func connEnd(conn *net.UnixConn) error {
+	_, err := io.Copy(io.Discard, conn)
+	if peerClosed(err) {
+		return nil
+	}
+	return err
+}
+
+// endOf reads conn until the broker ends it (connEnd) on its own goroutine.
+func endOf(conn *net.UnixConn) <-chan error {
+	ended := make(chan error, 1)
+	go func() { ended <- connEnd(conn) }()
+	return ended
+}
+
+// requireEnds waits up to 10 s for the connection's end that ended reports.
+func requireEnds(t *testing.T, ended <-chan error, what string) {
+	t.Helper()
+	select {
+	case err := <-ended:
+		require.NoError(t, err, what)
+	case <-time.After(10 * time.Second):
+		t.Fatalf("%s did not end", what)
+	}
+}
+
+// queueHeld sends req through c and waits until its copy is queued on the lane's stream, which
+// holdStream holds: the copy stays in flight until the stream is released.
+func (l oneLane) queueHeld(t *testing.T, b *testutil.Backend, c *Client, req Request) *Completion {
+	t.Helper()
+	fn := "cuMemcpyDtoHAsync"
+	if req.Dir == ToDevice {
+		fn = "cuMemcpyHtoDAsync"
+	}
+	queued := b.Sim.Calls(fn)
+	done, err := c.CopyAsync(req)
+	require.NoError(t, err)
+	eventually(t, "the copy to be queued on the stream", func() bool { return b.Sim.Calls(fn) == queued+1 })
+	return done
+}
+
+// onlyWorker is the server's one connection.
+func (l oneLane) onlyWorker(t *testing.T) *worker {
+	t.Helper()
+	l.srv.own.Lock()
+	defer l.srv.own.Unlock()
+	require.Len(t, l.srv.workers, 1)
+	for w := range l.srv.workers {
+		return w
+	}
+	return nil
 }

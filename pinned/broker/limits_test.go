@@ -14,7 +14,6 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/cuvmm/cuvmm/internal/testutil"
-	"github.com/cuvmm/cuvmm/internal/unixsock"
 	"github.com/cuvmm/cuvmm/ipc"
 	"github.com/cuvmm/cuvmm/pinned"
 )
@@ -51,7 +50,7 @@ func TestBrokerDropsSilentPeers(t *testing.T) {
 		}
 		for name, c := range map[string]*net.UnixConn{"silent": silent, "half": half} {
 			require.NoError(t, c.SetReadDeadline(time.Now().Add(time.Second)))
-			resp, err := readResponse(unixsock.NewConn(c, unix.Ucred{}))
+			resp, err := rawResponse(c)
 			require.NoError(t, err, name)
 			want := StatusIdle
 			if name == "half" {
@@ -124,7 +123,7 @@ func TestBrokerDropsHalfSentRegister(t *testing.T) {
 			require.NoError(t, err)
 			start := time.Now()
 			require.NoError(t, half.SetReadDeadline(time.Now().Add(10*timeout)))
-			resp, err := readResponse(unixsock.NewConn(half, unix.Ucred{}))
+			resp, err := rawResponse(half)
 			require.NoError(t, err)
 			require.Equal(t, tc.want, resp.status, resp.text)
 			require.Less(t, time.Since(start), 4*timeout)
@@ -162,7 +161,7 @@ func TestHelloTimeoutOff(t *testing.T) {
 		conn := rawConn(t, path, false)
 		time.Sleep(400 * time.Millisecond)
 		require.NoError(t, ipc.WriteMessage(conn, KindRequest, encodeReq(request{op: OpHello, id: 1}), nil))
-		resp, err := readResponse(unixsock.NewConn(conn, unix.Ucred{}))
+		resp, err := rawResponse(conn)
 		require.NoError(t, err)
 		require.Equal(t, StatusOK, resp.status, resp.text)
 	}, testutil.SimOnly())

@@ -1,16 +1,13 @@
 package broker
 
 import (
-	"io"
 	"net"
 	"testing"
 	"time"
 
 	"github.com/stretchr/testify/require"
-	"golang.org/x/sys/unix"
 
 	"github.com/cuvmm/cuvmm/internal/testutil"
-	"github.com/cuvmm/cuvmm/internal/unixsock"
 	"github.com/cuvmm/cuvmm/ipc"
 	"github.com/cuvmm/cuvmm/vmm"
 )
@@ -29,21 +26,12 @@ func (l oneLane) retiredCopy(t *testing.T, b *testutil.Backend, seed uint64) (*n
 	release := holdStream(t, b, l.srv, l.dev)
 	failSyncs(b, 1+vmm.DrainAttempts+1000)
 	require.NoError(t, ipc.WriteMessage(conn, KindRequest, encodeReq(request{op: OpCopy, id: 3, buffer: id, dir: ToHost, length: mib}), nil))
-	resp, err := readResponse(unixsock.NewConn(conn, unix.Ucred{}))
+	resp, err := rawResponse(conn)
 	require.NoError(t, err)
 	require.NotEqual(t, StatusOK, resp.status)
 	require.Contains(t, resp.text, "retired")
 	b.Sim.ClearFaults()
 	return conn, release
-}
-
-// connEnd reads conn until the broker ends it (EOF, or a reset when requests were left unread).
-func connEnd(conn *net.UnixConn) error {
-	_, err := io.Copy(io.Discard, conn)
-	if peerClosed(err) {
-		return nil
-	}
-	return err
 }
 
 // requireEndAfterRelease checks that the raw worker's connection does not end while its copy is

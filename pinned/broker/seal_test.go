@@ -21,7 +21,7 @@ func rawRegionFiles(t *testing.T, path string, kind pinned.Kind) []*os.File {
 	t.Helper()
 	conn := rawConn(t, path, true)
 	require.NoError(t, ipc.WriteMessage(conn, KindRequest, encodeReq(request{op: OpRegion, id: 2}), nil))
-	resp, err := readResponse(unixsock.NewConn(conn, unix.Ucred{}))
+	resp, err := rawResponse(conn)
 	require.NoError(t, err)
 	require.Equal(t, StatusOK, resp.status, resp.text)
 	k, _, files, err := ipc.ReadMessage(conn)

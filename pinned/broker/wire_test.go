@@ -125,23 +125,6 @@ func TestResponseStrict(t *testing.T) {
 	}
 }
 
-// rawConn connects to the broker without the client, optionally past the hello.
-func rawConn(t *testing.T, path string, hello bool) *net.UnixConn {
-	t.Helper()
-	conn, err := net.DialUnix("unix", nil, &net.UnixAddr{Name: path, Net: "unix"})
-	require.NoError(t, err)
-	t.Cleanup(func() { conn.Close() })
-	require.NoError(t, conn.SetDeadline(time.Now().Add(time.Minute)))
-	if hello {
-		require.NoError(t, ipc.WriteMessage(conn, KindRequest, encodeReq(request{op: OpHello, id: 1}), nil))
-		resp, err := readResponse(unixsock.NewConn(conn, unix.Ucred{}))
-		require.NoError(t, err)
-		require.Equal(t, OpHello, resp.op)
-		require.Equal(t, StatusOK, resp.status)
-	}
-	return conn
-}
-
 // requireRefused reads the broker's protocol refusal of the whole connection, then its hang-up.
 func requireRefused(t *testing.T, conn *net.UnixConn, what string) {
 	t.Helper()
