@@ -96,13 +96,19 @@ func (s *System) keepAdoptee(a adoptee) error {
 	return fmt.Errorf("vmm: %s is kept by the System, and its Close retries freeing it", a.what)
 }
 
-// adoptedWhere lists the adopted objects not yet closed that match; match runs with s.adoptMu held
-// (keepsLocked relies on it).
-func (s *System) adoptedWhere(match func(adoptee) bool) []adoptee {
+// adoptedNow copies the list of adopted objects. Whether one is closed is asked of its own lock,
+// which an object's method may hold while it hands the System something (keepOrphan), so it is
+// asked of the copy, never under s.adoptMu.
+func (s *System) adoptedNow() []adoptee {
 	s.adoptMu.Lock()
 	defer s.adoptMu.Unlock()
+	return slices.Clone(s.adopted)
+}
+
+// adoptedWhere lists the adopted objects not yet closed that match.
+func (s *System) adoptedWhere(match func(adoptee) bool) []adoptee {
 	var out []adoptee
-	for _, a := range s.adopted {
+	for _, a := range s.adoptedNow() {
 		if !a.done() && match(a) {
 			out = append(out, a)
 		}
@@ -128,19 +134,19 @@ func (s *System) retryIn(lo, hi driver.DevicePtr) error {
 // that is a's release, the caller's, and an orphan owning a would come back here. Those still
 // failing stay adopted; their errors are returned.
 func (s *System) retryMappingsOf(a *Allocation) error {
+	list := s.adoptedNow()
 	var errs []error
-	for _, o := range s.adoptedWhere(func(o adoptee) bool {
-		return o.mapping != nil && o.mapping.alloc == a && !s.keepsLocked(&o.mapping.res.own)
-	}) {
-		errs = append(errs, o.mapping.closeWithoutUnblock())
+	for _, o := range list {
+		if o.mapping != nil && o.mapping.alloc == a && !o.done() && !keeps(list, &o.mapping.res.own) {
+			errs = append(errs, o.mapping.closeWithoutUnblock())
+		}
 	}
 	return errors.Join(errs...)
 }
 
-// keepsLocked reports whether the object own belongs to is adopted and not yet closed; the caller
-// holds s.adoptMu.
-func (s *System) keepsLocked(own *lifetime.Owner) bool {
-	return slices.ContainsFunc(s.adopted, func(a adoptee) bool { return a.own == own && !a.done() })
+// keeps reports whether the object own belongs to is in list and not yet closed.
+func keeps(list []adoptee, own *lifetime.Owner) bool {
+	return slices.ContainsFunc(list, func(a adoptee) bool { return a.own == own && !a.done() })
 }
 
 // RetryOrphansMapping retries closing the orphaned mappings of a and freeing the orphaned
@@ -207,9 +213,15 @@ func (s *System) RetryOrphans() error { return s.retryAdopted() }
 // Orphans lists the objects whose clean-up failed during an undo and that the System keeps to retry
 // in Close (empty when every undo succeeded or a retry, by the System or by their owner, worked).
 func (s *System) Orphans() []string {
+	done := make(map[*lifetime.Owner]bool)
+	for _, a := range s.adoptedNow() {
+		if a.done() {
+			done[a.own] = true
+		}
+	}
 	s.adoptMu.Lock()
 	defer s.adoptMu.Unlock()
-	s.adopted = slices.DeleteFunc(s.adopted, adoptee.done)
+	s.adopted = slices.DeleteFunc(s.adopted, func(a adoptee) bool { return a.own != nil && done[a.own] })
 	out := make([]string, len(s.adopted))
 	for i, a := range s.adopted {
 		out[i] = a.what
