@@ -78,7 +78,7 @@ func TestClientOfABrokerThatStoppedReadingWaitsForItsEnd(t *testing.T) {
 		w.conn.Lock()
 		w.lost.Store(true)
 		w.conn.Unlock()
-		w.writeFailed(os.ErrDeadlineExceeded)
+		w.writeFailed("writing a response", os.ErrDeadlineExceeded)
 		eventually(t, "a write to the broker to fail", func() bool { return c.Ping(l.ctx) != nil })
 
 		closed := testutil.StillWaiting(t, 200*time.Millisecond, "Close, while the broker drained a copy of the client,", c.Close)

@@ -524,7 +524,7 @@ func (w *worker) reply(r *response) {
 	err := w.send(func() error { return w.writeResponse(r) })
 	w.conn.Unlock()
 	if err != nil {
-		w.writeFailed(err)
+		w.writeFailed("writing a response", err)
 	}
 }
 
@@ -541,18 +541,18 @@ func (w *worker) send(write func() error) error {
 	return err
 }
 
-// writeFailed ends a connection whose write failed; the framing is lost. It leaves the end to the
+// writeFailed ends a connection whose write failed (what says which, for the log); the framing is lost. It leaves the end to the
 // reader, as every other end does: it shuts the connection's reading side, so that the reader stops
 // (next) and cleanup drops the copies still waiting for a stream, drains those queued on one and
 // releases the buffers before it closes the connection: the worker takes the end to mean that the
 // broker holds nothing of it any more. A worker that stopped reading for WriteTimeout counts as
 // dropped.
-func (w *worker) writeFailed(err error) {
+func (w *worker) writeFailed(what string, err error) {
 	if !hangUp(err) {
 		if errors.Is(err, os.ErrDeadlineExceeded) { // it stopped reading for WriteTimeout
 			w.s.drops.Add(1)
 		}
-		w.logf("writing a response: %v (closing the connection once its copies are drained and its buffers released)", err)
+		w.logf("%s: %v (closing the connection once its copies are drained and its buffers released)", what, err)
 	}
 	_ = w.conn.Unix().CloseRead()
 }
@@ -706,7 +706,7 @@ func (w *worker) next() bool {
 		w.unregister(req)
 	case OpRegion:
 		if err := w.shareRegion(req); err != nil {
-			w.writeFailed(err)
+			w.writeFailed("passing the region's file descriptor", err)
 			return false
 		}
 	}
