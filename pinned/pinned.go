@@ -86,7 +86,8 @@ type Kind int
 // Region kinds.
 const (
 	// Auto chooses HostNUMA where the device supports it (vmm.FeatureHostNUMA and posix-fd handles),
-	// SharedMemory where the device reports no support; New fails when the driver cannot be asked.
+	// SharedMemory where the device reports no support or the driver is too old to report it
+	// (before CUDA 12.9); New fails when a query fails otherwise.
 	Auto Kind = iota
 	// HostNUMA is a host-NUMA VMM allocation: visible to the granted devices only.
 	HostNUMA
@@ -116,7 +117,8 @@ func (k Kind) String() string {
 // the device (attribute 134), and POSIX file descriptor handles for sharing.
 //
 // It is false also when the driver cannot be asked; New with Auto tells the two apart (a failed
-// query is an error there), and so does dev.Check(vmm.FeatureHostNUMA).
+// query is an error there, but on a driver before 12.9, which does not know the attribute, Auto
+// makes SharedMemory), and so does dev.Check(vmm.FeatureHostNUMA).
 func SupportsHostNUMA(dev *vmm.Device) bool {
 	return dev != nil && dev.Check(vmm.FeatureHostNUMA) == nil && dev.Check(vmm.FeaturePosixFDHandles) == nil
 }

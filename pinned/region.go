@@ -86,8 +86,13 @@ func New(dev *vmm.Device, size uint64, opts Options) (*Region, error) {
 	return nil, fmt.Errorf("pinned: new region: unknown kind %d: %w", int(kind), ErrInvalidValue)
 }
 
-// autoKind is HostNUMA where dev supports it, SharedMemory where it reports no support; a failed
-// query is an error, not a reason to fall back.
+// hostNUMAAttrVersion is the first driver version that knows the host-NUMA support attribute (141);
+// drivers from 12.2 to 12.8 make host-NUMA allocations but cannot be asked whether they may.
+const hostNUMAAttrVersion = 12090
+
+// autoKind is HostNUMA where dev supports it, SharedMemory where it reports no support or where
+// the driver is too old to be asked (hostNUMAAttrVersion); any other failed query is an error,
+// not a reason to fall back.
 func autoKind(dev *vmm.Device) (Kind, error) {
 	err := dev.Check(vmm.FeatureHostNUMA)
 	if err == nil {
@@ -97,6 +102,8 @@ func autoKind(dev *vmm.Device) (Kind, error) {
 	case err == nil:
 		return HostNUMA, nil
 	case errors.Is(err, ErrNotSupported):
+		return SharedMemory, nil
+	case errors.Is(err, driver.ErrorInvalidValue) && dev.System().DriverVersion() < hostNUMAAttrVersion:
 		return SharedMemory, nil
 	}
 	return Auto, fmt.Errorf("pinned: new region: cannot tell whether %s supports host-NUMA regions (choose the kind explicitly): %w", dev, err)

@@ -435,6 +435,28 @@ func TestAutoKindQueryFails(t *testing.T) {
 	}, testutil.SimOnly(), testutil.SimOptions(sim.Attribute(0, driver.AttrHostNUMAVirtualMemoryManagementSupported, 0)))
 }
 
+// Drivers from 12.2 to 12.8 make host-NUMA allocations but do not know the attribute that says
+// whether they may: Auto makes the kind every driver supports there, and an invalid-value answer
+// of a newer driver is still an error.
+func TestAutoKindOnADriverTooOldToAsk(t *testing.T) {
+	testutil.Run(t, func(t *testing.T, b *testutil.Backend) {
+		d := b.Device(t, 0)
+		require.NotErrorIs(t, d.Check(vmm.FeatureHostNUMA), pinned.ErrNotSupported, "the driver cannot be asked")
+		r, err := pinned.New(d, mib, pinned.Options{})
+		require.NoError(t, err)
+		require.Equal(t, pinned.SharedMemory, r.Kind())
+		require.NoError(t, r.Close())
+		s, err := pinned.NewStager(d, pinned.StagerOptions{})
+		require.NoError(t, err)
+		require.NoError(t, s.Close())
+	}, testutil.SimOnly(), testutil.SimOptions(sim.DriverVersion(12080)))
+	testutil.Run(t, func(t *testing.T, b *testutil.Backend) {
+		b.Sim.FailNth("cuDeviceGetAttribute", 1, driver.ErrorInvalidValue)
+		_, err := pinned.New(b.Device(t, 0), mib, pinned.Options{})
+		require.ErrorContains(t, err, "cannot tell whether")
+	}, testutil.SimOnly())
+}
+
 // TestRegistrationVisibleToOpenedDevices: a registration reaches, and costs page tables on, the
 // devices whose contexts the process holds, as vmm.Stats counts them; a device opened later is
 // reached too.

@@ -178,8 +178,8 @@ func (s *Sim) DeviceGetName(dev driver.Device) (string, error) {
 }
 
 // DeviceGetAttribute calls cuDeviceGetAttribute. The simulator knows the H200's values of the
-// attributes the project reads (see Attribute to change or add one); others are
-// CUDA_ERROR_INVALID_VALUE.
+// attributes the project reads (see Attribute to change or add one); others, and those newer than
+// the driver version (attrSince), are CUDA_ERROR_INVALID_VALUE.
 func (s *Sim) DeviceGetAttribute(attr driver.DeviceAttribute, dev driver.Device) (int, error) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
@@ -188,10 +188,18 @@ func (s *Sim) DeviceGetAttribute(attr driver.DeviceAttribute, dev driver.Device)
 		return 0, err
 	}
 	v, ok := d.attrs[attr]
-	if !ok {
+	if since, newer := attrSince[attr]; !ok || newer && s.cfg.version < since {
 		return 0, driver.ErrorInvalidValue
 	}
 	return v, nil
+}
+
+// attrSince is the first driver version that knows an attribute, for the attributes newer than the
+// oldest driver with VMM: a simulator set to an older DriverVersion answers them
+// CUDA_ERROR_INVALID_VALUE, as such a driver does.
+var attrSince = map[driver.DeviceAttribute]int{
+	driver.AttrHostNUMAVirtualMemoryManagementSupported: 12090,
+	driver.AttrHostVirtualMemoryManagementSupported:     13000,
 }
 
 // DeviceTotalMem calls cuDeviceTotalMem_v2 (MemoryPerDevice).

@@ -241,3 +241,20 @@ func TestReleaseDestroysContextObjects(t *testing.T) {
 	require.NoError(t, s.CtxSetCurrent(0))
 	require.True(t, s.Live().Zero(), s.Live().String())
 }
+
+// Attributes newer than the driver version are unknown to the simulator, as to such a driver.
+func TestAttributesNewerThanTheDriverAreUnknown(t *testing.T) {
+	for v, want := range map[int][2]bool{12080: {false, false}, 12090: {true, false}, 13000: {true, true}} {
+		s := New(DriverVersion(v))
+		require.NoError(t, s.Init(0))
+		for i, attr := range []driver.DeviceAttribute{driver.AttrHostNUMAVirtualMemoryManagementSupported, driver.AttrHostVirtualMemoryManagementSupported} {
+			_, err := s.DeviceGetAttribute(attr, 0)
+			if want[i] {
+				require.NoError(t, err, "attribute %d on %d", attr, v)
+			} else {
+				require.ErrorIs(t, err, driver.ErrorInvalidValue, "attribute %d on %d", attr, v)
+			}
+		}
+		require.NoError(t, s.Close())
+	}
+}
