@@ -107,14 +107,17 @@ type SleepResult struct {
 	// RawPinGBps is how fast this host pins fresh memory with pinned.Register (map, fault in from
 	// several threads, then cuMemHostRegister), timed on the raw copies' host memory (up to 2 GiB per
 	// device, every device at once). FirstSleepLimitSeconds is the longer of pinning and copying the
-	// bytes at these rates: the floor of a first sleep that pins, then copies. The first sleep
-	// overlaps faulting pages in with registering others, so it can beat it.
+	// bytes at these rates (on the measured hosts, pinning): the floor of a first sleep that copies
+	// each piece while it pins the next as pinned.Register does (fault in, then register). The first
+	// sleep also overlaps faulting pages in with registering others, so it can beat it. These
+	// floors bound a Keep set's sleeps only: a File sleep writes a file, a Discard sleep copies
+	// nothing (the rates are measured in every mode).
 	RawPinGBps             float64 `json:"raw_pin_gbps"`
 	FirstSleepLimitSeconds float64 `json:"first_sleep_limit_seconds"`
 	// A second cold sleep, after TrimPool gave the backup back: it pins again, now memory the host
 	// has already provided to the process once (on a virtual machine whose memory grows as it is first
 	// touched, the first sleep also pays for that growth). RawRepinGBps is the pinning rate of such
-	// memory, RepinSleepLimitSeconds the time to pin, then copy, that follows.
+	// memory, RepinSleepLimitSeconds the floor that follows, as for the first sleep.
 	RepinSleepSeconds      float64 `json:"repin_sleep_seconds"`
 	RawRepinGBps           float64 `json:"raw_repin_gbps"`
 	RepinSleepLimitSeconds float64 `json:"repin_sleep_limit_seconds"`
@@ -350,10 +353,12 @@ type sleepRun struct {
 	first     atomic.Int64 // its first progress report, in nanoseconds after phase (0: none yet)
 }
 
-// Sleep fills one buffer of Size bytes per device, adds them to an offload set with the Mode's
-// policy, sleeps and wakes it twice (the first sleep pins its backup on the way; the second reuses
-// it), verifying content and address after each wake, and measures in the same run the raw pinned
-// copy bandwidth and the usual cuMemHostAlloc-then-copy backup.
+// Sleep fills one buffer of Size bytes per device and adds them to an offload set with the Mode's
+// policy. It then times, verifying content and address after each wake: a first sleep, which pins
+// its backup on the way (after Set.Prepare with Prepare), and its wake; Rounds warm rounds, each
+// beside raw copies (in file mode, raw file I/O) of the same bytes; a wake right after a sleep;
+// a cold sleep after TrimPool gave the backup back; with several devices, the first device
+// alone. Last it times the usual backup (cuMemHostAlloc, then copy) on the first device.
 func Sleep(opts SleepOptions) (res *SleepResult, err error) {
 	policy, err := opts.check()
 	if err != nil {

@@ -8,6 +8,27 @@ import (
 	"github.com/cuvmm/cuvmm/internal/units"
 )
 
+// coldSleeps prints the first sleep and the cold sleep after TrimPool. The host's pinning rates
+// bound only a Keep set's (a File sleep writes a file, a Discard sleep copies nothing).
+func (r *SleepResult) coldSleeps(w io.Writer) {
+	how, floor, refloor := "pinning on the way", "", ""
+	switch {
+	case r.Mode == "file":
+		how = "writing the file"
+	case r.Mode == "discard":
+		how = "dropping the content"
+	case r.PrepareSeconds > 0:
+		how = fmt.Sprintf("after Set.Prepare pinned the backup in %.3f s", r.PrepareSeconds)
+	}
+	if r.Mode == "keep" {
+		floor = fmt.Sprintf("; pinned.Register runs at %.1f GB/s here: %.3f s to pin while copying", r.RawPinGBps, r.FirstSleepLimitSeconds)
+		refloor = fmt.Sprintf(" (re-pinning runs at %.1f GB/s here: %.3f s to pin while copying)", r.RawRepinGBps, r.RepinSleepLimitSeconds)
+	}
+	fmt.Fprintf(w, "  first sleep %.3f s (%.1f GB/s, %s%s); first wake %.3f s\n",
+		r.FirstSleepSeconds, r.FirstSleepGBps, how, floor, r.FirstWakeSeconds)
+	fmt.Fprintf(w, "  cold sleep after the pool was trimmed %.3f s%s\n", r.RepinSleepSeconds, refloor)
+}
+
 // Text prints the result for people.
 func (r *SleepResult) Text(w io.Writer) {
 	fmt.Fprintf(w, "sleep and wake, %s mode, %s on each of devices %v (%s backend, chunks of %s)\n",
@@ -17,14 +38,7 @@ func (r *SleepResult) Text(w io.Writer) {
 	}
 	fmt.Fprintf(w, "  verified %s, address unchanged %s, freed %s (%.3f of the bytes slept)\n",
 		yesNo(r.Verified), yesNo(r.PtrUnchanged), units.FormatSize(r.FreedBytes), r.FreedRatio)
-	how := "pinning on the way"
-	if r.PrepareSeconds > 0 {
-		how = fmt.Sprintf("after Set.Prepare pinned the backup in %.3f s", r.PrepareSeconds)
-	}
-	fmt.Fprintf(w, "  first sleep %.3f s (%.1f GB/s, %s; pinned.Register runs at %.1f GB/s here: %.3f s to pin, then copy); first wake %.3f s\n",
-		r.FirstSleepSeconds, r.FirstSleepGBps, how, r.RawPinGBps, r.FirstSleepLimitSeconds, r.FirstWakeSeconds)
-	fmt.Fprintf(w, "  cold sleep after the pool was trimmed %.3f s (re-pinning runs at %.1f GB/s here: %.3f s to pin, then copy)\n",
-		r.RepinSleepSeconds, r.RawRepinGBps, r.RepinSleepLimitSeconds)
+	r.coldSleeps(w)
 	fmt.Fprintf(w, "  warm sleep  %.3f s (%.1f GB/s, %.2fx raw D2H %.1f GB/s)\n", r.SleepSeconds, r.SleepGBps, r.SleepVsRaw, r.RawD2HGBps)
 	fmt.Fprintf(w, "  warm wake   %.3f s (%.1f GB/s, %.2fx raw H2D %.1f GB/s)", r.WakeSeconds, r.WakeGBps, r.WakeVsRaw, r.RawH2DGBps)
 	if r.WakeAtOnceSeconds > 0 {

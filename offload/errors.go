@@ -18,6 +18,7 @@ var (
 	// ErrBadCheckpoint: a checkpoint that is truncated, corrupted (a checksum mismatch), foreign (not
 	// a cuvmm offload checkpoint) or of a different layout than the set it is restored into.
 	ErrBadCheckpoint = errors.New("offload: bad checkpoint")
-	// ErrAsleep: an operation that needs the buffers awake (Save, Restore) on a sleeping entry.
+	// ErrAsleep: an operation that needs a buffer awake on a sleeping entry: Remove and Restore, and
+	// Save of a sleeping Discard or File buffer (a sleeping Keep buffer saves from its backup).
 	ErrAsleep = vmm.ErrAsleep
 )

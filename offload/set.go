@@ -64,7 +64,10 @@ type EntryOptions struct {
 	// FileOffset+size) of File, where size is the sum of the buffer's chunks.
 	File       FileBacking
 	FileOffset int64
-	// Force lets a buffer exported to other processes sleep; their mappings then fault until wake.
+	// Force lets a buffer exported to other processes sleep. Its memory is not freed while they hold
+	// it, and they keep it: after Wake this process has new memory with the content of the sleep, and
+	// the importers' writes no longer reach it, nor its theirs (export the woken buffer again to
+	// share it).
 	Force bool
 	// NoZero leaves a Discard buffer's woken memory uninitialized instead of zeroing it.
 	NoZero bool

@@ -134,7 +134,8 @@ type Options struct {
 	// device (a property of cuMemHostRegister); listed devices must belong to the same System.
 	Grant []*vmm.Device
 	// CPUOnly grants no device: a HostNUMA region is mapped for the CPU alone, a SharedMemory region is
-	// not registered. Either costs no GPU memory. Devices can be granted later (Grant).
+	// not registered. Either costs no GPU memory. A HostNUMA region's devices can be granted later
+	// (Region.Grant); a SharedMemory region is registered by opening it again with a grant.
 	CPUOnly bool
 	// ReadOnly lets devices only read the region: granted devices get read access (HostNUMA), the
 	// memory is registered with CU_MEMHOSTREGISTER_READ_ONLY (SharedMemory). The CPU may always write.
