@@ -160,8 +160,14 @@ type firstPinResult struct {
 	SizeBytes uint64    `json:"size_bytes"`
 	Threads   int       `json:"threads"`
 	GPUs      int       `json:"gpus"`
+	Mode      string    `json:"mode"`
 	Touch     []float64 `json:"touch_seconds"`
 	Register  []float64 `json:"register_seconds"`
+	// The stage mode's.
+	Copy          []float64 `json:"copy_seconds"`
+	Stage         []float64 `json:"stage_seconds"`
+	RegisterAfter []float64 `json:"register_after_seconds"`
+	Wake          []float64 `json:"wake_seconds"`
 }
 
 // The probe builds, refuses bad arguments by name, times each pass's touching without a driver,
@@ -177,6 +183,11 @@ func TestFirstPinProbe(t *testing.T) {
 		{[]string{"--size", "1XiB"}, "--size wants a positive size such as 16GiB, not 1XiB"},
 		{[]string{"--bogus", "1"}, "unknown flag --bogus"},
 		{[]string{"--gpus"}, "every flag takes a value: --gpus"},
+		{[]string{"--mode", "fast"}, "--mode wants pin or stage, not fast"},
+		{[]string{"--mode", "stage"}, "--mode stage copies from GPU 0: it needs --gpus 1 or more"},
+		{[]string{"--mode", "stage", "--gpus", "1", "--piece", "3MiB"}, "--mode stage wants --piece a multiple of 2MiB that divides --size"},
+		{[]string{"--ring", "1"}, "--ring wants 2-64, not 1"},
+		{[]string{"--piece", "0"}, "--piece wants a positive size such as 32MiB, not 0"},
 	})
 	run := func(env []string, gpus string) firstPinResult {
 		code, stdout, stderr := runPeerEnv(t, bin, env, "--size", "8MiB", "--threads", "3", "--passes", "2", "--gpus", gpus)
@@ -190,6 +201,28 @@ func TestFirstPinProbe(t *testing.T) {
 		return res
 	}
 	require.Equal(t, []float64{0, 0}, run(nil, "0").Register, "no registering without --gpus")
-	res := run([]string{"LD_LIBRARY_PATH=" + buildFakeCUDA(t)}, "2")
+	fake := buildFakeCUDA(t)
+	res := run([]string{"LD_LIBRARY_PATH=" + fake}, "2")
 	require.Equal(t, 2, res.GPUs)
+	require.Equal(t, "pin", res.Mode)
+	requireStagesThroughARing(t, bin, fake)
+}
+
+// The stage mode times, each pass, the pinned backup's steps and the staged one's, over the fake
+// driver, and fails when the staged backup differs from the device's memory.
+func requireStagesThroughARing(t *testing.T, bin, fake string) {
+	t.Helper()
+	args := []string{"--size", "16MiB", "--threads", "3", "--passes", "3", "--gpus", "2", "--mode", "stage", "--piece", "4MiB", "--ring", "2"}
+	code, stdout, stderr := runPeerEnv(t, bin, []string{"LD_LIBRARY_PATH=" + fake}, args...)
+	require.Equal(t, 0, code, "%s", stderr)
+	var res firstPinResult
+	require.NoError(t, json.Unmarshal([]byte(stdout), &res), stdout)
+	require.Equal(t, "stage", res.Mode)
+	for _, l := range [][]float64{res.Touch, res.Register, res.Copy, res.Stage, res.RegisterAfter, res.Wake} {
+		require.Len(t, l, 3, stdout)
+	}
+	require.Positive(t, res.Stage[2], stdout)
+	code, _, stderr = runPeerEnv(t, bin, []string{"LD_LIBRARY_PATH=" + fake, "FAKECUDA_FLIP_AT=12288"}, args...)
+	require.Equal(t, 1, code)
+	require.Contains(t, stderr, "the staged backup differs from the device's memory")
 }

@@ -4,8 +4,8 @@
  * pipelines on a machine without a GPU. Device memory is malloc'd; every copy is a memcpy done at once, so streams and
  * events have nothing to wait for. FAKECUDA_FLIP_AT=N flips byte N of the first allocation in
  * every copy back to the host that covers it, for the test that the peer's check catches a
- * difference. Host registration remembers the one range registered, so that unregistering
- * another fails as the driver would.
+ * difference. Host registration remembers the ranges registered, so that registering one twice
+ * or unregistering another fails as the driver would.
  */
 #include <stdint.h>
 #include <stdlib.h>
@@ -17,7 +17,6 @@ typedef unsigned long long CUdeviceptr;
 #define FAKE_MAX_DEVICES 8
 
 static char *first_alloc;
-static void *registered;
 
 CUresult cuInit(unsigned flags) { return flags == 0 ? 0 : 1; }
 
@@ -86,17 +85,50 @@ CUresult cuMemcpyDtoH_v2(void *dst, CUdeviceptr src, size_t n) {
 	return 0;
 }
 
+CUresult cuMemcpyDtoHAsync_v2(void *dst, CUdeviceptr src, size_t n, void *s) {
+	(void)s;
+	return cuMemcpyDtoH_v2(dst, src, n);
+}
+
+CUresult cuMemcpyHtoD_v2(CUdeviceptr dst, const void *src, size_t n) {
+	memcpy((void *)(uintptr_t)dst, src, n);
+	return 0;
+}
+
+CUresult cuMemsetD32_v2(CUdeviceptr dst, unsigned v, size_t n) {
+	unsigned *p = (unsigned *)(uintptr_t)dst;
+	for (size_t i = 0; i < n; i++)
+		p[i] = v;
+	return 0;
+}
+
+/* registered holds the ranges registered now, so that registering one twice or unregistering one
+ * never registered fails as the driver would. */
+#define FAKE_MAX_REGISTERED 8
+static void *registered[FAKE_MAX_REGISTERED];
+
 CUresult cuMemHostRegister_v2(void *p, size_t n, unsigned flags) {
 	(void)flags;
-	if (!p || n == 0 || registered)
-		return 1; /* CUDA_ERROR_INVALID_VALUE; one range at a time is all first_pin needs */
-	registered = p;
+	if (!p || n == 0)
+		return 1; /* CUDA_ERROR_INVALID_VALUE */
+	int free_at = -1;
+	for (int i = 0; i < FAKE_MAX_REGISTERED; i++) {
+		if (registered[i] == p)
+			return 712; /* CUDA_ERROR_HOST_MEMORY_ALREADY_REGISTERED */
+		if (!registered[i] && free_at < 0)
+			free_at = i;
+	}
+	if (free_at < 0)
+		return 2;
+	registered[free_at] = p;
 	return 0;
 }
 
 CUresult cuMemHostUnregister(void *p) {
-	if (!p || p != registered)
-		return 713; /* CUDA_ERROR_HOST_MEMORY_NOT_REGISTERED */
-	registered = NULL;
-	return 0;
+	for (int i = 0; p && i < FAKE_MAX_REGISTERED; i++)
+		if (registered[i] == p) {
+			registered[i] = NULL;
+			return 0;
+		}
+	return 713; /* CUDA_ERROR_HOST_MEMORY_NOT_REGISTERED */
 }
