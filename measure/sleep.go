@@ -135,7 +135,7 @@ type SleepResult struct {
 	// the file rounds): waiting for the buffers' queued work, copying their content out (Keep
 	// chunks released on the way; File: writing the file), and releasing the rest of their GPU
 	// memory (about nothing for a kept buffer).
-	SleepPrepareSeconds float64 `json:"sleep_prepare_seconds"`
+	SleepWaitSeconds    float64 `json:"sleep_wait_seconds"`
 	SleepCopySeconds    float64 `json:"sleep_copy_seconds"`
 	SleepReleaseSeconds float64 `json:"sleep_release_seconds"`
 	// The warm wake (WakeSeconds) follows AsleepPauseSeconds asleep: the driver clears released

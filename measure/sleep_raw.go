@@ -231,9 +231,9 @@ func (r *sleepRun) timedSleep(steps *[]offload.SleepSteps) (float64, error) {
 func (r *sleepRun) sleepStepFigures(steps []offload.SleepSteps) {
 	var prep, cp, rel []float64
 	for _, s := range steps {
-		prep, cp, rel = append(prep, s.Prepare.Seconds()), append(cp, s.Copy.Seconds()), append(rel, s.Release.Seconds())
+		prep, cp, rel = append(prep, s.Wait.Seconds()), append(cp, s.Copy.Seconds()), append(rel, s.Release.Seconds())
 	}
-	r.res.SleepPrepareSeconds, r.res.SleepCopySeconds, r.res.SleepReleaseSeconds = median(prep), median(cp), median(rel)
+	r.res.SleepWaitSeconds, r.res.SleepCopySeconds, r.res.SleepReleaseSeconds = median(prep), median(cp), median(rel)
 }
 
 // inStep runs each step for i in [0, n), each i on a goroutine of its own, step after step: no i

@@ -51,7 +51,7 @@ func (r *SleepResult) Text(w io.Writer) {
 	}
 	if r.SleepCopySeconds > 0 {
 		fmt.Fprintf(w, "  a sleep's steps (medians of the rounds): waiting for queued work %.1f ms, copying out (kept chunks released as their copies end; file mode: writing the file) %.1f ms, releasing the rest %.1f ms\n",
-			r.SleepPrepareSeconds*1e3, r.SleepCopySeconds*1e3, r.SleepReleaseSeconds*1e3)
+			r.SleepWaitSeconds*1e3, r.SleepCopySeconds*1e3, r.SleepReleaseSeconds*1e3)
 	}
 	first := "first sleep of one device"
 	if r.PrepareSeconds > 0 && len(r.Devices) <= 1 {

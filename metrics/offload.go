@@ -89,7 +89,7 @@ func (c *SetCollector) Collect(ch chan<- prometheus.Metric) {
 		gauge(ch, c.last, op.last, op.name)
 	}
 	steps := st.LastSleepSteps
-	gauge(ch, c.sleepStep, steps.Prepare.Seconds(), "prepare")
+	gauge(ch, c.sleepStep, steps.Wait.Seconds(), "wait")
 	gauge(ch, c.sleepStep, steps.Copy.Seconds(), "copy")
 	gauge(ch, c.sleepStep, steps.Release.Seconds(), "release")
 }

@@ -62,7 +62,7 @@ func (s *Set) sleep(ctx context.Context, tags []string) (n uint64, err error) {
 	if err := s.release(refs); err != nil {
 		return 0, fmt.Errorf("offload: sleep: %w", err)
 	}
-	s.steps = SleepSteps{Prepare: copyStart.Sub(start), Copy: releaseStart.Sub(copyStart), Release: time.Since(releaseStart)}
+	s.steps = SleepSteps{Wait: copyStart.Sub(start), Copy: releaseStart.Sub(copyStart), Release: time.Since(releaseStart)}
 	for _, e := range todo {
 		e.asleep = true
 	}

@@ -34,8 +34,9 @@ type Stats struct {
 
 // SleepSteps is how a Sleep spent its time, step by step.
 type SleepSteps struct {
-	// Prepare is checking the buffers and waiting for the work queued on them.
-	Prepare time.Duration
+	// Wait is checking the buffers and waiting for the work queued on them (not Set.Prepare, which
+	// pins a backup ahead of a sleep).
+	Wait time.Duration
 	// Copy is copying their content out (backups, the file), every device at once, and releasing
 	// each Keep chunk as soon as its copy is done.
 	Copy time.Duration

@@ -38,7 +38,7 @@ func TestStatsFollowSleepAndWake(t *testing.T) {
 		require.Equal(t, st.LastSleep, st.SleepTime)
 		steps := st.LastSleepSteps
 		require.Positive(t, steps.Copy, "the copy out, Keep chunks released on the way")
-		require.LessOrEqual(t, steps.Prepare+steps.Copy+steps.Release, st.LastSleep, "steps %+v", steps)
+		require.LessOrEqual(t, steps.Wait+steps.Copy+steps.Release, st.LastSleep, "steps %+v", steps)
 
 		require.NoError(t, set.Sleep(bg))
 		require.Positive(t, set.Stats().LastSleepSteps.Release, "the discarded buffer's release, after the copies")
