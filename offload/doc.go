@@ -29,8 +29,10 @@
 // host it is the fastest to make (16 GiB in 0.58 s, against 3.8 s for a host-NUMA allocation and
 // 5.5 s for cuMemHostAlloc) and copies as fast as any (55 GB/s). The backup is made of slots of
 // Options.SlotSize bytes kept in a pool across sleeps, so a warm sleep only copies. The first sleep
-// pins while it copies: slot i+1 is made ready while slot i is being filled, so it takes about the
-// longer of the two, not their sum. Every device of a set works at once, on its own copy stream,
+// pins while it copies, in three stages that overlap: the pages of slot i+2 are faulted in while
+// slot i+1 is registered and slot i is filled, so it takes about the longest of the three, not
+// their sum. In a process that holds several GPUs the registration is the longest (the driver
+// maps the memory for each of them). Every device of a set works at once, on its own copy stream,
 // with two slots in flight so the copy engine never waits for the host.
 //
 // # Never half

@@ -76,7 +76,7 @@ type EntryOptions struct {
 // Options tunes a Set.
 type Options struct {
 	// SlotSize is the size of the pinned host slots backups are made of (default 256 MiB: copies of
-	// that size run at full speed, and pinning one takes about 10 ms). It is rounded up to 2 MiB, and
+	// that size run at full speed, and pinning one takes about 10-20 ms). It is rounded up to 2 MiB, and
 	// a sleep smaller than one slot uses a smaller one.
 	SlotSize uint64
 	// Progress, when set, is called with the bytes copied so far and the total, during Sleep, Wake,
