@@ -3,6 +3,7 @@ package offload_test
 import (
 	"bytes"
 	"context"
+	"errors"
 	"io"
 	"strings"
 	"testing"
@@ -152,6 +153,43 @@ func TestExportedNeedsForce(t *testing.T) {
 		require.NoError(t, set.Wake(bg))
 		requirePattern(t, d, buf.Ptr(), 4*mib, 7)
 	})
+}
+
+// A buffer exported and forced to sleep leaves its importers the memory they mapped: it is not
+// freed while they hold it, they still read the content of the sleep, and after the wake the
+// buffer has new memory that their writes no longer reach (EntryOptions.Force's doc).
+func TestForcedSleepDetachesImporters(t *testing.T) {
+	testutil.Run(t, func(t *testing.T, b *testutil.Backend) {
+		d := b.Device(t, 0)
+		buf := newBuf(t, d, 4*mib, 2*mib, 7, &growbuf.Options{HandleTypes: driver.HandleTypePosixFD})
+		imp := importOf(t, d, buf)
+		defer func() { require.NoError(t, imp.Close()) }()
+		set := newSet(t, b, offload.Options{})
+		require.NoError(t, set.Add("shared", buf, offload.Keep, offload.EntryOptions{Force: true}))
+		before := free(t, d)
+		require.NoError(t, set.Sleep(bg))
+		require.Less(t, free(t, d), before+2*mib, "nothing freed: the importer holds the memory")
+		requirePattern(t, d, imp.Ptr(), 4*mib, 7)
+		require.NoError(t, set.Wake(bg))
+		requirePattern(t, d, buf.Ptr(), 4*mib, 7)
+		require.NoError(t, d.Fill(imp.Ptr(), 4*mib, 0, 9))
+		requirePattern(t, d, buf.Ptr(), 4*mib, 7)
+	})
+}
+
+// importOf exports buf and opens it again, as another process would.
+func importOf(t *testing.T, d *vmm.Device, buf vmm.Chunked) *ipc.Buffer {
+	t.Helper()
+	e, err := ipc.Export(buf)
+	require.NoError(t, err)
+	a, c := testutil.SocketPair(t)
+	require.NoError(t, ipc.Send(a, e))
+	require.NoError(t, e.Close())
+	r, err := ipc.Receive(c)
+	require.NoError(t, err)
+	imp, err := ipc.Open(d, r, vmm.ReadWrite(d))
+	require.NoError(t, errors.Join(err, r.Close()))
+	return imp
 }
 
 // TestCloseWhileAsleep: closing a sleeping buffer frees its backup and its reservation; the set
