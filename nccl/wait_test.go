@@ -79,7 +79,8 @@ func TestWaitSeesTheEndAsSynchronizeDoes(t *testing.T) {
 				syncs = append(syncs, round(s.Synchronize))
 			}
 			w, y := medianOf(waits), medianOf(syncs)
-			t.Logf("%d all-reduces of %d floats: Wait %v, Synchronize %v (medians of %d)", ops, count, w, y, rounds)
+			t.Logf("%d all-reduces of %d floats: Wait %v, Synchronize %v (medians of %d; each round in order: %v and %v)",
+				ops, count, w, y, rounds, waits, syncs)
 			if !b.IsSim() {
 				require.LessOrEqual(t, w, y+y/10+200*time.Microsecond, "%d all-reduces: Wait saw the end late", ops)
 			}
