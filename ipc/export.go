@@ -201,6 +201,9 @@ func decodeRemoteError(b []byte) error {
 // chunks are its mapped allocations at their offsets and Len is the end of the last one. Use it to
 // export memory mapped with vmm directly (Reservation.MapNew with driver.HandleTypePosixFD).
 func FromReservation(r *vmm.Reservation) vmm.Chunked {
+	if r == nil {
+		return &reservationChunks{} // no chunks: Export refuses it
+	}
 	rc := &reservationChunks{ptr: r.Ptr()}
 	for _, m := range r.Mappings() {
 		rc.chunks = append(rc.chunks, vmm.Chunk{Offset: m.Offset(), Allocation: m.Allocation()})

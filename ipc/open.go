@@ -4,6 +4,7 @@ import (
 	"errors"
 	"fmt"
 	"os"
+	"slices"
 
 	"github.com/cuvmm/cuvmm/driver"
 	"github.com/cuvmm/cuvmm/internal/lifetime"
@@ -23,6 +24,7 @@ type Buffer struct {
 	res    *vmm.Reservation
 	allocs []*vmm.Allocation // imported, by chunk
 	maps   []*vmm.Mapping    // by chunk
+	access []vmm.Access      // the access last granted over every chunk; guarded by own's lock
 
 	own lifetime.Owner // its lock serializes SetAccess and Close; closed once Close freed everything
 }
@@ -41,6 +43,7 @@ func Open(dev *vmm.Device, r *Received, access ...vmm.Access) (*Buffer, error) {
 		return nil, fmt.Errorf("ipc: open: nil device or received buffer: %w", vmm.ErrInvalidValue)
 	}
 	desc := r.Desc
+	desc.Chunks = slices.Clone(desc.Chunks) // the buffer's own: r may be changed or reused after Open
 	if err := desc.Validate(); err != nil {
 		return nil, fmt.Errorf("ipc: open: %w", err)
 	}
@@ -64,7 +67,7 @@ func Open(dev *vmm.Device, r *Received, access ...vmm.Access) (*Buffer, error) {
 	if err != nil {
 		return nil, fmt.Errorf("ipc: open %s: reserve and map (cuMemAddressReserve, cuMemMap): %w", &desc, err)
 	}
-	b := &Buffer{dev: dev, desc: desc, res: res, allocs: allocs, maps: maps}
+	b := &Buffer{dev: dev, desc: desc, res: res, allocs: allocs, maps: maps, access: slices.Clone(access)}
 	if i, err := b.setAccess(access); err != nil {
 		err = fmt.Errorf("ipc: open %s: %s: set access (cuMemSetAccess): %w", &desc, chunkName(&desc, i), err)
 		return nil, errors.Join(err, b.undo())
@@ -108,8 +111,13 @@ func chunkName(d *Descriptor, i int) string {
 // setAccess grants access over each run of adjacent chunks; on error it reports the first chunk of
 // the run that failed.
 func (b *Buffer) setAccess(access []vmm.Access) (int, error) {
+	return b.setAccessBefore(len(b.desc.Chunks), access)
+}
+
+// setAccessBefore is setAccess over the runs that start before chunk n.
+func (b *Buffer) setAccessBefore(n int, access []vmm.Access) (int, error) {
 	cs := b.desc.Chunks
-	for i := 0; i < len(cs); {
+	for i := 0; i < n; {
 		j := i + 1
 		for j < len(cs) && cs[j].Offset == cs[j-1].Offset+cs[j-1].Size {
 			j++
@@ -150,14 +158,34 @@ func (b *Buffer) undo() error {
 	return errors.Join(errs...)
 }
 
-// Ptr is the buffer's first address in this process (not the exporter's address).
-func (b *Buffer) Ptr() driver.DevicePtr { return b.res.Ptr() }
+// Ptr is the buffer's first address in this process (not the exporter's address); 0 once closed,
+// since the driver may give the freed range to another reservation.
+func (b *Buffer) Ptr() driver.DevicePtr {
+	if b.closed() {
+		return 0
+	}
+	return b.res.Ptr()
+}
 
 // Len is the exporter's length, the bytes in use (Descriptor.Len); the mapping may be larger (Cap).
-func (b *Buffer) Len() uint64 { return b.desc.Len }
+// A closed buffer's is 0, as it has no chunks.
+func (b *Buffer) Len() uint64 {
+	if b.closed() {
+		return 0
+	}
+	return b.desc.Len
+}
 
-// Cap is the mapped capacity, the descriptor's size: every chunk lies inside [0, Cap).
-func (b *Buffer) Cap() uint64 { return b.desc.Size }
+// Cap is the mapped capacity, the descriptor's size: every chunk lies inside [0, Cap). 0 once
+// closed.
+func (b *Buffer) Cap() uint64 {
+	if b.closed() {
+		return 0
+	}
+	return b.desc.Size
+}
+
+func (b *Buffer) closed() bool { return b.own.IsClosed() }
 
 // Chunks are the imported allocations at their offsets. They belong to the buffer. A closed buffer
 // has none (so that callers such as package nccl refuse it).
@@ -174,8 +202,12 @@ func (b *Buffer) Chunks() []vmm.Chunk {
 	return out
 }
 
-// Descriptor is the descriptor the buffer was opened from.
-func (b *Buffer) Descriptor() Descriptor { return b.desc }
+// Descriptor is the descriptor the buffer was opened from (a copy: changing it changes nothing).
+func (b *Buffer) Descriptor() Descriptor {
+	d := b.desc
+	d.Chunks = slices.Clone(d.Chunks)
+	return d
+}
 
 // Device is the device the chunks were imported through.
 func (b *Buffer) Device() *vmm.Device { return b.dev }
@@ -184,17 +216,25 @@ func (b *Buffer) Device() *vmm.Device { return b.dev }
 func (b *Buffer) Reservation() *vmm.Reservation { return b.res }
 
 // SetAccess changes the access rights over the whole buffer (cuMemSetAccess per run of adjacent
-// chunks), for example to grant a second device or the CPU.
+// chunks), for example to grant a second device or the CPU. When a run fails, the runs before it
+// get the access they had back, so that the whole buffer keeps one access; should that fail too,
+// the error says so.
 func (b *Buffer) SetAccess(access ...vmm.Access) error {
 	b.own.Lock()
 	defer b.own.Unlock()
 	if b.own.Closed() {
 		return fmt.Errorf("ipc: set access on %s: %w", &b.desc, vmm.ErrClosed)
 	}
-	if _, err := b.setAccess(access); err != nil {
-		return fmt.Errorf("ipc: set access on %s: %w", &b.desc, err)
+	i, err := b.setAccess(access)
+	if err == nil {
+		b.access = slices.Clone(access)
+		return nil
 	}
-	return nil
+	err = fmt.Errorf("ipc: set access on %s: %s: %w", &b.desc, chunkName(&b.desc, i), err)
+	if _, rerr := b.setAccessBefore(i, b.access); rerr != nil {
+		err = errors.Join(err, fmt.Errorf("ipc: restoring the access of the chunks before it failed too, so the buffer's access is mixed: %w", rerr))
+	}
+	return err
 }
 
 func (b *Buffer) String() string {

@@ -96,8 +96,11 @@ func ReceiveFromPID(pid int, fds []int, desc Descriptor) (*Received, error) {
 }
 
 // FDs are the descriptor numbers of e's files in this process, for a peer that takes them with
-// ReceiveFromPID. They are valid while e is open.
+// ReceiveFromPID. They are valid while e is open. A nil e has none.
 func (e *Exported) FDs() []int {
+	if e == nil {
+		return nil
+	}
 	out := make([]int, len(e.Files))
 	for i, f := range e.Files {
 		out[i] = int(f.Fd())

@@ -94,7 +94,7 @@ func Listen(path string, opts ServerOptions) (*Server, error) {
 func (s *Server) Path() string { return s.path }
 
 // Publish exports every chunk of buf (Export) and serves it under name. The buffer's layout is the
-// one at the time of the call: publish again after it grows. The server keeps the exported files
+// one at the time of the call: Republish it after it grows. The server keeps the exported files
 // open until Unpublish or Close, so the memory stays fetchable (and alive) while published even if
 // buf is closed.
 func (s *Server) Publish(name string, buf vmm.Chunked) error {
@@ -131,10 +131,46 @@ func (s *Server) Publish(name string, buf vmm.Chunked) error {
 	return nil
 }
 
+// Republish serves buf's layout now under name in place of what was published there (or publishes
+// it), for a buffer that grew: a fetch gets the old layout or the new one, never an error in
+// between. The old exported files close once the fetches in flight that send them are done;
+// importers of the old layout keep their mappings.
+func (s *Server) Republish(name string, buf vmm.Chunked) error {
+	if err := validName(name); err != nil {
+		return fmt.Errorf("ipc: republish: %w", err)
+	}
+	e, err := Export(buf)
+	if err != nil {
+		return fmt.Errorf("ipc: republish %q: %w", name, err)
+	}
+	e.Desc.Name = name
+	s.own.Lock()
+	if s.own.Closed() {
+		s.own.Unlock()
+		return errors.Join(fmt.Errorf("ipc: republish %q: %w", name, ErrClosed), e.Close())
+	}
+	old := s.bufs[name]
+	s.bufs[name] = &published{exp: e}
+	done := old != nil && old.refs == 0
+	if old != nil {
+		old.removed = true
+	}
+	s.own.Unlock()
+	if done {
+		return old.exp.Close()
+	}
+	return nil
+}
+
 // Unpublish stops serving name and closes its exported files once the fetches in flight are done.
-// Importers keep their mappings. A name that is not published is an error wrapping ErrNotFound.
+// Importers keep their mappings. A name that is not published is an error wrapping ErrNotFound,
+// and Unpublish on a closed server one wrapping ErrClosed.
 func (s *Server) Unpublish(name string) error {
 	s.own.Lock()
+	if s.own.Closed() {
+		s.own.Unlock()
+		return fmt.Errorf("ipc: unpublish %q: %w", name, ErrClosed)
+	}
 	p := s.bufs[name]
 	if p == nil {
 		s.own.Unlock()
