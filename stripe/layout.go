@@ -30,6 +30,20 @@ type piece struct {
 // there are devices, the last devices hold nothing (they still get access to the range).
 type Blocked struct{}
 
+// nilLayout reports a layout that is nil, also as a nil *Blocked or *Interleaved, whose methods
+// would dereference it.
+func nilLayout(l Layout) bool {
+	switch v := l.(type) {
+	case nil:
+		return true
+	case *Blocked:
+		return v == nil
+	case *Interleaved:
+		return v == nil
+	}
+	return false
+}
+
 func (Blocked) String() string { return "blocked" }
 
 func (Blocked) plan(size uint64, holders int, gran uint64) ([]piece, error) {

@@ -105,7 +105,7 @@ func New(devices []*vmm.Device, size uint64, layout Layout, opts Options) (*Rang
 	if len(devices) == 0 {
 		return nil, fmt.Errorf("stripe: new: no devices: %w", vmm.ErrInvalidValue)
 	}
-	if layout == nil {
+	if nilLayout(layout) {
 		return nil, fmt.Errorf("stripe: new: nil layout (want stripe.Blocked{} or stripe.Interleaved{Stripe: n}): %w", vmm.ErrInvalidValue)
 	}
 	all, err := checkDevices(devices, opts.AccessOnly)

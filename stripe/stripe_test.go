@@ -265,6 +265,8 @@ func TestBadInput(t *testing.T) {
 			{"holder also access-only", two, 4 * mib, il, stripe.Options{AccessOnly: []*vmm.Device{d1}}, vmm.ErrInvalidValue, "device 1 is listed twice"},
 			{"nil access-only", two, 4 * mib, il, stripe.Options{AccessOnly: []*vmm.Device{nil}}, vmm.ErrInvalidValue, "AccessOnly[0] is a nil device"},
 			{"nil layout", two, 4 * mib, nil, stripe.Options{}, vmm.ErrInvalidValue, "nil layout"},
+			{"nil *Interleaved", two, 4 * mib, (*stripe.Interleaved)(nil), stripe.Options{}, vmm.ErrInvalidValue, "nil layout"},
+			{"nil *Blocked", two, 4 * mib, (*stripe.Blocked)(nil), stripe.Options{}, vmm.ErrInvalidValue, "nil layout"},
 			{"size 0", two, 0, il, stripe.Options{}, vmm.ErrInvalidValue, "size 0"},
 			{"overflow", two, ^uint64(0), il, stripe.Options{}, vmm.ErrInvalidValue, "overflows"},
 			{"more than the devices have", two, 1 << 62, il, stripe.Options{}, driver.ErrOutOfMemory, "more than"},
