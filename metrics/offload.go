@@ -46,7 +46,7 @@ func NewSetFunc(stats func() offload.Stats, name string, opts Options) *SetColle
 		bytes:     desc("bytes_total", "GPU memory the successful sleeps gave back and the wakes got again.", "op"),
 		seconds:   desc("seconds_total", "Time spent in sleeps and wakes, failed ones included.", "op"),
 		last:      desc("last_seconds", "The last successful sleep's or wake's time.", "op"),
-		sleepStep: desc("last_sleep_step_seconds", "The last successful sleep's time by step: prepare (waiting for queued work), copy (the content out, each Keep chunk released as its copy ends) and release (the rest of the GPU memory).", "step"),
+		sleepStep: desc("last_sleep_step_seconds", "The last successful sleep's time by step: wait (waiting for queued work), copy (the content out, each Keep chunk released as its copy ends) and release (the rest of the GPU memory).", "step"),
 	}
 }
 

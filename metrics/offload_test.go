@@ -2,6 +2,7 @@ package metrics_test
 
 import (
 	"context"
+	"fmt"
 	"testing"
 	"time"
 
@@ -45,6 +46,8 @@ func TestSetScrapeFollowsSleepAndWake(t *testing.T) {
 		require.Positive(t, value(fams, "cuvmm_offload_last_seconds", sleep))
 		require.Positive(t, value(fams, "cuvmm_offload_last_sleep_step_seconds", map[string]string{"set": "model", "step": "copy"}))
 		require.Contains(t, fams, "cuvmm_offload_last_sleep_step_seconds")
+		require.Contains(t, fams["cuvmm_offload_last_sleep_step_seconds"].GetHelp(), "wait (", "the help names the labels the series has")
+		require.Contains(t, fmt.Sprint(fams["cuvmm_offload_last_sleep_step_seconds"].GetMetric()), `value:"wait"`, "a step label is wait")
 
 		require.NoError(t, set.Wake(context.Background()))
 		fams = scrape(t, reg)

@@ -119,12 +119,17 @@ type Piece struct {
 }
 
 // Layout lists buf's chunks as offsets and sizes, what two ranks compare before SendChunks and
-// RecvChunks.
+// RecvChunks. A nil buffer has none, and a chunk without an allocation is left out.
 func Layout(buf vmm.Chunked) []Piece {
+	if buf == nil {
+		return nil
+	}
 	chunks := buf.Chunks()
 	out := make([]Piece, 0, len(chunks))
 	for _, ch := range chunks {
-		out = append(out, Piece{Offset: ch.Offset, Size: ch.Allocation.Size()})
+		if ch.Allocation != nil { // the operations refuse such a buffer; Layout only describes it
+			out = append(out, Piece{Offset: ch.Offset, Size: ch.Allocation.Size()})
+		}
 	}
 	return out
 }

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"math"
 	"runtime"
 	"sync"
 	"time"
@@ -67,6 +68,9 @@ func NewComm(ctx context.Context, lib API, id UniqueID, rank, nranks int, dev *v
 	}
 	if nranks < 1 || rank < 0 || rank >= nranks {
 		return nil, fmt.Errorf("nccl: new communicator: rank %d of %d: %w", rank, nranks, ErrInvalidValue)
+	}
+	if nranks > math.MaxInt32 { // NCCL takes an int: a larger count would reach it truncated
+		return nil, fmt.Errorf("nccl: new communicator: %d ranks: more than NCCL's %d: %w", nranks, math.MaxInt32, ErrInvalidValue)
 	}
 	c := &Comm{lib: lib, dev: dev, rank: rank, nranks: nranks, regs: map[*Registration]struct{}{}, abortReq: make(chan struct{})}
 	if len(opts) > 0 {
@@ -138,10 +142,12 @@ func (c *Comm) use(op string) error {
 }
 
 // waitLocked polls ncclCommGetAsyncError, with Wait's pauses (see pause), until the communicator
-// has left ncclInProgress. When ctx ends first, or the communicator reports an error, it aborts the
+// has left ncclInProgress. When ctx ends first (after syncGrace, as in Wait: queuing that is about
+// to end must not cost a healthy communicator), or the communicator reports an error, it aborts the
 // communicator. c.mu is held.
 func (c *Comm) waitLocked(ctx context.Context, op string) error {
 	start := time.Now()
+	var graceEnd time.Time
 	for {
 		err := c.lib.CommGetAsyncError(c.h)
 		if err == nil {
@@ -151,7 +157,9 @@ func (c *Comm) waitLocked(ctx context.Context, op string) error {
 			c.abortLocked(err)
 			return fmt.Errorf("nccl: %s (%v), communicator aborted: %w", op, c, errors.Join(ErrAborted, err))
 		}
-		if ctxErr := ctx.Err(); ctxErr != nil {
+		if ctxErr := ctx.Err(); ctxErr != nil && graceEnd.IsZero() {
+			graceEnd = time.Now().Add(syncGrace)
+		} else if ctxErr != nil && time.Now().After(graceEnd) {
 			c.abortLocked(ctxErr)
 			return fmt.Errorf("nccl: %s (%v): still in progress when the context ended, communicator aborted: %w", op, c, errors.Join(ErrAborted, ctxErr))
 		}
@@ -492,8 +500,8 @@ func (c *Comm) synchronized(err error) error {
 	return nil
 }
 
-// syncGrace is how long Wait, once its context has ended, still gives the stream's work to finish
-// before it aborts: work that is done shows in microseconds, and a context that ended (or had ended
+// syncGrace is how long Wait (and waitLocked, for NCCL's queuing), once its context has ended, still
+// gives the stream's work to finish before it aborts: work that is done shows in microseconds, and a context that ended (or had ended
 // before Wait was called) must not abort a healthy communicator.
 const syncGrace = 20 * time.Millisecond
 

@@ -121,6 +121,9 @@ func (g *Group) Run(ctx context.Context) error {
 	if err := c.use(g.ops[0].String()); err != nil {
 		return err
 	}
+	if err := ctx.Err(); err != nil { // before anything is queued: the communicator stays healthy
+		return fmt.Errorf("nccl: %s on %v: nothing queued, the context had ended: %w", g.describe(), c, err)
+	}
 	release, err := c.holdStreams(g.ops)
 	if err != nil {
 		return err

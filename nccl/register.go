@@ -92,6 +92,9 @@ func (c *Comm) Register(ctx context.Context, buf vmm.Chunked, opts ...RegisterOp
 	if err := c.use(what); err != nil {
 		return nil, err
 	}
+	if err := ctx.Err(); err != nil { // before anything is registered: the communicator stays healthy
+		return nil, fmt.Errorf("nccl: %s: nothing registered, the context had ended: %w", what, err)
+	}
 	r := &Registration{c: c, buf: buf, ptr: buf.Ptr(), window: o.Window}
 	r.own.Init(nil, "nccl registration")
 	if err := c.overlapping(r, chunks); err != nil {

@@ -1,0 +1,48 @@
+package nccl_test
+
+import (
+	"context"
+	"math"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/require"
+
+	"github.com/cuvmm/cuvmm/internal/testutil"
+	"github.com/cuvmm/cuvmm/nccl"
+)
+
+// An operation or a registration whose context has already ended queues nothing and fails with
+// the context's error: the communicator is not aborted, and the next call with a live context
+// works.
+func TestEndedContextQueuesNothing(t *testing.T) {
+	testutil.Run(t, func(t *testing.T, b *testutil.Backend) {
+		c, buf, s := soloWithStream(t, b)
+		defer func() { require.NoError(t, s.Close()) }()
+		ended, cancel := context.WithCancel(context.Background())
+		cancel()
+		err := c.AllReduce(ended, buf.Ptr(), buf.Ptr(), 16, nccl.Float32, nccl.Sum, s)
+		require.ErrorIs(t, err, context.Canceled)
+		require.NotErrorIs(t, err, nccl.ErrAborted)
+		require.ErrorContains(t, err, "nothing queued")
+		_, err = c.Register(ended, buf)
+		require.ErrorIs(t, err, context.Canceled)
+		require.ErrorContains(t, err, "nothing registered")
+		ctx := deadline(t, 8*time.Second)
+		require.NoError(t, c.AllReduce(ctx, buf.Ptr(), buf.Ptr(), 16, nccl.Float32, nccl.Sum, s))
+		require.NoError(t, c.Wait(ctx, s))
+	})
+}
+
+// Inputs NCCL could not take are refused, and Layout describes any buffer without panicking.
+func TestRanksBeyondNCCLAndLayoutOfNil(t *testing.T) {
+	testutil.Run(t, func(t *testing.T, b *testutil.Backend) {
+		lib := library(t, b)
+		id, err := lib.GetUniqueID()
+		require.NoError(t, err)
+		_, err = nccl.NewComm(deadline(t, 8*time.Second), lib, id, 0, math.MaxInt32+1, b.Device(t, 0))
+		require.ErrorIs(t, err, nccl.ErrInvalidValue)
+		require.ErrorContains(t, err, "more than NCCL's")
+	}, testutil.SimOnly())
+	require.Nil(t, nccl.Layout(nil))
+}
