@@ -3,6 +3,7 @@ package nccl_test
 import (
 	"context"
 	"math"
+	"path/filepath"
 	"testing"
 	"time"
 
@@ -45,4 +46,22 @@ func TestRanksBeyondNCCLAndLayoutOfNil(t *testing.T) {
 		require.ErrorContains(t, err, "more than NCCL's")
 	}, testutil.SimOnly())
 	require.Nil(t, nccl.Layout(nil))
+}
+
+// DialID fails at once on an address no server could ever answer at, and keeps retrying one whose
+// server is not up yet until its context ends.
+func TestDialIDRefusesMalformedAddressesAtOnce(t *testing.T) {
+	for _, c := range []struct{ network, address, says string }{
+		{"tcp", "127.0.0.1", "missing port"},
+		{"tcp", "127.0.0.1:99999", "invalid port"},
+		{"udpx", "127.0.0.1:1", "unknown network"},
+	} {
+		start := time.Now()
+		_, err := nccl.DialID(deadline(t, 5*time.Second), c.network, c.address)
+		require.ErrorIs(t, err, nccl.ErrRendezvous, c.address)
+		require.ErrorContains(t, err, c.says)
+		require.Less(t, time.Since(start), time.Second, "%s %s was retried", c.network, c.address)
+	}
+	_, err := nccl.DialID(deadline(t, 200*time.Millisecond), "unix", filepath.Join(t.TempDir(), "not-yet.sock"))
+	require.ErrorIs(t, err, context.DeadlineExceeded, "a socket not there yet is retried until the context ends")
 }

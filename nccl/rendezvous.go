@@ -102,6 +102,15 @@ func ctxErr(ctx context.Context, err error) error {
 	return err
 }
 
+// malformed reports a dial error that no server starting later would cure: the address or the
+// network itself is wrong.
+func malformed(err error) bool {
+	var addr *net.AddrError
+	var network net.UnknownNetworkError
+	var parse *net.ParseError
+	return errors.As(err, &addr) || errors.As(err, &network) || errors.As(err, &parse)
+}
+
 func setAcceptDeadline(ln net.Listener, t time.Time) {
 	if d, ok := ln.(interface{ SetDeadline(time.Time) error }); ok {
 		_ = d.SetDeadline(t)
@@ -111,7 +120,9 @@ func setAcceptDeadline(ln net.Listener, t time.Time) {
 // DialID connects to a rank serving the unique ID (ServeID) at address on network ("tcp" or
 // "unix"), retrying while the server is not up yet, and returns the ID. It fails when ctx ends first,
 // also while the server that accepted has not sent the ID, with an error wrapping ErrRendezvous and
-// ctx's error.
+// ctx's error. An address or network that no retry can mend (a missing port, a malformed address,
+// an unknown network) fails at once, wrapping ErrRendezvous and the dial's error; a host not
+// resolvable yet is retried, as it may be a peer still starting.
 func DialID(ctx context.Context, network, address string) (UniqueID, error) {
 	var d net.Dialer
 	pause := 10 * time.Millisecond
@@ -123,6 +134,9 @@ func DialID(ctx context.Context, network, address string) (UniqueID, error) {
 				return id, fmt.Errorf("nccl: fetch the unique ID from %s %s: %w", network, address, err)
 			}
 			return id, nil
+		}
+		if malformed(err) {
+			return UniqueID{}, fmt.Errorf("nccl: fetch the unique ID from %s %s: %w", network, address, errors.Join(ErrRendezvous, err))
 		}
 		select {
 		case <-ctx.Done():
