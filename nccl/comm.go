@@ -361,7 +361,9 @@ func (c *Comm) deregisterAll() error {
 // their communicators (or exit): a Close in one process therefore returns only once its peers close
 // too. When they have not by ctx's end, destroy returns an error wrapping ErrInUse and the destroy
 // finishes in the background as soon as they do (a peer that exits counts); the communicator is
-// closed either way. The device's vmm.System.Close waits for a destroy still in the background.
+// closed either way. Abort, a watchdog's way out, ends the wait the same way (without calling
+// ncclCommAbort on a communicator being destroyed). The device's vmm.System.Close waits for a
+// destroy still in the background.
 func (c *Comm) destroy(ctx context.Context) error {
 	done := make(chan error, 1)
 	go func() { done <- c.dev.Raw(func(driver.API) error { return c.lib.CommDestroy(c.h) }) }()
@@ -372,9 +374,10 @@ func (c *Comm) destroy(ctx context.Context) error {
 		}
 		return nil
 	case <-ctx.Done():
-		return fmt.Errorf("nccl: close %v: ncclCommDestroy still waits for the ranks of other processes to close their communicators; it ends in the background when they do: %w",
-			c, ErrInUse)
+	case <-c.abortReq:
 	}
+	return fmt.Errorf("nccl: close %v: ncclCommDestroy still waits for the ranks of other processes to close their communicators; it ends in the background when they do: %w",
+		c, ErrInUse)
 }
 
 // Wait waits until the work queued on s is done, watching ctx and the communicator meanwhile: when

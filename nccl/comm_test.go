@@ -103,6 +103,38 @@ func TestCloseWhilePeersStayOpen(t *testing.T) {
 	}, testutil.Devices(2), testutil.SimOnly())
 }
 
+// TestAbortEndsACloseWaitingForPeers: Abort, called while Close waits in a destroy for the ranks of
+// other processes, makes Close return ErrInUse at once rather than after CloseTimeout; the destroy
+// ends in the background once the peers close.
+func TestAbortEndsACloseWaitingForPeers(t *testing.T) {
+	testutil.Run(t, func(t *testing.T, b *testutil.Backend) {
+		lib := library(t, b).(*ncclsim.Lib)
+		slow := blockedDestroy{API: lib, release: make(chan struct{})}
+		var releaseOnce sync.Once
+		release := func() { releaseOnce.Do(func() { close(slow.release) }) }
+		t.Cleanup(release)
+		id, err := slow.GetUniqueID()
+		require.NoError(t, err)
+		comms := make([]*nccl.Comm, 2)
+		noErrors(t, parallel(2, func(r int) (err error) {
+			comms[r], err = nccl.NewComm(deadline(t, 10*time.Second), slow, id, r, 2, b.Device(t, r),
+				nccl.Options{CloseTimeout: time.Minute})
+			return err
+		}))
+		closed := make(chan error, 1)
+		go func() { closed <- comms[0].Close() }()
+		time.Sleep(100 * time.Millisecond) // Close reaches the destroy
+		start := time.Now()
+		require.NoError(t, comms[0].Abort())
+		require.ErrorIs(t, <-closed, nccl.ErrInUse)
+		require.Less(t, time.Since(start), 5*time.Second, "Abort waited for the destroy")
+		release()
+		require.NoError(t, comms[1].Close())
+		require.Eventually(t, func() bool { return lib.Live().Zero() }, 5*time.Second, 10*time.Millisecond,
+			"the destroy left in the background ends once released")
+	}, testutil.Devices(2), testutil.SimOnly())
+}
+
 // TestCloseWhileAnotherCallRuns: Close does not wait for a call of another goroutine (a receive
 // whose sender never comes) but returns ErrInUse at once; Abort interrupts the call, after which
 // Close succeeds.
