@@ -3,6 +3,7 @@ package nccl_test
 import (
 	"context"
 	"math"
+	"net"
 	"path/filepath"
 	"testing"
 	"time"
@@ -64,4 +65,19 @@ func TestDialIDRefusesMalformedAddressesAtOnce(t *testing.T) {
 	}
 	_, err := nccl.DialID(deadline(t, 200*time.Millisecond), "unix", filepath.Join(t.TempDir(), "not-yet.sock"))
 	require.ErrorIs(t, err, context.DeadlineExceeded, "a socket not there yet is retried until the context ends")
+}
+
+// wrappedListener hides the listener's SetDeadline, as a TLS listener does.
+type wrappedListener struct{ net.Listener }
+
+// ServeID ends with its context also on a listener that takes no deadline.
+func TestServeIDOnAWrappedListenerEndsWithItsContext(t *testing.T) {
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	require.NoError(t, err)
+	defer ln.Close()
+	start := time.Now()
+	err = nccl.ServeID(deadline(t, 100*time.Millisecond), wrappedListener{ln}, nccl.UniqueID{}, 1)
+	require.ErrorIs(t, err, nccl.ErrRendezvous)
+	require.ErrorIs(t, err, context.DeadlineExceeded)
+	require.Less(t, time.Since(start), 2*time.Second)
 }

@@ -57,11 +57,14 @@ func ReceiveID(rw io.ReadWriter) (UniqueID, error) {
 // ServeID hands id to peers ranks that connect to ln (a TCP listener, how ranks on different hosts
 // meet, or a Unix socket listener): it accepts peers connections, shares the ID on each and closes
 // them. It fails when ctx ends first, also while a peer that connected has not acknowledged the ID,
-// with an error wrapping ErrRendezvous and ctx's error. ln stays open, without a deadline.
+// with an error wrapping ErrRendezvous and ctx's error. ln stays open, without a deadline. A listener
+// that takes no deadline (a TLS or other wrapping listener) is accepted on in the background: when
+// ctx ends first, that Accept goes on until ln is closed, and a peer it still accepts is
+// disconnected.
 func ServeID(ctx context.Context, ln net.Listener, id UniqueID, peers int) error {
 	defer unixsock.DeadlineWhenDone(ctx, func(t time.Time) { setAcceptDeadline(ln, t) })()
 	for i := 0; i < peers; i++ {
-		conn, err := ln.Accept()
+		conn, err := accept(ctx, ln)
 		if err != nil {
 			return fmt.Errorf("nccl: serve the unique ID on %s: %d of %d ranks connected: %w", ln.Addr(), i, peers,
 				errors.Join(ErrRendezvous, ctxErr(ctx, err)))
@@ -71,6 +74,34 @@ func ServeID(ctx context.Context, ln net.Listener, id UniqueID, peers int) error
 		}
 	}
 	return nil
+}
+
+// accept is ln.Accept, which a past deadline interrupts when ctx ends (DeadlineWhenDone); a listener
+// without SetDeadline is accepted on in another goroutine, left behind when ctx ends first.
+func accept(ctx context.Context, ln net.Listener) (net.Conn, error) {
+	if _, ok := ln.(interface{ SetDeadline(time.Time) error }); ok {
+		return ln.Accept()
+	}
+	type accepted struct {
+		conn net.Conn
+		err  error
+	}
+	ch := make(chan accepted, 1)
+	go func() {
+		conn, err := ln.Accept()
+		ch <- accepted{conn, err}
+	}()
+	select {
+	case a := <-ch:
+		return a.conn, a.err
+	case <-ctx.Done():
+		go func() {
+			if a := <-ch; a.conn != nil {
+				_ = a.conn.Close()
+			}
+		}()
+		return nil, ctx.Err()
+	}
 }
 
 // shareOn shares id on conn, which a past deadline interrupts when ctx ends, and closes conn.
