@@ -47,8 +47,9 @@ type Comm struct {
 	dependent func()
 
 	// mu is the communicator's lock, held by every call that uses h (NCCL requires one call at a
-	// time per communicator); it guards the fields below and own's closed flag. Close only tries it.
-	mu      sync.Mutex
+	// time per communicator); it guards the fields below and own's closed flag. Close only tries it,
+	// and the calls with a context stop waiting for it when theirs ends (callLock.lockCtx).
+	mu      callLock
 	own     lifetime.Owner // closed once Close is done; its own lock is not used
 	aborted error          // why the communicator was aborted, nil while usable
 	// abortLeft: the communicator was aborted but ncclCommAbort could not run (binding the device
@@ -72,7 +73,7 @@ func NewComm(ctx context.Context, lib API, id UniqueID, rank, nranks int, dev *v
 	if nranks > math.MaxInt32 { // NCCL takes an int: a larger count would reach it truncated
 		return nil, fmt.Errorf("nccl: new communicator: %d ranks: more than NCCL's %d: %w", nranks, math.MaxInt32, ErrInvalidValue)
 	}
-	c := &Comm{lib: lib, dev: dev, rank: rank, nranks: nranks, regs: map[*Registration]struct{}{}, abortReq: make(chan struct{})}
+	c := &Comm{lib: lib, dev: dev, rank: rank, nranks: nranks, regs: map[*Registration]struct{}{}, abortReq: make(chan struct{}), mu: newCallLock()}
 	if len(opts) > 0 {
 		c.opts = opts[0]
 	}
@@ -172,6 +173,15 @@ func (c *Comm) waitLocked(ctx context.Context, op string) error {
 }
 
 var errAbortCalled = errors.New("Abort was called")
+
+// lockCtx takes c.mu for the call op, or fails, aborting nothing, when ctx ends while another call
+// on the communicator still holds it.
+func (c *Comm) lockCtx(ctx context.Context, op string) error {
+	if err := c.mu.lockCtx(ctx); err != nil {
+		return fmt.Errorf("nccl: %s on %v: another call on the communicator was still running when the context ended: %w", op, c, err)
+	}
+	return nil
+}
 
 func (c *Comm) abortRequested() bool {
 	select {
@@ -395,7 +405,9 @@ func (c *Comm) destroy(ctx context.Context) error {
 // non-blocking form): after an abort whose kernels do not stop that call keeps running on another
 // goroutine past Wait, and System.Close waits for it.
 func (c *Comm) Wait(ctx context.Context, s *vmm.Stream) (err error) {
-	c.mu.Lock()
+	if err := c.lockCtx(ctx, "wait"); err != nil {
+		return err
+	}
 	defer c.mu.Unlock()
 	if err := c.use("wait"); err != nil {
 		return err

@@ -81,3 +81,33 @@ func TestServeIDOnAWrappedListenerEndsWithItsContext(t *testing.T) {
 	require.ErrorIs(t, err, context.DeadlineExceeded)
 	require.Less(t, time.Since(start), 2*time.Second)
 }
+
+// A call waiting for another goroutine's call on the communicator (a receive whose sender never
+// comes) stops waiting when its own context ends, aborting nothing; the receive goes on.
+func TestCallWaitingForTheCommunicatorKeepsItsDeadline(t *testing.T) {
+	testutil.Run(t, func(t *testing.T, b *testutil.Backend) {
+		comms := ranks(t, b, library(t, b), 2)
+		buf := buffer(t, b.Device(t, 0), 2*mib, 2*mib)
+		recv := make(chan error, 1)
+		go func() { recv <- comms[0].Recv(deadline(t, time.Minute), buf.Ptr(), 16, nccl.Uint8, 1, nil) }()
+		time.Sleep(100 * time.Millisecond) // the receive holds the communicator
+		for name, call := range map[string]func(context.Context) error{
+			"Wait": func(ctx context.Context) error { return comms[0].Wait(ctx, nil) },
+			"Send": func(ctx context.Context) error { return comms[0].Send(ctx, buf.Ptr(), 16, nccl.Uint8, 1, nil) },
+			"Register": func(ctx context.Context) error {
+				_, err := comms[0].Register(ctx, buf)
+				return err
+			},
+		} {
+			start := time.Now()
+			err := call(deadline(t, 100*time.Millisecond))
+			require.ErrorIs(t, err, context.DeadlineExceeded, name)
+			require.NotErrorIs(t, err, nccl.ErrAborted, name)
+			require.ErrorContains(t, err, "another call on the communicator was still running", name)
+			require.Less(t, time.Since(start), 2*time.Second, name)
+		}
+		require.NoError(t, buf.Shrink(0), "Register released its holds")
+		require.NoError(t, comms[0].Abort()) // ends the receive
+		require.ErrorIs(t, <-recv, nccl.ErrAborted)
+	}, testutil.Devices(2), testutil.SimOnly())
+}

@@ -116,7 +116,9 @@ func (g *Group) Run(ctx context.Context) error {
 		return nil
 	}
 	c := g.c
-	c.mu.Lock()
+	if err := c.lockCtx(ctx, g.describe()); err != nil {
+		return err
+	}
 	defer c.mu.Unlock()
 	if err := c.use(g.ops[0].String()); err != nil {
 		return err

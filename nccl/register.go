@@ -87,7 +87,9 @@ func (c *Comm) Register(ctx context.Context, buf vmm.Chunked, opts ...RegisterOp
 	if v := c.lib.Version(); v < need {
 		return nil, &VersionError{Feature: call, Need: need, Have: v}
 	}
-	c.mu.Lock()
+	if err := c.lockCtx(ctx, what); err != nil {
+		return nil, err
+	}
 	defer c.mu.Unlock()
 	if err := c.use(what); err != nil {
 		return nil, err
