@@ -35,15 +35,16 @@
 // small buffer small (a 3 MiB buffer maps 4 MiB) and reaches large chunks after a few steps; at 256 MiB
 // the fixed per-chunk cost is about 5% of the chunk's cost, so larger chunks would gain little and
 // waste more. FixedChunks gives every chunk one size, which makes Cap predictable: a buffer grown in
-// steps of its chunk size has Cap == Len.
+// steps of its chunk size has Cap == Len, as long as no chunk is cut short at a reservation's end
+// (MaxSize and Limit multiples of the chunk size).
 //
 // A Grow that needs several chunks adds several, each of the policy's size; a chunk is cut short where
 // a reservation or Options.Limit ends (a mapping cannot span two reservations).
 //
 // # When the reservation is full
 //
-// Options.MaxSize is the size of the first reservation (default: the device's memory rounded up to the
-// granularity, so that a device buffer practically never outgrows it). When a Grow needs more:
+// Options.MaxSize is the size of the first reservation (default: the device's memory, or Limit when
+// smaller, rounded up to the granularity, so that a device buffer practically never outgrows it). When a Grow needs more:
 //
 //  1. The buffer reserves the range right after its last reservation (cuMemAddressReserve with the
 //     end as the address hint, kept only when the driver grants exactly that address), asking first
@@ -157,7 +158,7 @@ type Peer struct {
 // chunk policy, reserving the device's memory size of addresses.
 type Options struct {
 	// MaxSize is the size of the first reservation, rounded up to the granularity (Reserved reports
-	// it). 0: the device's total memory rounded up. Growing past it extends the reservation in place
+	// it). 0: the device's total memory, or Limit when that is smaller, rounded up. Growing past it extends the reservation in place
 	// or moves the buffer (see the package doc); Limit is the hard cap.
 	MaxSize uint64
 	// Limit caps Cap: a Grow to more fails with ErrTooLarge. It is rounded up to the granularity.
@@ -426,18 +427,38 @@ func normalizePolicy(p ChunkPolicy, gran uint64) (ChunkPolicy, error) {
 // Ptr is the buffer's first address. It never changes, except when a Grow moves the buffer (only
 // with Options.AllowMove; see OnMove). It is valid from New on, even while Len is 0, and 0 after
 // Close.
-func (b *Buffer) Ptr() driver.DevicePtr { return driver.DevicePtr(b.ptr.Load()) }
+func (b *Buffer) Ptr() driver.DevicePtr {
+	if b == nil {
+		return 0
+	}
+	return driver.DevicePtr(b.ptr.Load())
+}
 
 // Len is the size the caller asked for: the n of the last successful Grow (when larger), Resize or
 // Shrink. The bytes [0, Len) are the caller's.
-func (b *Buffer) Len() uint64 { return b.length.Load() }
+func (b *Buffer) Len() uint64 {
+	if b == nil {
+		return 0
+	}
+	return b.length.Load()
+}
 
 // Cap is the number of bytes mapped: the sum of the chunks, a multiple of the granularity, at least
 // Len. Growing up to Cap makes no driver call.
-func (b *Buffer) Cap() uint64 { return b.capacity.Load() }
+func (b *Buffer) Cap() uint64 {
+	if b == nil {
+		return 0
+	}
+	return b.capacity.Load()
+}
 
 // Reserved is the size of the buffer's virtual address range (all its reservations), at least Cap.
-func (b *Buffer) Reserved() uint64 { return b.reserved.Load() }
+func (b *Buffer) Reserved() uint64 {
+	if b == nil {
+		return 0
+	}
+	return b.reserved.Load()
+}
 
 // Device is the device the buffer was made on.
 func (b *Buffer) Device() *vmm.Device { return b.dev }
@@ -454,12 +475,18 @@ func (b *Buffer) Policy() ChunkPolicy { return b.policy }
 // Reservations is the number of adjacent reservations that make up the address range (1 until the
 // first in-place extension).
 func (b *Buffer) Reservations() int {
+	if b == nil {
+		return 0
+	}
 	b.own.Lock()
 	defer b.own.Unlock()
 	return len(b.segs)
 }
 
 func (b *Buffer) String() string {
+	if b == nil {
+		return "nil growable buffer"
+	}
 	return fmt.Sprintf("growable buffer %#x (len %s, cap %s, reserved %s, %s)", b.ptr.Load(),
 		units.FormatSize(b.Len()), units.FormatSize(b.Cap()), units.FormatSize(b.Reserved()), b.loc)
 }
@@ -467,6 +494,9 @@ func (b *Buffer) String() string {
 // Chunks lists the buffer's allocations in offset order; they cover [0, Cap). The allocations belong
 // to the buffer: export them, but do not close them, and do not use them after the buffer changes.
 func (b *Buffer) Chunks() []vmm.Chunk {
+	if b == nil {
+		return nil
+	}
 	b.own.Lock()
 	defer b.own.Unlock()
 	out := make([]vmm.Chunk, len(b.chunks))

@@ -63,6 +63,9 @@ func (p *Pool) checkAlloc(size uint64, s *vmm.Stream) (small bool, span uint64, 
 	if size > p.opts.Limit {
 		return false, 0, fmt.Errorf("pool: allocate %s: above the pool's limit of %s: %w", units.FormatSize(size), units.FormatSize(p.opts.Limit), vmm.ErrInvalidValue)
 	}
+	if err := p.checkStream(s); err != nil {
+		return false, 0, fmt.Errorf("pool: allocate %s: %w", units.FormatSize(size), err)
+	}
 	if s != nil && s.Device() != p.dev {
 		return false, 0, fmt.Errorf("pool: allocate %s on a stream of device %d: the pool is on device %d: %w", units.FormatSize(size), s.Device().Ordinal(), p.dev.Ordinal(), vmm.ErrInvalidValue)
 	}
@@ -263,13 +266,17 @@ func (p *Pool) oom(span uint64, why error) error {
 // before the call may still use the memory; requests on s may reuse it at once, requests on other
 // streams once s has passed this point. Freeing a block twice (also through a copy of the Block, or
 // a Block kept after its memory was handed out again), a block of another pool, or on a stream of
-// another device fails with vmm.ErrInvalidValue and changes nothing.
+// another device fails with vmm.ErrInvalidValue and changes nothing. An error wrapping
+// ErrReleaseFailed says the block was freed but the high-water release after it failed.
 func (p *Pool) Free(b *Block, s *vmm.Stream) error {
 	if p == nil || b == nil {
 		return fmt.Errorf("pool: free: nil pool or block: %w", vmm.ErrInvalidValue)
 	}
 	if b.pool != p {
 		return fmt.Errorf("pool: free %s: the block belongs to another pool: %w", b, vmm.ErrInvalidValue)
+	}
+	if err := p.checkStream(s); err != nil {
+		return fmt.Errorf("pool: free %s: %w", b, err)
 	}
 	if s != nil && s.Device() != p.dev {
 		return fmt.Errorf("pool: free %s on a stream of device %d: the pool is on device %d: %w", b, s.Device().Ordinal(), p.dev.Ordinal(), vmm.ErrInvalidValue)
@@ -299,7 +306,7 @@ func (p *Pool) Free(b *Block, s *vmm.Stream) error {
 		}
 	}
 	if err := p.highWater(); err != nil {
-		return fmt.Errorf("pool: free %s: the block is freed, releasing idle pages failed: %w", b, err)
+		return fmt.Errorf("pool: free %s: %w: %w", b, ErrReleaseFailed, err)
 	}
 	return nil
 }
@@ -307,6 +314,14 @@ func (p *Pool) Free(b *Block, s *vmm.Stream) error {
 // highWater applies the high-water mark after a free: when more than Options.HighWater bytes are
 // cached, it records events for the frees (no waiting) and releases the idle pages above the mark.
 // Below the mark a free makes no driver call.
+// checkStream refuses a stream of another System, whose device may have the pool's ordinal.
+func (p *Pool) checkStream(s *vmm.Stream) error {
+	if s != nil && s.Device().System() != p.dev.System() {
+		return fmt.Errorf("the stream belongs to another System than the pool's: %w", vmm.ErrInvalidValue)
+	}
+	return nil
+}
+
 func (p *Pool) highWater() error {
 	mapped := uint64(len(p.pages)) * p.pageSize
 	if mapped-p.stats.Allocated <= p.opts.HighWater {

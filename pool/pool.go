@@ -37,6 +37,10 @@ import (
 var (
 	// ErrAsleep is returned by Alloc and Free while the pool is asleep (Sleep).
 	ErrAsleep = errors.New("pool: asleep")
+	// ErrReleaseFailed is wrapped by a Free that freed its block but whose release of idle pages
+	// after it (the high-water release) failed: the block is free (do not free it again), and Trim
+	// and Close retry the release.
+	ErrReleaseFailed = errors.New("pool: the block is freed, but releasing idle pages failed")
 )
 
 // MinBlock is the granularity of small blocks: every size is rounded up to a multiple of it.
@@ -48,7 +52,8 @@ type Options struct {
 	// is made. Alloc never maps beyond it.
 	Limit uint64
 	// Reserve is the size of the pool's virtual address range; 0 means three times Limit (one third
-	// for small pages, the rest for large blocks and stitching into fresh ranges). Address space costs
+	// for small pages, the rest for large blocks and stitching into fresh ranges, which must hold
+	// Limit: a smaller Reserve is refused). Address space costs
 	// no memory.
 	Reserve uint64
 	// SmallSize is the largest request served from small pages; 0 means 1 MiB.
@@ -192,6 +197,11 @@ func (o *Options) fill(dev *vmm.Device, g uint64) error {
 	}
 	if o.Reserve < 3*g || o.Reserve/3 < g {
 		return fmt.Errorf("pool: new: reserve %s is too small (at least %s): %w", units.FormatSize(o.Reserve), units.FormatSize(3*g), vmm.ErrInvalidValue)
+	}
+	// An empty pool serves its whole limit in one block, from the large blocks' part of the range.
+	if large, pages := o.Reserve-o.Reserve/3/g*g, o.Limit/g+min(o.Limit%g, 1); large/g < pages {
+		return fmt.Errorf("pool: new: reserve %s leaves %s for large blocks, less than the limit of %s (reserve about 1.5 times the limit or more): %w",
+			units.FormatSize(o.Reserve), units.FormatSize(large), units.FormatSize(o.Limit), vmm.ErrInvalidValue)
 	}
 	if o.SmallSize == 0 {
 		o.SmallSize = 1 << 20

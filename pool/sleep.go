@@ -4,6 +4,7 @@ import (
 	"errors"
 	"fmt"
 	"slices"
+	"time"
 
 	"github.com/cuvmm/cuvmm/driver"
 	"github.com/cuvmm/cuvmm/vmm"
@@ -63,6 +64,9 @@ func (v chunkView) Chunks() []vmm.Chunk {
 // failed. A page it could not unmap stays mapped (Wake keeps it, content and all); a page it could not
 // release is unmapped, and Trim and Close retry its release.
 func (p *Pool) Sleep() error {
+	if p == nil {
+		return fmt.Errorf("pool: sleep: nil pool: %w", vmm.ErrInvalidValue)
+	}
 	p.own.Lock()
 	defer p.own.Unlock()
 	if err := p.usable("sleep"); err != nil {
@@ -87,6 +91,7 @@ func (p *Pool) Sleep() error {
 // whatever fails: it returns how many pages it could not give back, and why. A page it cannot unmap
 // stays mapped and out of p.slept; one it cannot release waits on p.unreleased.
 func (p *Pool) sleepPages() (int, error) {
+	defer p.driverTime(time.Now())
 	stranded := p.strandedPages() // mapped without access, in use by nothing: not the pool's content
 	offs := make([]uint64, 0, len(p.pages))
 	for off := range p.pages {
@@ -115,6 +120,9 @@ func (p *Pool) sleepPages() (int, error) {
 // is usable at its old address again (with undefined content). When the device has no room it fails
 // with an error wrapping driver.ErrOutOfMemory, stays asleep as it was, and can be retried.
 func (p *Pool) Wake() error {
+	if p == nil {
+		return fmt.Errorf("pool: wake: nil pool: %w", vmm.ErrInvalidValue)
+	}
 	p.own.Lock()
 	defer p.own.Unlock()
 	if p.own.Closed() {
@@ -134,6 +142,7 @@ func (p *Pool) Wake() error {
 // Pages that a failed Wake could not unmap are still mapped at some of those offsets, perhaps without
 // access: it drops them first, and stays asleep when it cannot.
 func (p *Pool) restore() error {
+	defer p.driverTime(time.Now())
 	if err := p.unrestore(); err != nil {
 		return err
 	}
@@ -172,6 +181,7 @@ func (p *Pool) newRun(off, n uint64) error {
 		if a, err = p.dev.Allocate(p.pageSize, vmm.AllocOptions{}); err != nil {
 			break
 		}
+		p.stats.NewPages++
 		if err = p.mapPage(off+done*p.pageSize, a); err != nil {
 			break
 		}

@@ -44,6 +44,9 @@ type Stats struct {
 
 // Stats returns the pool's statistics now.
 func (p *Pool) Stats() Stats {
+	if p == nil {
+		return Stats{}
+	}
 	p.own.Lock()
 	defer p.own.Unlock()
 	s := p.stats
