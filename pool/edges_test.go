@@ -1,6 +1,9 @@
 package pool_test
 
 import (
+	"bytes"
+	"math"
+	"strings"
 	"testing"
 
 	"github.com/stretchr/testify/require"
@@ -81,4 +84,28 @@ func TestNilPoolAndStreamOfAnotherSystem(t *testing.T) {
 		require.ErrorIs(t, err, vmm.ErrInvalidValue)
 		require.ErrorContains(t, err, "another System")
 	}, testutil.SimOnly(), simMemory)
+}
+
+// WriteTo refuses events its text format cannot carry, which ParseTrace would refuse or misread;
+// a line too long is refused naming it; Scale saturates instead of wrapping around.
+func TestTraceTextCarriesWhatItWrites(t *testing.T) {
+	for _, e := range []pool.TraceEvent{
+		{Size: 4096, Lifetime: -1, Tag: "kv cache"},
+		{Size: 4096, Lifetime: -1, Tag: "kv#1"},
+		{Size: 0, Lifetime: -1},
+		{Size: 4096, Stream: pool.MaxTraceStream + 1, Lifetime: -1},
+	} {
+		var out bytes.Buffer
+		_, err := (&pool.Trace{Events: []pool.TraceEvent{e}}).WriteTo(&out)
+		require.ErrorIs(t, err, vmm.ErrInvalidValue, "%+v", e)
+		require.ErrorContains(t, err, "event 0")
+		require.Zero(t, out.Len(), "nothing written")
+	}
+	long := "4096 0 - " + strings.Repeat("x", 2<<20) + "\n"
+	_, err := pool.ParseTrace(strings.NewReader("4096 0 -\n" + long))
+	require.ErrorIs(t, err, vmm.ErrInvalidValue)
+	require.ErrorContains(t, err, "trace line 2: longer than")
+	big := (&pool.Trace{Events: []pool.TraceEvent{{Size: 1 << 30, Lifetime: -1}}}).Scale(1e12)
+	require.Equal(t, uint64(math.MaxUint64/pool.MinBlock*pool.MinBlock), big.Events[0].Size)
+	require.Equal(t, uint64(1), (&pool.Trace{Events: []pool.TraceEvent{{Size: 4096}}}).Scale(math.NaN()).Events[0].Size)
 }

@@ -2,6 +2,7 @@ package pool
 
 import (
 	"bufio"
+	"errors"
 	"fmt"
 	"io"
 	"math"
@@ -45,8 +46,9 @@ type TraceEvent struct {
 func ParseTrace(r io.Reader) (*Trace, error) {
 	t := &Trace{}
 	sc := bufio.NewScanner(r)
-	sc.Buffer(make([]byte, 64<<10), 1<<20)
-	for n := 1; sc.Scan(); n++ {
+	sc.Buffer(make([]byte, 64<<10), maxTraceLine)
+	n := 1
+	for ; sc.Scan(); n++ {
 		line := strings.TrimSpace(sc.Text())
 		if i := strings.IndexByte(line, '#'); i >= 0 {
 			line = strings.TrimSpace(line[:i])
@@ -60,13 +62,28 @@ func ParseTrace(r io.Reader) (*Trace, error) {
 		}
 		t.Events = append(t.Events, ev)
 	}
-	if err := sc.Err(); err != nil {
+	if err := sc.Err(); errors.Is(err, bufio.ErrTooLong) {
+		return nil, fmt.Errorf("pool: trace line %d: longer than %d bytes: %w", n, maxTraceLine, vmm.ErrInvalidValue)
+	} else if err != nil {
 		return nil, fmt.Errorf("pool: read trace: %w", err)
 	}
 	if len(t.Events) == 0 {
 		return nil, fmt.Errorf("pool: trace has no allocations: %w", vmm.ErrInvalidValue)
 	}
 	return t, nil
+}
+
+// writable checks that the text format carries e as it is.
+func (e TraceEvent) writable() error {
+	switch {
+	case e.Size == 0:
+		return fmt.Errorf("size 0: %w", vmm.ErrInvalidValue)
+	case e.Stream < 0 || e.Stream > MaxTraceStream:
+		return fmt.Errorf("stream %d: want 0 to %d: %w", e.Stream, MaxTraceStream, vmm.ErrInvalidValue)
+	case e.Tag != "" && (strings.ContainsRune(e.Tag, '#') || len(strings.Fields(e.Tag)) != 1 || strings.TrimSpace(e.Tag) != e.Tag):
+		return fmt.Errorf("tag %q: want one word without '#': %w", e.Tag, vmm.ErrInvalidValue)
+	}
+	return nil
 }
 
 func parseEvent(line string) (TraceEvent, error) {
@@ -95,8 +112,19 @@ func parseEvent(line string) (TraceEvent, error) {
 	return ev, nil
 }
 
-// WriteTo writes the trace in the text format.
+// maxTraceLine is the longest line ParseTrace reads.
+const maxTraceLine = 1 << 20
+
+// WriteTo writes the trace in the text format. An event that format cannot carry, so that
+// ParseTrace would refuse or misread it (size 0, a stream outside 0 to MaxTraceStream, a tag that
+// is not one word without '#'), is refused with an error wrapping vmm.ErrInvalidValue that names
+// it, before anything is written.
 func (t *Trace) WriteTo(w io.Writer) (int64, error) {
+	for i, e := range t.Events {
+		if err := e.writable(); err != nil {
+			return 0, fmt.Errorf("pool: write trace: event %d: %w", i, err)
+		}
+	}
 	bw := bufio.NewWriter(w)
 	var n int64
 	c, _ := fmt.Fprintln(bw, "# cuvmm pool trace: <size> <stream> <lifetime> [tag]; lifetime = later allocations before the free, - = never")
@@ -145,16 +173,25 @@ func (t *Trace) PeakInUse() (peak, largest uint64) {
 	return peak, largest
 }
 
-// Scale returns a copy with every size multiplied by f (at least 1 byte), rounded to MinBlock above
-// it, so that a trace can be sized to a device.
+// Scale returns a copy with every size multiplied by f (at least 1 byte, at most the largest
+// multiple of MinBlock that fits 64 bits; a NaN f gives 1 byte), rounded to MinBlock above it, so
+// that a trace can be sized to a device.
 func (t *Trace) Scale(f float64) *Trace {
+	const most = math.MaxUint64 / MinBlock * MinBlock
 	out := &Trace{Events: make([]TraceEvent, len(t.Events))}
 	for i, e := range t.Events {
 		s := math.Max(1, math.Round(float64(e.Size)*f))
 		if s > MinBlock {
 			s = math.Round(s/MinBlock) * MinBlock
 		}
-		e.Size = uint64(s)
+		switch {
+		case math.IsNaN(s):
+			e.Size = 1
+		case s >= most:
+			e.Size = most
+		default:
+			e.Size = uint64(s)
+		}
 		out.Events[i] = e
 	}
 	return out
