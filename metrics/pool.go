@@ -103,7 +103,7 @@ var poolGauges = []poolSpec{
 	{"pending_bytes", "Of the cached bytes, frees some stream has not yet passed.", func(s pool.Stats) float64 { return num(s.Pending) }},
 	{"peak_mapped_bytes", "The most the pool has mapped.", func(s pool.Stats) float64 { return num(s.PeakMapped) }},
 	{"peak_allocated_bytes", "The most bytes live blocks have held.", func(s pool.Stats) float64 { return num(s.PeakAllocated) }},
-	{"largest_free_bytes", "The largest contiguous mapped range free for every stream: the largest request served without a driver call.", func(s pool.Stats) float64 { return num(s.LargestFree) }},
+	{"largest_free_bytes", "The largest request served without a driver call from a range free for every stream (the small pages' free ranges serve up to the pool's small size).", func(s pool.Stats) float64 { return num(s.LargestFree) }},
 	{"fragmentation_ratio", "1 - largest free range / free bytes ready for every stream; 0 when none is free.", func(s pool.Stats) float64 { return s.Fragmentation }},
 	{"blocks", "Live blocks.", func(s pool.Stats) float64 { return float64(s.Blocks) }},
 }

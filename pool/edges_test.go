@@ -109,3 +109,21 @@ func TestTraceTextCarriesWhatItWrites(t *testing.T) {
 	require.Equal(t, uint64(math.MaxUint64/pool.MinBlock*pool.MinBlock), big.Events[0].Size)
 	require.Equal(t, uint64(1), (&pool.Trace{Events: []pool.TraceEvent{{Size: 4096}}}).Scale(math.NaN()).Events[0].Size)
 }
+
+// LargestFree is a request the pool serves without a driver call: after one small block, the rest
+// of its page serves up to SmallSize, not the whole remainder.
+func TestLargestFreeIsServedWithoutADriverCall(t *testing.T) {
+	testutil.Run(t, func(t *testing.T, b *testutil.Backend) {
+		p, _ := newPool(t, b, pool.Options{Limit: 16 * mib})
+		small, err := p.Alloc(1000, nil)
+		require.NoError(t, err)
+		lf := p.Stats().LargestFree
+		require.Equal(t, uint64(1*mib), lf, "SmallSize")
+		maps := b.Sim.Calls("cuMemMap")
+		blk, err := p.Alloc(lf, nil)
+		require.NoError(t, err)
+		require.Equal(t, maps, b.Sim.Calls("cuMemMap"), "served without mapping")
+		require.NoError(t, p.Free(blk, nil))
+		require.NoError(t, p.Free(small, nil))
+	}, testutil.SimOnly(), simMemory)
+}

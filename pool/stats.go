@@ -16,8 +16,9 @@ type Stats struct {
 	PeakMapped    uint64 // the most Mapped has been
 	PeakAllocated uint64 // the most Allocated has been
 	PeakInUse     uint64 // the most InUse has been
-	// LargestFree is the largest contiguous mapped range free for every stream: the largest request
-	// served without a driver call.
+	// LargestFree is the largest request served without a driver call from a contiguous mapped range
+	// free for every stream: the largest range of the large blocks' cache (when above SmallSize,
+	// which only it serves), or of the small pages' free ranges, up to SmallSize.
 	LargestFree uint64
 	// Fragmentation is 1 - LargestFree / (free bytes ready for every stream), 0 when none is free: how
 	// scattered the cache is. Stitching makes it harmless.
@@ -69,10 +70,13 @@ func (p *Pool) freeShape() (largest uint64, fragmentation float64) {
 	if p.asleep {
 		return 0, 0
 	}
-	for _, set := range []*rangeSet{p.cached, p.smallFree} {
-		if r := set.largest(); r != nil {
-			largest = max(largest, r.n)
-		}
+	// The large blocks' cache serves only requests above SmallSize, the small pages' free ranges
+	// only requests up to it.
+	if r := p.cached.largest(); r != nil && r.n > p.opts.SmallSize {
+		largest = r.n
+	}
+	if r := p.smallFree.largest(); r != nil {
+		largest = max(largest, min(r.n, p.opts.SmallSize))
 	}
 	if ready := p.cached.total + p.smallFree.total; ready > 0 {
 		fragmentation = 1 - float64(largest)/float64(ready)
