@@ -198,3 +198,29 @@ func TestRemoteErrorIs(t *testing.T) {
 	require.ErrorIs(t, &ipc.RemoteError{Code: ipc.CodePermission}, ipc.ErrPermission)
 	require.ErrorIs(t, &ipc.RemoteError{Code: ipc.CodeProtocol}, ipc.ErrProtocol)
 }
+
+// A receiver out of file descriptors (RLIMIT_NOFILE) gets fewer than were sent, with the control
+// data truncated: the error says so, wrapping EMFILE, and does not blame the peer.
+func TestReadMessageOutOfDescriptors(t *testing.T) {
+	a, b := testutil.SocketPair(t)
+	pr, pw, err := os.Pipe()
+	require.NoError(t, err)
+	defer pw.Close()
+	fds := make([]int, 20)
+	for i := range fds {
+		fds[i] = int(pr.Fd())
+	}
+	rawSend(t, a, ipc.EncodeHeader(ipc.KindUser, 0, uint16(len(fds))), fds...)
+	require.NoError(t, pr.Close())
+	var old unix.Rlimit
+	require.NoError(t, unix.Getrlimit(unix.RLIMIT_NOFILE, &old))
+	low := old
+	low.Cur = uint64(testutil.OpenFDs(t) + 5)
+	require.NoError(t, unix.Setrlimit(unix.RLIMIT_NOFILE, &low))
+	_, _, files, err := ipc.ReadMessage(b)
+	require.NoError(t, unix.Setrlimit(unix.RLIMIT_NOFILE, &old))
+	require.ErrorIs(t, err, unix.EMFILE)
+	require.NotErrorIs(t, err, ipc.ErrProtocol)
+	require.ErrorContains(t, err, "out of file descriptors")
+	require.Nil(t, files)
+}

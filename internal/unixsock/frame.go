@@ -265,7 +265,7 @@ func (r *reader) fill(conn *net.UnixConn, got, need, limit, base int, what strin
 			}
 		}
 		if flags&unix.MSG_CTRUNC != 0 && err == nil {
-			err = fmt.Errorf("%w: control data truncated (MSG_CTRUNC): the peer sent more descriptors than one message may carry (%d)", ErrProtocol, MaxFDs)
+			err = truncatedRights(oobn, len(r.oob))
 		}
 		if atStart && got == 0 && n > 0 && lim.message > 0 {
 			_ = conn.SetReadDeadline(time.Now().Add(lim.message))
@@ -279,6 +279,17 @@ func (r *reader) fill(conn *net.UnixConn, got, need, limit, base int, what strin
 		}
 	}
 	return got, nil
+}
+
+// truncatedRights says why the kernel cut a message's descriptors short (MSG_CTRUNC), from the
+// control data that arrived (oobn bytes) and its room. Full: the peer sent more descriptors than
+// one message may carry. Room left: this process could not take them all, as it is out of file
+// descriptors (RLIMIT_NOFILE), and the kernel dropped the rest.
+func truncatedRights(oobn, room int) error {
+	if oobn < room {
+		return fmt.Errorf("control data truncated (MSG_CTRUNC) with room left for descriptors: this process could not take every descriptor the peer sent (out of file descriptors, RLIMIT_NOFILE): %w", unix.EMFILE)
+	}
+	return fmt.Errorf("%w: control data truncated (MSG_CTRUNC): the peer sent more descriptors than one message may carry (%d)", ErrProtocol, MaxFDs)
 }
 
 // grow makes r.payload longer than got, up to limit bytes, but at most growStep (or got, if more)
