@@ -73,7 +73,7 @@ func NewComm(ctx context.Context, lib API, id UniqueID, rank, nranks int, dev *v
 	if nranks > math.MaxInt32 { // NCCL takes an int: a larger count would reach it truncated
 		return nil, fmt.Errorf("nccl: new communicator: %d ranks: more than NCCL's %d: %w", nranks, math.MaxInt32, ErrInvalidValue)
 	}
-	c := &Comm{lib: lib, dev: dev, rank: rank, nranks: nranks, regs: map[*Registration]struct{}{}, abortReq: make(chan struct{}), mu: newCallLock()}
+	c := &Comm{lib: lib, dev: dev, rank: rank, nranks: nranks, regs: map[*Registration]struct{}{}, abortReq: make(chan struct{})}
 	if len(opts) > 0 {
 		c.opts = opts[0]
 	}
