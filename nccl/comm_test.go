@@ -71,26 +71,33 @@ func (b blockedDestroy) CommDestroy(h nccl.CommHandle) error {
 	return b.API.CommDestroy(h)
 }
 
+// blockedPair makes two ranks over an NCCL whose ncclCommDestroy waits until release is called (also
+// at the test's end), with closeTimeout as Options.CloseTimeout.
+func blockedPair(t *testing.T, b *testutil.Backend, closeTimeout time.Duration) ([]*nccl.Comm, *ncclsim.Lib, func()) {
+	t.Helper()
+	lib := library(t, b).(*ncclsim.Lib)
+	slow := blockedDestroy{API: lib, release: make(chan struct{})}
+	var releaseOnce sync.Once
+	release := func() { releaseOnce.Do(func() { close(slow.release) }) }
+	t.Cleanup(release) // also when the test fails early
+	id, err := slow.GetUniqueID()
+	require.NoError(t, err)
+	comms := make([]*nccl.Comm, 2)
+	noErrors(t, parallel(2, func(r int) (err error) {
+		comms[r], err = nccl.NewComm(deadline(t, 10*time.Second), slow, id, r, 2, b.Device(t, r), nccl.Options{CloseTimeout: closeTimeout})
+		return err
+	}))
+	return comms, lib, release
+}
+
 // TestCloseWhilePeersStayOpen: a destroy that waits for peers makes Close return ErrInUse after
 // CloseTimeout instead of hanging; the destroy ends once the peers close, releasing everything.
 func TestCloseWhilePeersStayOpen(t *testing.T) {
 	testutil.Run(t, func(t *testing.T, b *testutil.Backend) {
-		lib := library(t, b).(*ncclsim.Lib)
-		slow := blockedDestroy{API: lib, release: make(chan struct{})}
-		var releaseOnce sync.Once
-		release := func() { releaseOnce.Do(func() { close(slow.release) }) }
-		t.Cleanup(release) // also when the test fails early
+		comms, lib, release := blockedPair(t, b, 100*time.Millisecond)
 		buf := buffer(t, b.Device(t, 0), 2*mib, 2*mib)
-		id, err := slow.GetUniqueID()
-		require.NoError(t, err)
-		comms := make([]*nccl.Comm, 2)
-		noErrors(t, parallel(2, func(r int) (err error) {
-			comms[r], err = nccl.NewComm(deadline(t, 10*time.Second), slow, id, r, 2, b.Device(t, r),
-				nccl.Options{CloseTimeout: 100 * time.Millisecond})
-			return err
-		}))
 		start := time.Now()
-		err = comms[0].Close()
+		err := comms[0].Close()
 		require.ErrorIs(t, err, nccl.ErrInUse)
 		require.Contains(t, err.Error(), "ranks of other processes")
 		require.Less(t, time.Since(start), 5*time.Second)
@@ -108,19 +115,7 @@ func TestCloseWhilePeersStayOpen(t *testing.T) {
 // ends in the background once the peers close.
 func TestAbortEndsACloseWaitingForPeers(t *testing.T) {
 	testutil.Run(t, func(t *testing.T, b *testutil.Backend) {
-		lib := library(t, b).(*ncclsim.Lib)
-		slow := blockedDestroy{API: lib, release: make(chan struct{})}
-		var releaseOnce sync.Once
-		release := func() { releaseOnce.Do(func() { close(slow.release) }) }
-		t.Cleanup(release)
-		id, err := slow.GetUniqueID()
-		require.NoError(t, err)
-		comms := make([]*nccl.Comm, 2)
-		noErrors(t, parallel(2, func(r int) (err error) {
-			comms[r], err = nccl.NewComm(deadline(t, 10*time.Second), slow, id, r, 2, b.Device(t, r),
-				nccl.Options{CloseTimeout: time.Minute})
-			return err
-		}))
+		comms, lib, release := blockedPair(t, b, time.Minute)
 		closed := make(chan error, 1)
 		go func() { closed <- comms[0].Close() }()
 		time.Sleep(100 * time.Millisecond) // Close reaches the destroy
