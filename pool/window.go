@@ -42,7 +42,7 @@ func (p *Pool) clearRange(span uint64) ([]*vmm.Allocation, error) {
 		return nil, noRange
 	}
 	ps := p.pieces()
-	i, ok := bestWindow(ps, span)
+	start, ok := bestWindow(ps, span)
 	if !ok {
 		return nil, noRange
 	}
@@ -52,17 +52,19 @@ func (p *Pool) clearRange(span uint64) ([]*vmm.Allocation, error) {
 	t0 := time.Now()
 	defer p.driverTime(t0)
 	var out []*vmm.Allocation
-	for end := ps[i].off + span; i < len(ps) && ps[i].off < end; i++ {
-		if !ps[i].cached {
+	end := start + span
+	for i := range ps {
+		if !ps[i].cached || ps[i].end() <= start || ps[i].off >= end {
 			continue
 		}
-		off, n := ps[i].off, min(ps[i].end(), end)-ps[i].off
+		off := max(ps[i].off, start)
+		n := min(ps[i].end(), end) - off
 		as, err := p.unmapPages(off, n/p.pageSize)
 		if err != nil {
 			_, rerr := p.release(out)
 			return nil, errors.Join(fmt.Errorf("clear an address range of %s: unmap the idle pages in it: %w", units.FormatSize(span), err), rerr)
 		}
-		p.cached.take(p.cached.byStart[off], off, n)
+		p.cached.take(p.cached.byStart[ps[i].off], off, n)
 		p.unmapped.add(off, n)
 		out = append(out, as...)
 	}
@@ -82,35 +84,45 @@ func (p *Pool) pieces() []piece {
 	return out
 }
 
-// bestWindow returns the index of the piece at whose start a range of span bytes, made of adjacent
-// pieces only, covers the fewest cached bytes; false when there is no such range. One pass: ps[i:j]
-// are the adjacent pieces that end within the range starting at ps[i], full their cached bytes.
-func bestWindow(ps []piece, span uint64) (int, bool) {
-	best, bestCached := -1, uint64(0)
-	j, full := 0, uint64(0)
-	adjacent := func(k, i int) bool { return k == i || ps[k-1].end() == ps[k].off }
-	for i := range ps {
-		if j <= i {
-			j, full = i, 0
-		}
-		end := ps[i].off + span
-		for j < len(ps) && ps[j].end() <= end && adjacent(j, i) {
-			full += ps[j].cachedBytes()
-			j++
-		}
-		c, fits := full, j > i && ps[j-1].end() == end
-		if !fits && j < len(ps) && adjacent(j, i) { // the range ends inside ps[j]
-			fits = true
-			if ps[j].cached {
-				c += end - ps[j].off
-			}
-		}
-		if fits && (best < 0 || c < bestCached) {
-			best, bestCached = i, c
-		}
-		if j > i {
-			full -= ps[i].cachedBytes()
+// bestWindow returns the start of the range of span bytes, made of adjacent pieces only, that
+// covers the fewest cached bytes; false when there is none. A range's cost changes linearly with its
+// start between the points where it starts or ends at a piece's edge, so the cheapest range starts
+// at a piece's start or ends at a piece's end: those are the candidates tried.
+func bestWindow(ps []piece, span uint64) (uint64, bool) {
+	var best, bestCost uint64
+	found := false
+	try := func(start uint64) {
+		if cost, ok := windowCost(ps, start, span); ok && (!found || cost < bestCost) {
+			best, bestCost, found = start, cost, true
 		}
 	}
-	return best, best >= 0
+	for _, x := range ps {
+		try(x.off)
+		if x.end() >= span {
+			try(x.end() - span)
+		}
+	}
+	return best, found
+}
+
+// windowCost is the cached bytes that [start, start+span) covers, and whether adjacent pieces cover
+// all of it.
+func windowCost(ps []piece, start, span uint64) (uint64, bool) {
+	i, _ := slices.BinarySearchFunc(ps, start, func(x piece, t uint64) int { return cmp.Compare(x.end(), t+1) })
+	if i == len(ps) || ps[i].off > start {
+		return 0, false
+	}
+	end, cost := start+span, uint64(0)
+	for k := i; k < len(ps) && ps[k].off < end; k++ {
+		if k > i && ps[k].off != ps[k-1].end() {
+			return 0, false
+		}
+		if ps[k].cached {
+			cost += min(ps[k].end(), end) - max(ps[k].off, start)
+		}
+		if ps[k].end() >= end {
+			return cost, true
+		}
+	}
+	return 0, false
 }
