@@ -157,7 +157,9 @@ func (g *registration) register(r *Region, readOnly bool, progress func(done, to
 	if err != nil {
 		return err
 	}
-	populate(r.mem, readOnly, progress)
+	if err := populate(r.mem, readOnly, progress); err != nil {
+		return err
+	}
 	reg, err := r.dev.HostRegister(r.mem, flags)
 	if err != nil {
 		return fmt.Errorf("pinned: register %s region of %s: %w", r.kind, units.FormatSize(r.size), classify(err))

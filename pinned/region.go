@@ -1,6 +1,7 @@
 package pinned
 
 import (
+	"cmp"
 	"errors"
 	"fmt"
 	"math"
@@ -336,9 +337,11 @@ func (r *Region) register(readOnly bool, progress func(done, total uint64)) erro
 // fresh page in the faulting thread, so one thread (cuMemHostRegister faulting the pages itself)
 // zeroes about 6 GB/s while the machine's cores together go many times faster. Each worker takes
 // 64 MiB steps with MADV_POPULATE_WRITE (or _READ for read-only registrations, whose memory may be
-// mapped read-only), Linux 5.14+; older kernels get a read of each page instead. The bytes never
-// change. progress, when set, is called as steps complete.
-func populate(mem []byte, readOnly bool, progress func(done, total uint64)) {
+// mapped read-only), Linux 5.14+; older kernels (EINVAL, populateKnown) get a read of each page instead. The bytes
+// never change. progress, when set, is called as steps complete. Memory the advice cannot fault in
+// (not mapped, PROT_NONE, a file mapping past its file's end) is an error wrapping ErrInvalidValue,
+// never read: a read would kill the process (SIGSEGV, SIGBUS).
+func populate(mem []byte, readOnly bool, progress func(done, total uint64)) error {
 	total := uint64(len(mem))
 	advice := unix.MADV_POPULATE_WRITE
 	if readOnly {
@@ -350,6 +353,7 @@ func populate(mem []byte, readOnly bool, progress func(done, total uint64)) {
 	var next, done atomic.Uint64
 	var mu sync.Mutex
 	var wg sync.WaitGroup
+	var failed error // the first step the advice could not fault in; guarded by mu
 	for w := uint64(0); w < workers; w++ {
 		wg.Add(1)
 		go func() {
@@ -361,8 +365,15 @@ func populate(mem []byte, readOnly bool, progress func(done, total uint64)) {
 				}
 				off := i * step
 				n := min(step, total-off)
-				if err := unix.Madvise(mem[off:off+n], advice); err != nil {
-					hostmem.ReadIn(mem[off : off+n])
+				if err := unix.Madvise(mem[off:off+n], advice); errors.Is(err, unix.EINVAL) && !populateKnown() {
+					hostmem.ReadIn(mem[off : off+n]) // a kernel without the advice
+				} else if err != nil {
+					mu.Lock()
+					failed = cmp.Or(failed, fmt.Errorf("pinned: fault in bytes %#x-%#x of the memory to register: %w (the memory is not mapped, not accessible, or a file mapping past its file's end): %w",
+						off, off+n, err, ErrInvalidValue))
+					mu.Unlock()
+					next.Store(steps) // stop the other workers
+					return
 				}
 				d := done.Add(n)
 				if progress != nil {
@@ -374,7 +385,20 @@ func populate(mem []byte, readOnly bool, progress func(done, total uint64)) {
 		}()
 	}
 	wg.Wait()
+	return failed
 }
+
+// populateKnown reports whether the kernel knows MADV_POPULATE_WRITE (Linux 5.14+), tried once on a
+// page of its own: where it does, EINVAL for the memory to register means that memory cannot be
+// faulted in (PROT_NONE, device memory), not an old kernel.
+var populateKnown = sync.OnceValue(func() bool {
+	mem, err := unix.Mmap(-1, 0, os.Getpagesize(), unix.PROT_READ|unix.PROT_WRITE, unix.MAP_PRIVATE|unix.MAP_ANONYMOUS)
+	if err != nil {
+		return false
+	}
+	defer func() { _ = unix.Munmap(mem) }()
+	return unix.Madvise(mem, unix.MADV_POPULATE_WRITE) == nil
+})
 
 // RegisterOptions tunes Register.
 type RegisterOptions struct {
@@ -620,6 +644,10 @@ func (r *Region) setAccess(op string, devs []*vmm.Device, flags driver.AccessFla
 	defer r.own.Unlock()
 	if r.own.Closed() {
 		return fmt.Errorf("pinned: %s on %s: %w", op, r, ErrClosed)
+	}
+	if r.kind != HostNUMA { // before the devices are checked: a region received without a device has no System
+		return fmt.Errorf("pinned: %s on %s: only a host-NUMA region's access is granted or revoked (a %s region is registered for every device, or opened again with a grant): %w",
+			op, r, r.kind, ErrNotSupported)
 	}
 	devs, err := uniqueDevices(r.sys, devs)
 	if err != nil {

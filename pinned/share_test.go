@@ -387,6 +387,8 @@ func TestReceiveBadInput(t *testing.T) {
 		require.NotEqual(t, r.Ptr(), r2.Ptr())
 		require.Zero(t, badWords(r2.Bytes(), 0, 31))
 		require.Empty(t, r2.Devices())
+		err = r2.Grant(d)
+		require.ErrorIs(t, err, pinned.ErrNotSupported, "only host-NUMA access is granted, also with no System")
 		require.NoError(t, r2.Share(peer), "an opened region can be shared on")
 		r3, err := pinned.Receive(conn, nil, pinned.OpenOptions{})
 		require.NoError(t, err)

@@ -203,7 +203,7 @@ func TestBadRequests(t *testing.T) {
 		}
 		require.Equal(t, failedBefore+uint64(remote), srv.Stats().Failed)
 		require.GreaterOrEqual(t, remote, 9, "the broker itself checks the ranges")
-		err = c.Unregister(ctx, &Buffer{id: id + 7})
+		err = c.Unregister(ctx, &Buffer{c: c, id: id + 7})
 		require.ErrorIs(t, err, ErrUnknownBuffer)
 
 		// Buffer ids are per worker: another worker cannot name this one's buffer.

@@ -579,6 +579,9 @@ func (c *Client) Unregister(ctx context.Context, b *Buffer) error {
 	if c.own.IsClosed() {
 		return fmt.Errorf("broker: unregister buffer %d: %w", b.id, ErrClosed)
 	}
+	if b.c != c { // ids are per connection: another client's buffer 1 would name this one's
+		return fmt.Errorf("broker: unregister buffer %d: it belongs to another client: %w", b.id, ErrInvalidValue)
+	}
 	if err := c.do(ctx, &Completion{}, request{op: OpUnregister, buffer: uint32(b.id)}, nil); err != nil {
 		return fmt.Errorf("broker: unregister buffer %d: %w", b.id, err)
 	}
