@@ -7,7 +7,7 @@ import (
 )
 
 // AccessAt reads the access description of the mapping of a at ptr: for every device of the system
-// and, for host-NUMA memory, the host, the flags cuMemGetAccess reports, keeping the locations that
+// and, for host memory (host-NUMA or host), the host, the flags cuMemGetAccess reports, keeping the locations that
 // have any access. Together with Properties and Size it is what it takes to recreate the mapping
 // exactly (RecreateAt). Devices that were never opened are asked too (cuMemGetAccess needs no
 // context of theirs), so a grant made outside this package is not lost.
@@ -19,7 +19,7 @@ func (a *Allocation) AccessAt(ptr driver.DevicePtr) ([]Access, error) {
 	for i := 0; i < a.dev.sys.count; i++ {
 		locs = append(locs, driver.DeviceLocation(driver.Device(i)))
 	}
-	if a.prop.Location.Type == driver.LocationHostNUMA {
+	if t := a.prop.Location.Type; t == driver.LocationHostNUMA || t == driver.LocationHost {
 		locs = append(locs, driver.HostLocation())
 	}
 	var out []Access

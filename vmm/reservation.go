@@ -132,6 +132,9 @@ func (s *System) Reserve(size uint64, opts ReserveOptions) (*Reservation, error)
 	if uint64(opts.Hint)%g != 0 {
 		return nil, fmt.Errorf("vmm: reserve %s: hint %#x is not a multiple of the granularity %s: %w", units.FormatSize(rounded), opts.Hint, units.FormatSize(g), ErrInvalidValue)
 	}
+	if opts.RequireHint && opts.Hint == 0 {
+		return nil, fmt.Errorf("vmm: reserve %s: RequireHint without a hint: %w", units.FormatSize(rounded), ErrInvalidValue)
+	}
 	if opts.Hint != 0 {
 		_ = s.retryIn(opts.Hint, opts.Hint+driver.DevicePtr(rounded)) // still failing: the hint is not granted
 	}
@@ -499,6 +502,11 @@ func (r *Reservation) UnmapRange(off, size uint64) error {
 	ptr := r.ptr + driver.DevicePtr(off)
 	if err := r.dev.do(func(api driver.API) error { return api.MemUnmap(ptr, size) }); err != nil {
 		return fmt.Errorf("vmm: unmap %s at offset %#x of %s: %w", units.FormatSize(size), off, r, err)
+	}
+	// Every mapping leaves its allocation's list before any release: an allocation mapped twice in
+	// the range is then released by its owning mapping whatever their order.
+	for _, m := range ms {
+		m.alloc.mappings.remove(m.Ptr())
 	}
 	var errs []error
 	for _, m := range ms {

@@ -155,10 +155,22 @@ func (t *statsTable) eachMapping(ptr driver.DevicePtr, size uint64, fn func(driv
 	}
 }
 
+// unmap forgets the mappings in [ptr, ptr+size). A range over several may have gaps (a sleeping
+// chunk, released in place, has no entry, and the mappings after it do), so it is searched whole;
+// one mapping, the common case, is found at once.
 func (t *statsTable) unmap(ptr driver.DevicePtr, size uint64) {
 	t.lock()
 	defer t.mu.Unlock()
-	t.eachMapping(ptr, size, func(p driver.DevicePtr, _ *mappedRange) { delete(t.mapped, p) })
+	if r := t.mapped[ptr]; r != nil && r.size == size {
+		delete(t.mapped, ptr)
+		return
+	}
+	end := ptr + driver.DevicePtr(size)
+	for p := range t.mapped {
+		if p >= ptr && p < end {
+			delete(t.mapped, p)
+		}
+	}
 }
 
 func (t *statsTable) setAccess(ptr driver.DevicePtr, size uint64, descs []driver.AccessDesc) {

@@ -1,0 +1,81 @@
+package vmm_test
+
+import (
+	"testing"
+
+	"github.com/stretchr/testify/require"
+
+	"github.com/cuvmm/cuvmm/driver"
+	"github.com/cuvmm/cuvmm/internal/testutil"
+	"github.com/cuvmm/cuvmm/vmm"
+)
+
+// UnmapRange over an allocation mapped twice in the range releases it through its owning mapping,
+// whichever comes first.
+func TestUnmapRangeOverAnAllocationMappedTwice(t *testing.T) {
+	testutil.Run(t, func(t *testing.T, b *testutil.Backend) {
+		d := b.Device(t, 0)
+		r, err := b.Sys.Reserve(4*mib, vmm.ReserveOptions{})
+		require.NoError(t, err)
+		defer func() { require.NoError(t, r.Close()) }()
+		m, err := r.MapNew(0, 2*mib, d, vmm.AllocOptions{}, vmm.ReadWrite(d))
+		require.NoError(t, err)
+		_, err = r.MapAccess(2*mib, m.Allocation(), vmm.ReadWrite(d))
+		require.NoError(t, err)
+		require.NoError(t, r.UnmapRange(0, 4*mib))
+		require.True(t, m.Allocation().Closed(), "released by its owning mapping")
+		require.Empty(t, r.Mappings())
+	})
+}
+
+// AccessAt keeps the CPU's access to memory at the HOST location, as to host-NUMA memory, so that a
+// release and recreate keep it.
+func TestAccessAtKeepsTheHostsAccessToHostMemory(t *testing.T) {
+	testutil.Run(t, func(t *testing.T, b *testutil.Backend) {
+		d := b.Device(t, 0)
+		r, err := b.Sys.Reserve(2*mib, vmm.ReserveOptions{})
+		require.NoError(t, err)
+		defer func() { require.NoError(t, r.Close()) }()
+		m, err := r.MapNew(0, 2*mib, d, vmm.AllocOptions{Location: driver.HostLocation()}, vmm.ReadWrite(d), vmm.HostReadWrite())
+		require.NoError(t, err)
+		defer func() { require.NoError(t, m.Close()) }()
+		acc, err := m.Allocation().AccessAt(m.Ptr())
+		require.NoError(t, err)
+		require.Contains(t, acc, vmm.HostReadWrite())
+		require.NoError(t, m.Allocation().ReleaseAt(m.Ptr(), acc, false, nil))
+		require.NoError(t, m.Allocation().RecreateAt(m.Ptr(), acc))
+		f, err := m.Access(driver.HostLocation())
+		require.NoError(t, err)
+		require.Equal(t, driver.AccessReadWrite, f)
+	}, testutil.SimOnly())
+}
+
+// RequireHint without a hint is refused at once, not after reserving somewhere.
+func TestRequireHintWithoutAHint(t *testing.T) {
+	testutil.Run(t, func(t *testing.T, b *testutil.Backend) {
+		_, err := b.Sys.Reserve(2*mib, vmm.ReserveOptions{RequireHint: true})
+		require.ErrorIs(t, err, vmm.ErrInvalidValue)
+		require.ErrorContains(t, err, "RequireHint without a hint")
+	})
+}
+
+// The statistics forget every mapping an unmap covers, also past a sleeping chunk, which has no
+// entry of its own.
+func TestStatsForgetMappingsPastASleepingChunk(t *testing.T) {
+	_, sys, d := ownSim(t)
+	r, err := sys.Reserve(4*mib, vmm.ReserveOptions{})
+	require.NoError(t, err)
+	m0, err := r.MapNew(0, 2*mib, d, vmm.AllocOptions{}, vmm.ReadWrite(d))
+	require.NoError(t, err)
+	_, err = r.MapNew(2*mib, 2*mib, d, vmm.AllocOptions{}, vmm.ReadWrite(d))
+	require.NoError(t, err)
+	acc, err := m0.Allocation().AccessAt(m0.Ptr())
+	require.NoError(t, err)
+	require.NoError(t, m0.Allocation().ReleaseAt(m0.Ptr(), acc, false, nil))
+	require.NoError(t, r.UnmapRange(0, 4*mib))
+	require.NoError(t, r.Close())
+	ds := sys.Stats().Devices[0]
+	require.Zero(t, ds.MappedBytes)
+	require.Zero(t, ds.Live.Mappings)
+	require.NoError(t, sys.Close())
+}
