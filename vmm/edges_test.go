@@ -79,3 +79,25 @@ func TestStatsForgetMappingsPastASleepingChunk(t *testing.T) {
 	require.Zero(t, ds.Live.Mappings)
 	require.NoError(t, sys.Close())
 }
+
+// A wake (RecreateAt) of a sleeping allocation while its mapping is being closed is refused with
+// ErrInUse; it would map memory that no Mapping owns, and the reservation could never be freed.
+func TestRecreateWhileTheMappingCloses(t *testing.T) {
+	u, d := hookedSim(t)
+	r, err := d.System().Reserve(2*mib, vmm.ReserveOptions{})
+	require.NoError(t, err)
+	m, err := r.MapNew(0, 2*mib, d, vmm.AllocOptions{}, vmm.ReadWrite(d))
+	require.NoError(t, err)
+	a, acc := m.Allocation(), []vmm.Access{vmm.ReadWrite(d)}
+	require.NoError(t, a.ReleaseAt(m.Ptr(), acc, false, nil))
+	var recreated error
+	u.afterUnmap = func() {
+		done := make(chan error)
+		go func() { done <- a.RecreateAt(m.Ptr(), acc) }()
+		recreated = <-done
+	}
+	require.NoError(t, m.Close())
+	require.ErrorIs(t, recreated, vmm.ErrInUse)
+	require.ErrorIs(t, a.RecreateAt(m.Ptr(), acc), vmm.ErrClosed, "after the Close the allocation is gone")
+	require.NoError(t, r.Close())
+}

@@ -13,6 +13,7 @@ type holdCount struct {
 	n         int
 	by        string
 	unmapping int
+	remapping bool // ReleaseAt or RecreateAt is unmapping or mapping the allocation at its mapping
 }
 
 // Hold marks the allocation as used by something outside vmm (by names it, for example "an NCCL
@@ -78,8 +79,31 @@ func (a *Allocation) beginUnmap(op string) error {
 	if err := h.heldError(op, a); err != nil {
 		return err
 	}
+	if h.remapping {
+		return fmt.Errorf("vmm: %s: %s is being released or recreated at its mapping; retry: %w", op, a, ErrInUse)
+	}
 	h.unmapping++
 	return nil
+}
+
+// beginRemap fails while a mapping of a is being unmapped (beginUnmap), and otherwise makes the unmap
+// of a's mappings refuse until the returned end: ReleaseAt and RecreateAt, which unmap and map a at
+// its mapping under a's lock, and an unmap of that mapping, under its reservation's, never run at
+// once (a recreate after the unmap, before the mapping is forgotten, would map memory that no
+// Mapping owns).
+func (a *Allocation) beginRemap(op string) (end func(), err error) {
+	h := &a.hold
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	if h.unmapping > 0 {
+		return nil, fmt.Errorf("vmm: %s: a mapping of %s is being unmapped; retry: %w", op, a, ErrInUse)
+	}
+	h.remapping = true
+	return func() {
+		h.mu.Lock()
+		h.remapping = false
+		h.mu.Unlock()
+	}, nil
 }
 
 // endUnmap ends what beginUnmap began, whether the unmap succeeded or not.

@@ -12,18 +12,24 @@ import (
 	"github.com/cuvmm/cuvmm/vmm"
 )
 
-// unmapHook is the simulator with a hook run at the start of each cuMemUnmap, while the caller of
-// the unmap holds whatever locks it holds then.
+// unmapHook is the simulator with hooks run at the start of each cuMemUnmap and, once, right after
+// one succeeds, while the caller of the unmap holds whatever locks it holds then.
 type unmapHook struct {
 	*sim.Sim
-	onUnmap func()
+	onUnmap    func()
+	afterUnmap func()
 }
 
 func (u *unmapHook) MemUnmap(ptr driver.DevicePtr, size uint64) error {
 	if f := u.onUnmap; f != nil {
 		f()
 	}
-	return u.Sim.MemUnmap(ptr, size)
+	err := u.Sim.MemUnmap(ptr, size)
+	if f := u.afterUnmap; f != nil && err == nil {
+		u.afterUnmap = nil
+		f()
+	}
+	return err
 }
 
 // hookedSim opens a System on a simulator whose cuMemUnmap runs u.onUnmap first; the test ends with

@@ -73,7 +73,7 @@ func (a *Allocation) Exported() bool {
 // both fail does it stay mapped, awake without that access.) ptr must be the
 // address of the allocation's one Mapping (ErrInvalidValue otherwise). Imported allocations are
 // refused (their exporter owns the memory), exported ones (ErrExported) unless force is set, and
-// held ones (Hold) with ErrInUse. onClose, when not nil, runs if the allocation is closed while asleep (with the
+// held ones (Hold), and while its mapping is being unmapped, with ErrInUse. onClose, when not nil, runs if the allocation is closed while asleep (with the
 // allocation locked: it must not call into this package). The caller must not use the memory, or Handle, until RecreateAt.
 func (a *Allocation) ReleaseAt(ptr driver.DevicePtr, access []Access, force bool, onClose func()) error {
 	if err := a.check("release to sleep"); err != nil {
@@ -94,8 +94,13 @@ func (a *Allocation) ReleaseAt(ptr driver.DevicePtr, access []Access, force bool
 	if err := a.checkHeld("release to sleep"); err != nil {
 		return err
 	}
+	end, err := a.beginRemap("release to sleep")
+	if err != nil {
+		return err
+	}
+	defer end()
 	mapped := true // where the memory is when the call fails
-	err := a.dev.do(func(api driver.API) error {
+	err = a.dev.do(func(api driver.API) error {
 		if err := api.MemUnmap(ptr, a.size); err != nil {
 			return fmt.Errorf("cuMemUnmap: %w", err)
 		}
@@ -130,7 +135,8 @@ func (a *Allocation) ReleaseAt(ptr driver.DevicePtr, access []Access, force bool
 // driver's (driver.ErrOutOfMemory when someone else took the memory), so the call can be retried.
 // The new memory's content is undefined; memory that a failed ReleaseAt kept is mapped again instead,
 // with its content. ptr must be where the allocation's Mapping still is: once
-// that Mapping is closed, or for an awake allocation, RecreateAt fails with ErrInvalidValue. In the
+// that Mapping is closed, or for an awake allocation, RecreateAt fails with ErrInvalidValue; while
+// that Mapping is being closed or unmapped, with ErrInUse (retry: it then fails as closed or works). In the
 // one case where the undo fails too (granting access fails, then unmapping fails), the memory stays
 // mapped: the error says so, the allocation is awake without that access, and ReleaseAt releases
 // it.
@@ -148,8 +154,13 @@ func (a *Allocation) RecreateAt(ptr driver.DevicePtr, access []Access) error {
 		// belong to no Mapping, and its reservation could never be freed.
 		return fmt.Errorf("vmm: recreate %s at %#x: no mapping of it is left at that address: %w", a, uint64(ptr), ErrInvalidValue)
 	}
+	end, err := a.beginRemap("recreate")
+	if err != nil {
+		return err
+	}
+	defer end()
 	h, stillMapped := a.handle, false // memory that a failed ReleaseAt kept
-	err := a.dev.do(func(api driver.API) error {
+	err = a.dev.do(func(api driver.API) error {
 		var err error
 		if h != 0 {
 			stillMapped, err = mapGrant(api, ptr, a.size, h, access)
