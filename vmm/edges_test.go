@@ -2,6 +2,7 @@ package vmm_test
 
 import (
 	"testing"
+	"time"
 
 	"github.com/stretchr/testify/require"
 
@@ -100,4 +101,33 @@ func TestRecreateWhileTheMappingCloses(t *testing.T) {
 	require.ErrorIs(t, recreated, vmm.ErrInUse)
 	require.ErrorIs(t, a.RecreateAt(m.Ptr(), acc), vmm.ErrClosed, "after the Close the allocation is gone")
 	require.NoError(t, r.Close())
+}
+
+// A System.Close that will fail (a stream is still open) fails at once, without waiting for that
+// stream's Synchronize, and without making other calls wait behind it.
+func TestCloseWhileAStreamSynchronizesFailsAtOnce(t *testing.T) {
+	s, sys, d := ownSim(t)
+	st, err := d.NewStream(true)
+	require.NoError(t, err)
+	require.NoError(t, s.HoldStream(st.Handle()))
+	synced := make(chan error, 1)
+	go func() { synced <- st.Synchronize() }()
+	time.Sleep(50 * time.Millisecond) // the Synchronize waits
+	closed := make(chan error, 1)
+	go func() { closed <- sys.Close() }()
+	select {
+	case err := <-closed:
+		require.ErrorIs(t, err, vmm.ErrInUse)
+		require.ErrorContains(t, err, "stream")
+	case <-time.After(2 * time.Second):
+		require.NoError(t, s.ReleaseStream(st.Handle()))
+		<-closed
+		t.Fatal("Close waited for the Synchronize")
+	}
+	_, _, err = d.MemInfo()
+	require.NoError(t, err, "other calls go on")
+	require.NoError(t, s.ReleaseStream(st.Handle()))
+	require.NoError(t, <-synced)
+	require.NoError(t, st.Close())
+	require.NoError(t, sys.Close())
 }

@@ -174,7 +174,9 @@ func (s *System) anyDevice() (*Device, error) {
 // per device, while any device still owns allocations, reservations, streams or other objects, or
 // while a failed clean-up still fails (so that it keeps a context to be retried with). A context
 // whose release fails stays retained, its device refusing calls, and a later Close retries it.
-// Calls in flight on other goroutines finish before the check; later calls fail with ErrClosed.
+// What is still owned is looked at first, at once: a Close that will fail does not wait for the
+// calls in flight (a stream's Synchronize, say), nor make the calls of other goroutines wait behind
+// it. Otherwise the calls in flight finish before the final check; later calls fail with ErrClosed.
 func (s *System) Close() error {
 	if s == nil {
 		return nil
@@ -188,26 +190,38 @@ func (s *System) Close() error {
 		return nil
 	}
 	retryErr := s.retryAdopted()
+	s.mu.Lock()
+	left := s.remaining()
+	s.mu.Unlock()
+	if left != "" {
+		return s.stillOwned(left, retryErr)
+	}
 	s.gate.Lock()
 	defer s.gate.Unlock()
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	if left := s.remaining(); left != "" || retryErr != nil {
-		if left == "" {
-			// Kept objects (Keep) have no device owner but still need a context to be freed.
-			left = fmt.Sprintf("failed clean-ups %q", s.Orphans())
-		}
-		err := fmt.Errorf("vmm: close system: still owned: %s: %w", left, ErrInUse)
-		if retryErr != nil {
-			err = fmt.Errorf("%w (retrying failed clean-ups: %w)", err, retryErr)
-		}
-		return err
+		return s.stillOwned(left, retryErr)
 	}
 	retained, err := s.releaseDevices()
 	if !retained {
 		s.own.Lock()
 		s.own.MarkClosed()
 		s.own.Unlock()
+	}
+	return err
+}
+
+// stillOwned is Close's error while left (what the devices still own) or the retried clean-ups'
+// failure retryErr keeps the System open.
+func (s *System) stillOwned(left string, retryErr error) error {
+	if left == "" {
+		// Kept objects (Keep) have no device owner but still need a context to be freed.
+		left = fmt.Sprintf("failed clean-ups %q", s.Orphans())
+	}
+	err := fmt.Errorf("vmm: close system: still owned: %s: %w", left, ErrInUse)
+	if retryErr != nil {
+		err = fmt.Errorf("%w (retrying failed clean-ups: %w)", err, retryErr)
 	}
 	return err
 }
