@@ -78,7 +78,12 @@ func (h *importedHostNUMARegion) setAccess(_ *Region, acc []vmm.Access) error {
 	return h.buf.SetAccess(acc...)
 }
 
-func (h *importedHostNUMARegion) chunks() []vmm.Chunk { return h.buf.Chunks() }
+func (h *importedHostNUMARegion) chunks() []vmm.Chunk {
+	if h.buf == nil { // released
+		return nil
+	}
+	return h.buf.Chunks()
+}
 
 func (h *importedHostNUMARegion) prepareShare(r *Region) (outgoing, error) { return exportChunks(r) }
 
@@ -106,7 +111,7 @@ type outgoing interface {
 type exportedChunks struct{ e *ipc.Exported }
 
 func exportChunks(r *Region) (outgoing, error) {
-	e, err := ipc.Export(r)
+	e, err := ipc.Export(lockedChunks{r}) // the caller holds r's lock, which Region.Chunks takes
 	if err != nil {
 		return nil, err
 	}

@@ -556,8 +556,22 @@ func (r *Region) String() string {
 }
 
 // Chunks lists a HostNUMA region's allocations (vmm.Chunked, what package ipc exports); other kinds
-// have none. The allocations belong to the region.
-func (r *Region) Chunks() []vmm.Chunk { return r.impl.chunks() }
+// have none, and neither has a closed region. The allocations belong to the region.
+func (r *Region) Chunks() []vmm.Chunk {
+	r.own.Lock()
+	defer r.own.Unlock()
+	if r.own.Closed() {
+		return nil
+	}
+	return r.impl.chunks()
+}
+
+// lockedChunks is a region's vmm.Chunked view for a caller that holds its lock (Share's export).
+type lockedChunks struct{ r *Region }
+
+func (v lockedChunks) Ptr() driver.DevicePtr { return v.r.ptr }
+func (v lockedChunks) Len() uint64           { return v.r.size }
+func (v lockedChunks) Chunks() []vmm.Chunk   { return v.r.impl.chunks() }
 
 var _ vmm.Chunked = (*Region)(nil)
 

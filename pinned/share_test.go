@@ -414,7 +414,13 @@ func TestReceiveBadInput(t *testing.T) {
 			require.NoError(t, h2.Revoke(d))
 			require.Empty(t, h2.Devices())
 			require.NoError(t, h2.Close())
+			require.Empty(t, h2.Chunks(), "a closed region has none")
+			_, err = ipc.Export(h2)
+			require.ErrorIs(t, err, pinned.ErrInvalidValue, "nothing to export once closed")
+			chunked := make(chan []vmm.Chunk)
+			go func() { chunked <- h.Chunks() }() // with -race: Chunks against Close
 			require.NoError(t, h.Close())
+			<-chunked
 		}
 
 		require.NoError(t, r.Close())
