@@ -32,18 +32,54 @@ const regionHeaderSize = 16
 // duplicate the descriptors it sends, not while it writes them: a peer that does not read holds up
 // that Share alone (bound its writes with a deadline on conn), never another Share or a Close.
 func (r *Region) Share(conn *net.UnixConn) error {
+	p, err := r.PrepareShare()
+	if err != nil {
+		return err
+	}
+	return p.Send(conn)
+}
+
+// Prepared is one Share of a region whose descriptors are duplicated (PrepareShare) but not sent yet.
+type Prepared struct {
+	r   *Region
+	out outgoing // nil once sent or closed
+}
+
+// PrepareShare does what Share does before it writes: it duplicates the descriptors to send (and
+// exports a HostNUMA region's chunks), so that a caller who must answer before it sends (the broker,
+// which replies OK and then sends) learns first whether the region can be shared. Send them once
+// with Send, or drop them with Close.
+func (r *Region) PrepareShare() (*Prepared, error) {
 	out, err := r.prepareShare()
 	if err != nil {
-		return fmt.Errorf("pinned: share %s: %w", r, err)
+		return nil, fmt.Errorf("pinned: share %s: %w", r, err)
 	}
-	defer out.Close()
+	return &Prepared{r: r, out: out}, nil
+}
+
+// Send writes the region on conn, as Share does, and closes the descriptors this process duplicated.
+func (p *Prepared) Send(conn *net.UnixConn) error {
+	if p == nil || p.out == nil {
+		return fmt.Errorf("pinned: send a prepared share: already sent or closed: %w", ErrInvalidValue)
+	}
+	defer p.Close()
 	hdr := make([]byte, regionHeaderSize)
-	binary.LittleEndian.PutUint32(hdr[0:], uint32(r.kind))
-	binary.LittleEndian.PutUint64(hdr[8:], r.size)
-	if err := out.send(conn, hdr); err != nil {
-		return fmt.Errorf("pinned: share %s: %w", r, err)
+	binary.LittleEndian.PutUint32(hdr[0:], uint32(p.r.kind))
+	binary.LittleEndian.PutUint64(hdr[8:], p.r.size)
+	if err := p.out.send(conn, hdr); err != nil {
+		return fmt.Errorf("pinned: share %s: %w", p.r, err)
 	}
 	return nil
+}
+
+// Close drops a prepared share unsent. It is idempotent, and Send closes it too.
+func (p *Prepared) Close() error {
+	if p == nil || p.out == nil {
+		return nil
+	}
+	err := p.out.Close()
+	p.out = nil
+	return err
 }
 
 // prepareShare duplicates, under the region's lock, the descriptors Share sends.

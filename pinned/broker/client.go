@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"net"
 	"os"
 	"sync"
 	"sync/atomic"
@@ -12,7 +13,6 @@ import (
 
 	"golang.org/x/sys/unix"
 
-	"github.com/cuvmm/cuvmm/driver"
 	"github.com/cuvmm/cuvmm/internal/lifetime"
 	"github.com/cuvmm/cuvmm/internal/units"
 	"github.com/cuvmm/cuvmm/internal/unixsock"
@@ -286,8 +286,7 @@ func (c *Client) read() {
 		}
 		if resp.op == OpRegion {
 			r, err := pinned.Receive(c.conn.Unix(), call.regionDev, call.regionOpts)
-			var res driver.Result
-			if err != nil && !errors.As(err, &res) {
+			if err != nil && outOfStep(err) {
 				// The messages of the region did not arrive whole: the stream is out of step.
 				c.fail(err)
 				call.finish(c.brokenErr())
@@ -299,6 +298,18 @@ func (c *Client) read() {
 		}
 		call.finish(nil)
 	}
+}
+
+// outOfStep reports whether a failed pinned.Receive left the connection out of step: the region's
+// messages did not arrive whole or well formed (a protocol error, an end, a timeout, a failed read,
+// descriptors the kernel dropped). Other failures came once the region had arrived (mapping or
+// registering it here, an option this device does not support): the call fails, the connection
+// goes on.
+func outOfStep(err error) bool {
+	var op *net.OpError
+	return errors.Is(err, ipc.ErrProtocol) || errors.Is(err, io.EOF) || errors.Is(err, io.ErrUnexpectedEOF) ||
+		errors.Is(err, ipc.ErrIdle) || errors.Is(err, ipc.ErrTimeout) || errors.Is(err, os.ErrDeadlineExceeded) ||
+		errors.Is(err, unix.EMFILE) || errors.As(err, &op)
 }
 
 // fail marks the connection broken with cause, closes it and completes every pending request with

@@ -1052,12 +1052,20 @@ func (w *worker) shareRegion(req request) error {
 		w.replyErr(OpRegion, req.id, fmt.Errorf("broker: a %s region has no file descriptor to pass: %w", k, ErrNotSupported))
 		return nil
 	}
+	// Prepared before the answer: a region that cannot be shared (an export failing, out of file
+	// descriptors) is answered as such, and the connection goes on.
+	prep, err := w.s.region.PrepareShare()
+	if err != nil {
+		w.replyErr(OpRegion, req.id, fmt.Errorf("broker: share the region: %v: %w", err, ErrInternal))
+		return nil
+	}
+	defer prep.Close()
 	w.conn.Lock()
 	defer w.conn.Unlock()
 	return w.send(func() error {
 		if err := w.writeResponse(&response{op: OpRegion, id: req.id}); err != nil {
 			return err
 		}
-		return w.s.region.Share(w.conn.Unix())
+		return prep.Send(w.conn.Unix())
 	})
 }
