@@ -217,6 +217,9 @@ func (d *Device) Granularity(loc driver.Location, option driver.GranularityOptio
 
 // DeviceGranularity is the minimum granularity of this device's own memory.
 func (d *Device) DeviceGranularity() (uint64, error) {
+	if d == nil {
+		return 0, fmt.Errorf("vmm: granularity of a nil device: %w", ErrInvalidValue)
+	}
 	return d.Granularity(d.Location(), driver.GranularityMinimum)
 }
 

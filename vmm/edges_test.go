@@ -131,3 +131,23 @@ func TestCloseWhileAStreamSynchronizesFailsAtOnce(t *testing.T) {
 	require.NoError(t, st.Close())
 	require.NoError(t, sys.Close())
 }
+
+// Calls on a nil System or Device are errors, as their siblings' are, never panics.
+func TestNilSystemAndDevice(t *testing.T) {
+	var sys *vmm.System
+	_, err := sys.Devices()
+	require.ErrorIs(t, err, vmm.ErrClosed)
+	_, err = sys.Reserve(2*mib, vmm.ReserveOptions{})
+	require.ErrorIs(t, err, vmm.ErrClosed)
+	var d *vmm.Device
+	_, err = d.CreateStream(vmm.StreamOptions{})
+	require.ErrorIs(t, err, vmm.ErrInvalidValue)
+	_, err = d.NewEvent(false)
+	require.ErrorIs(t, err, vmm.ErrInvalidValue)
+	_, err = d.NewBlockingEvent()
+	require.ErrorIs(t, err, vmm.ErrInvalidValue)
+	_, err = d.AllocPlain(4096)
+	require.ErrorIs(t, err, vmm.ErrInvalidValue)
+	_, err = d.DeviceGranularity()
+	require.ErrorIs(t, err, vmm.ErrInvalidValue)
+}

@@ -21,6 +21,9 @@ type PlainBuffer struct {
 
 // AllocPlain allocates size bytes with cuMemAlloc.
 func (d *Device) AllocPlain(size uint64) (*PlainBuffer, error) {
+	if d == nil {
+		return nil, fmt.Errorf("vmm: cuMemAlloc on a nil device: %w", ErrInvalidValue)
+	}
 	if size == 0 {
 		return nil, fmt.Errorf("vmm: device %d: cuMemAlloc: size 0: %w", d.ordinal, ErrInvalidValue)
 	}

@@ -27,6 +27,9 @@ type StreamOptions struct {
 
 // CreateStream creates a stream (cuStreamCreate).
 func (d *Device) CreateStream(opts StreamOptions) (*Stream, error) {
+	if d == nil {
+		return nil, fmt.Errorf("vmm: create a stream on a nil device: %w", ErrInvalidValue)
+	}
 	flags := driver.StreamDefault
 	if opts.NonBlocking {
 		flags = driver.StreamNonBlocking
@@ -178,6 +181,9 @@ func (d *Device) NewBlockingEvent() (*Event, error) {
 }
 
 func (d *Device) newEvent(flags uint32) (*Event, error) {
+	if d == nil {
+		return nil, fmt.Errorf("vmm: create an event on a nil device: %w", ErrInvalidValue)
+	}
 	e := &Event{owner: owner{dev: d}}
 	if err := d.create(&e.own, "event", func(api driver.API) error {
 		var err error

@@ -143,6 +143,9 @@ func (s *System) Device(ordinal int) (*Device, error) {
 
 // Devices opens every device, in ordinal order.
 func (s *System) Devices() ([]*Device, error) {
+	if s == nil {
+		return nil, fmt.Errorf("vmm: devices: nil System: %w", ErrClosed)
+	}
 	out := make([]*Device, 0, s.count)
 	for i := 0; i < s.count; i++ {
 		d, err := s.Device(i)
@@ -158,6 +161,9 @@ func (s *System) Devices() ([]*Device, error) {
 // rather than on one device (reserving addresses, importing handles): the lowest open ordinal, or
 // device 0.
 func (s *System) anyDevice() (*Device, error) {
+	if s == nil {
+		return nil, fmt.Errorf("vmm: nil System: %w", ErrClosed)
+	}
 	s.mu.Lock()
 	for _, d := range s.devices {
 		if d != nil {
