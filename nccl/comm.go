@@ -82,28 +82,36 @@ func NewComm(ctx context.Context, lib API, id UniqueID, rank, nranks int, dev *v
 		cfg = *c.opts.Config
 	}
 	cfg.Blocking = 0
+	// Counted before NCCL holds the device, so that no System.Close releases the device's context
+	// under the communicator; ended once it is closed or released (markClosed, release).
+	done, err := dev.AddDependent("nccl communicator")
+	if err != nil {
+		return nil, fmt.Errorf("nccl: new communicator on %s: %w", dev, err)
+	}
+	c.dependent = done
 	var initErr error
 	if err := dev.Raw(func(driver.API) error {
 		c.h, initErr = lib.CommInitRankConfig(nranks, id, rank, dev.Handle(), &cfg)
 		return nil
 	}); err != nil {
+		done()
 		return nil, fmt.Errorf("nccl: new communicator on %s: %w", dev, err)
 	}
 	if initErr != nil && !errors.Is(initErr, ErrInProgress) {
 		err := fmt.Errorf("nccl: new communicator, rank %d of %d on %s: %w", rank, nranks, dev, initErr)
 		if c.h == 0 {
+			done()
 			return nil, err
 		}
 		return nil, errors.Join(err, c.release()) // NCCL asks for an abort of what it handed back
 	}
 	c.mu.Lock()
-	err := c.waitLocked(ctx, "initialize the communicator")
+	err = c.waitLocked(ctx, "initialize the communicator")
 	c.mu.Unlock()
 	if err != nil {
 		return nil, errors.Join(err, c.release())
 	}
 	c.own.Init(nil, "nccl communicator")
-	c.dependent = dev.AddDependent("nccl communicator") // System.Close refuses while it is open
 	lifetime.Track(c, &c.own)
 	return c, nil
 }
@@ -228,6 +236,7 @@ func (c *Comm) release() error {
 		c.abortLocked(errors.New("initialization failed"))
 	}
 	c.own.MarkClosed()
+	defer c.dependent() // after Keep: an abort still to run is then the System's, which stays open for it
 	if !c.abortLeft {
 		return nil
 	}

@@ -124,11 +124,22 @@ func (d *Device) Raw(fn func(api driver.API) error) error { return d.do(fn) }
 // something that vmm does not own (an NCCL communicator, say), as one of the device's objects of
 // kind (such as "nccl communicator") until done is called: until then System.Close fails with an
 // error wrapping ErrInUse that names it, as for the device's own objects. done is idempotent; call it
-// once the object has freed what it holds.
-func (d *Device) AddDependent(kind string) (done func()) {
+// once the object has freed what it holds. Add the dependent before the object takes anything of the
+// device, so that no System.Close runs in between; on a closed System it fails with ErrClosed.
+func (d *Device) AddDependent(kind string) (done func(), err error) {
+	if d == nil {
+		return nil, fmt.Errorf("vmm: add a dependent %s to a nil device: %w", kind, ErrInvalidValue)
+	}
 	o := new(lifetime.Owner)
+	// Under the gate, as the device's own objects are made (no driver call is needed): Close's
+	// check sees it, or Close ran first.
+	d.sys.gate.RLock()
+	defer d.sys.gate.RUnlock()
+	if d.released.Load() {
+		return nil, fmt.Errorf("vmm: device %d: add a dependent %s: %w", d.ordinal, kind, ErrClosed)
+	}
 	o.Init(&d.own, kind)
-	return func() { o.Shut() }
+	return func() { o.Shut() }, nil
 }
 
 // System is the system the device belongs to.

@@ -151,3 +151,16 @@ func TestNilSystemAndDevice(t *testing.T) {
 	_, err = d.DeviceGranularity()
 	require.ErrorIs(t, err, vmm.ErrInvalidValue)
 }
+
+// A closed System keeps nothing to retry: Keep tries the clean-up at once and says whether it failed.
+func TestKeepOnAClosedSystem(t *testing.T) {
+	_, sys, _ := ownSim(t)
+	require.NoError(t, sys.Close())
+	tried := 0
+	require.NoError(t, sys.Keep("a thing", func() error { tried++; return nil }))
+	err := sys.Keep("another", func() error { tried++; return vmm.ErrInUse })
+	require.ErrorIs(t, err, vmm.ErrInUse)
+	require.ErrorContains(t, err, "nothing retries it")
+	require.Equal(t, 2, tried)
+	require.Empty(t, sys.Orphans())
+}

@@ -203,8 +203,17 @@ func (s *System) retryAdopted() error {
 // Keep hands the System an object of another package whose clean-up failed while a failed operation
 // was being undone, so that no API loses it: close (idempotent) is retried by RetryOrphans and Close,
 // and what names it in Orphans until close succeeds. The returned error says so, for the caller's
-// error message.
-func (s *System) Keep(what string, close func() error) error { return s.adopt(what, nil, close) }
+// error message. A closed System retries nothing: there close is tried once, at once, and its error
+// returned.
+func (s *System) Keep(what string, close func() error) error {
+	if s.own.IsClosed() {
+		if err := close(); err != nil {
+			return fmt.Errorf("vmm: %s could not be freed, and its System is closed, so nothing retries it: %w", what, err)
+		}
+		return nil
+	}
+	return s.adopt(what, nil, close)
+}
 
 // RetryOrphans retries freeing the objects in Orphans now (System.Close does it too), for services
 // that run long; it returns the errors of those that still fail.

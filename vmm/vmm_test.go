@@ -597,14 +597,19 @@ func closeAndRemapWhile(t *testing.T, r *vmm.Reservation, d *vmm.Device, m *vmm.
 }
 
 // A dependent (AddDependent: an object of another package using the device through Raw) makes
-// System.Close fail with ErrInUse, naming its kind, until its done is called; done is idempotent.
+// System.Close fail with ErrInUse, naming its kind, until its done is called; done is idempotent. A
+// closed System refuses new dependents.
 func TestAddDependent(t *testing.T) {
 	_, sys, d := ownSim(t)
-	done := d.AddDependent("test communicator")
-	err := sys.Close()
+	done, err := d.AddDependent("test communicator")
+	require.NoError(t, err)
+	err = sys.Close()
 	require.ErrorIs(t, err, vmm.ErrInUse)
 	require.ErrorContains(t, err, "1 test communicator(s)")
 	done()
 	done()
 	require.NoError(t, sys.Close())
+	_, err = d.AddDependent("late communicator")
+	require.ErrorIs(t, err, vmm.ErrClosed)
+	require.Zero(t, sys.Stats().Devices[0].LiveOwners, "nothing counted on a closed System")
 }
