@@ -165,8 +165,9 @@ func chunkRecord(a *vmm.Allocation, off uint64, acc []vmm.Access) ckChunk {
 }
 
 // Save writes a checkpoint of the buffers tagged tags (every buffer when none is given) to w: the
-// header, then each chunk's bytes with its CRC-32C. Awake buffers are read from the GPU (they must
-// not be written while Save runs); sleeping Keep buffers from their backup. A sleeping Discard or
+// header, then each chunk's bytes with its CRC-32C. Awake buffers are read from the GPU once the
+// work queued on them is done (their EntryOptions.Stream, else their devices, as Sleep waits; they
+// must not be written while Save runs); sleeping Keep buffers from their backup. A sleeping Discard or
 // File buffer has no content here: Save fails with an error wrapping ErrAsleep.
 func (s *Set) Save(ctx context.Context, w io.Writer, tags ...string) error {
 	if s == nil {
@@ -201,6 +202,12 @@ func (s *Set) Save(ctx context.Context, w io.Writer, tags ...string) error {
 		}
 		for i := range e.chunks {
 			refs = append(refs, chunkRef{e, i})
+		}
+	}
+	synced := map[*vmm.Device]bool{} // the work queued on the buffers first, as Sleep does
+	for _, e := range awake {
+		if err := syncEntry("save", e, synced); err != nil {
+			return err
 		}
 	}
 	bw := bufio.NewWriterSize(w, 1<<20)

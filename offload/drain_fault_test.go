@@ -38,7 +38,7 @@ func TestSaveUndrainedSlotStaysOutOfPool(t *testing.T) {
 	testutil.Run(t, func(t *testing.T, b *testutil.Backend) {
 		f := newTwoDeviceFixture(t, b)
 		failWaitAndDrain(b)
-		b.Sim.FailNth("cuCtxSynchronize", 1, driver.ErrorUnknown) // after the drain
+		b.Sim.FailNth("cuCtxSynchronize", 2, driver.ErrorUnknown) // after the drain (the 1st: Save's wait for v's work)
 		err := f.set.Save(bg, &bytes.Buffer{}, "v")
 		require.ErrorIs(t, err, driver.ErrorUnknown)
 		require.ErrorContains(t, err, "held out of the pool")
@@ -56,7 +56,7 @@ func TestRestoreUndrainedSlotsStayOutOfPool(t *testing.T) {
 		var ck bytes.Buffer
 		require.NoError(t, f.set.Save(bg, &ck, "v"))
 		failWaitAndDrain(b)
-		b.Sim.FailNth("cuCtxSynchronize", 1, driver.ErrorUnknown) // Restore's last try to synchronize
+		b.Sim.FailNth("cuCtxSynchronize", 2, driver.ErrorUnknown) // Restore's last try to synchronize (the 1st: its wait for v's work)
 		err := f.set.Restore(bg, bytes.NewReader(ck.Bytes()))
 		require.ErrorIs(t, err, driver.ErrorUnknown)
 		require.ErrorContains(t, err, "synchronizing device 1")

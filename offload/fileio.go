@@ -95,6 +95,9 @@ type FileStaging struct {
 // staging, and how many goroutines read or write the file. Raw file I/O meant to compare with the
 // set's (as vmmdemo sleep --mode file does) can move bytes the same way.
 func PlanFileStaging(opts Options, size, chunk uint64) FileStaging {
+	if size == 0 {
+		return FileStaging{} // nothing to stage
+	}
 	o := opts.withDefaults()
 	slot := unitSlotSize(o.SlotSize, size)
 	part := min(o.FilePart, slot)

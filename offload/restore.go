@@ -38,6 +38,12 @@ func (s *Set) Restore(ctx context.Context, r io.Reader) error {
 	if len(refs) == 0 {
 		return nil
 	}
+	synced := map[*vmm.Device]bool{} // work queued on the buffers must not write over what is restored
+	for _, e := range entriesOf(refs) {
+		if err := syncEntry("restore", e, synced); err != nil {
+			return err
+		}
+	}
 	units := plan(refs, s.opts.SlotSize)
 	defer func() {
 		for _, us := range units {

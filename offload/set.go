@@ -4,6 +4,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"math"
 	"slices"
 	"sync"
 	"sync/atomic"
@@ -49,7 +50,8 @@ func ParsePolicy(s string) (Policy, error) {
 	return 0, fmt.Errorf("offload: policy %q: want keep, discard or file: %w", s, ErrInvalidValue)
 }
 
-// FileBacking is where a File policy keeps a buffer's content (an *os.File works).
+// FileBacking is where a File policy keeps a buffer's content (an *os.File works). Its methods run
+// while the set is locked: of the set's methods they may call Stats only.
 type FileBacking interface {
 	io.WriterAt
 	io.ReaderAt
@@ -82,7 +84,8 @@ type Options struct {
 	// Progress, when set, is called with the bytes copied so far and the total, during Sleep, Wake,
 	// Save, Restore and Load (from several goroutines, never at once). Restore counts a byte when it
 	// has been read from the checkpoint into pinned memory: it checks every checksum before copying
-	// any byte to a GPU, and those copies, at the copy engine's speed, end the call.
+	// any byte to a GPU, and those copies, at the copy engine's speed, end the call. It runs while the
+	// set is locked: of the set's methods it may call Stats only (the others would wait forever).
 	Progress func(done, total uint64)
 	// IOWorkers is how many goroutines move a File buffer's bytes between the file and pinned
 	// staging memory, each a part (FilePart) at a time, taking the next part as soon as it is done
@@ -191,6 +194,7 @@ func (opts Options) withDefaults() Options {
 	if opts.SlotSize == 0 {
 		opts.SlotSize = DefaultSlotSize
 	}
+	opts.SlotSize = min(opts.SlotSize, math.MaxUint64/hugePage*hugePage) // rounding up must not wrap to 0
 	opts.SlotSize = (opts.SlotSize + hugePage - 1) / hugePage * hugePage
 	if opts.IOWorkers <= 0 {
 		opts.IOWorkers = DefaultIOWorkers
@@ -295,6 +299,9 @@ func (s *Set) Remove(tag string) error {
 	}
 	s.mu.Lock()
 	defer s.mu.Unlock()
+	if s.own.IsClosed() {
+		return fmt.Errorf("offload: remove %q: %w", tag, ErrClosed)
+	}
 	defer s.publish()
 	s.reap()
 	e := s.find(tag)

@@ -37,7 +37,9 @@ func (s *Set) sleep(ctx context.Context, tags []string) (n uint64, err error) {
 	}
 	var todo []*entry
 	for _, e := range es {
-		if !e.asleep {
+		// A buffer with no memory (closed, or never grown) has nothing to give back: it stays awake,
+		// where an entry asleep with nothing to wake would keep the set from closing.
+		if !e.asleep && len(e.buf.Chunks()) > 0 {
 			todo = append(todo, e)
 		}
 	}
@@ -97,7 +99,7 @@ func (s *Set) prepare(es []*entry) ([]chunkRef, error) {
 			e.chunks = append(e.chunks, chunkState{alloc: a, ptr: e.buf.Ptr() + ptrOff(c.Offset), size: a.Size()})
 			refs = append(refs, chunkRef{e, i})
 		}
-		if err := syncEntry(e, synced); err != nil {
+		if err := syncEntry("sleep", e, synced); err != nil {
 			return nil, err
 		}
 	}
@@ -126,10 +128,10 @@ func checkChunk(e *entry, i int, a *vmm.Allocation) error {
 
 // syncEntry waits for the work queued on the entry: its stream, else every device its chunks live
 // on (once per device per Sleep).
-func syncEntry(e *entry, synced map[*vmm.Device]bool) error {
+func syncEntry(op string, e *entry, synced map[*vmm.Device]bool) error {
 	if e.opts.Stream != nil {
 		if err := e.opts.Stream.Synchronize(); err != nil {
-			return fmt.Errorf("offload: sleep %s: wait for its stream: %w", e, err)
+			return fmt.Errorf("offload: %s %s: wait for its stream: %w", op, e, err)
 		}
 		return nil
 	}
@@ -139,7 +141,7 @@ func syncEntry(e *entry, synced map[*vmm.Device]bool) error {
 			continue
 		}
 		if err := d.Synchronize(); err != nil {
-			return fmt.Errorf("offload: sleep %s: wait for %s: %w", e, d, err)
+			return fmt.Errorf("offload: %s %s: wait for %s: %w", op, e, d, err)
 		}
 		synced[d] = true
 	}
