@@ -204,6 +204,11 @@ func (s *Set) Save(ctx context.Context, w io.Writer, tags ...string) error {
 			refs = append(refs, chunkRef{e, i})
 		}
 	}
+	for _, ce := range hdr.Entries { // nothing Load and Restore would refuse is written
+		if err := ce.check(); err != nil {
+			return fmt.Errorf("offload: save %q: not as it is now (closed, or grown or shrunk while asleep): %v: %w", ce.Tag, err, ErrInvalidValue)
+		}
+	}
 	synced := map[*vmm.Device]bool{} // the work queued on the buffers first, as Sleep does
 	for _, e := range awake {
 		if err := syncEntry("save", e, synced); err != nil {

@@ -42,6 +42,7 @@ func TestSaveUndrainedSlotStaysOutOfPool(t *testing.T) {
 		err := f.set.Save(bg, &bytes.Buffer{}, "v")
 		require.ErrorIs(t, err, driver.ErrorUnknown)
 		require.ErrorContains(t, err, "held out of the pool")
+		require.Equal(t, f.set.BackupBytes(), f.set.Stats().BackupBytes, "Stats counts the held slot, as BackupBytes")
 		b.Sim.ClearFaults()
 		f.requireSlotsQuiet(t) // k's backup must survive
 	}, testutil.Devices(2), testutil.SimOnly())

@@ -59,3 +59,25 @@ func TestSleepOfAClosedBufferAndOtherEdges(t *testing.T) {
 		require.Zero(t, offload.PlanFileStaging(offload.Options{}, 0, 2*mib).Parts)
 	}, testutil.SimOnly())
 }
+
+// Save refuses a buffer it could not write a checkpoint of that Load and Restore accept: one closed
+// while in the set, one grown while asleep. Nothing is written.
+func TestSaveRefusesWhatLoadWouldRefuse(t *testing.T) {
+	testutil.Run(t, func(t *testing.T, b *testutil.Backend) {
+		d := b.Device(t, 0)
+		grown, err := growbuf.New(d, growbuf.Options{MaxSize: 16 * mib, Chunk: growbuf.FixedChunks(2 * mib)})
+		require.NoError(t, err)
+		defer func() { require.NoError(t, grown.Close()) }()
+		require.NoError(t, grown.Grow(4*mib))
+		set := newSet(t, b, offload.Options{})
+		require.NoError(t, set.Add("grown", grown, offload.Keep, offload.EntryOptions{}))
+		require.NoError(t, set.Sleep(bg))
+		require.NoError(t, grown.Grow(6*mib))
+		var ck bytes.Buffer
+		err = set.Save(bg, &ck)
+		require.ErrorIs(t, err, offload.ErrInvalidValue)
+		require.ErrorContains(t, err, `save "grown"`)
+		require.Zero(t, ck.Len(), "nothing written")
+		require.NoError(t, set.Wake(bg))
+	}, testutil.SimOnly())
+}

@@ -472,6 +472,7 @@ func (s *Set) onChunkClosed(e *entry) func() {
 		}
 		if s.mu.TryLock() {
 			s.reap()
+			s.publish() // Stats without the closed buffer and its backup at once
 			s.mu.Unlock()
 		}
 	}

@@ -99,11 +99,11 @@ func (s *Set) publish() {
 		}
 		bufs = append(bufs, b)
 	}
-	pooled := s.pool.bytes()
+	pooled, held := s.pool.bytes(), s.pool.heldBytes() // held: kept out of the pool until a device synchronizes
 	s.stats.mu.Lock()
 	defer s.stats.mu.Unlock()
 	s.stats.st.Buffers, s.stats.st.AsleepBytes = bufs, asleep
-	s.stats.st.BackupBytes, s.stats.st.PooledBytes = backup+pooled, pooled
+	s.stats.st.BackupBytes, s.stats.st.PooledBytes = backup+pooled+held, pooled
 }
 
 // counted runs call (s.sleep, or s.wake when wake is set) under the set's lock, counts it for
