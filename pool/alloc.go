@@ -64,10 +64,7 @@ func (p *Pool) checkAlloc(size uint64, s *vmm.Stream) (small bool, span uint64, 
 		return false, 0, fmt.Errorf("pool: allocate %s: above the pool's limit of %s: %w", units.FormatSize(size), units.FormatSize(p.opts.Limit), vmm.ErrInvalidValue)
 	}
 	if err := p.checkStream(s); err != nil {
-		return false, 0, fmt.Errorf("pool: allocate %s: %w", units.FormatSize(size), err)
-	}
-	if s != nil && s.Device() != p.dev {
-		return false, 0, fmt.Errorf("pool: allocate %s on a stream of device %d: the pool is on device %d: %w", units.FormatSize(size), s.Device().Ordinal(), p.dev.Ordinal(), vmm.ErrInvalidValue)
+		return false, 0, fmt.Errorf("pool: allocate %s %w", units.FormatSize(size), err)
 	}
 	small = size <= p.opts.SmallSize
 	unit := p.pageSize
@@ -276,10 +273,7 @@ func (p *Pool) Free(b *Block, s *vmm.Stream) error {
 		return fmt.Errorf("pool: free %s: the block belongs to another pool: %w", b, vmm.ErrInvalidValue)
 	}
 	if err := p.checkStream(s); err != nil {
-		return fmt.Errorf("pool: free %s: %w", b, err)
-	}
-	if s != nil && s.Device() != p.dev {
-		return fmt.Errorf("pool: free %s on a stream of device %d: the pool is on device %d: %w", b, s.Device().Ordinal(), p.dev.Ordinal(), vmm.ErrInvalidValue)
+		return fmt.Errorf("pool: free %s %w", b, err)
 	}
 	p.own.Lock()
 	defer p.own.Unlock()
@@ -314,10 +308,16 @@ func (p *Pool) Free(b *Block, s *vmm.Stream) error {
 // highWater applies the high-water mark after a free: when more than Options.HighWater bytes are
 // cached, it records events for the frees (no waiting) and releases the idle pages above the mark.
 // Below the mark a free makes no driver call.
-// checkStream refuses a stream of another System, whose device may have the pool's ordinal.
+// checkStream refuses a stream of another device, and of another System (whose device may have the
+// pool's ordinal); its error reads after the operation.
 func (p *Pool) checkStream(s *vmm.Stream) error {
-	if s != nil && s.Device().System() != p.dev.System() {
-		return fmt.Errorf("the stream belongs to another System than the pool's: %w", vmm.ErrInvalidValue)
+	switch {
+	case s == nil:
+		return nil
+	case s.Device().System() != p.dev.System():
+		return fmt.Errorf("on a stream of another System than the pool's: %w", vmm.ErrInvalidValue)
+	case s.Device() != p.dev:
+		return fmt.Errorf("on a stream of device %d: the pool is on device %d: %w", s.Device().Ordinal(), p.dev.Ordinal(), vmm.ErrInvalidValue)
 	}
 	return nil
 }
