@@ -307,7 +307,7 @@ func (c *Client) read() {
 // goes on.
 func outOfStep(err error) bool {
 	var op *net.OpError
-	return errors.Is(err, ipc.ErrProtocol) || errors.Is(err, io.EOF) || errors.Is(err, io.ErrUnexpectedEOF) ||
+	return errors.Is(err, ipc.ErrProtocol) || peerClosed(err) || errors.Is(err, io.ErrUnexpectedEOF) ||
 		errors.Is(err, ipc.ErrIdle) || errors.Is(err, ipc.ErrTimeout) || errors.Is(err, os.ErrDeadlineExceeded) ||
 		errors.Is(err, unix.EMFILE) || errors.As(err, &op)
 }
