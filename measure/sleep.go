@@ -59,6 +59,9 @@ type SleepOptions struct {
 	// will sleep does at start (keep mode only): PrepareSeconds reports it, and the first sleep then
 	// only copies.
 	Prepare bool
+	// FirstSleep is how the set backs up a Keep buffer when its pool is empty: "auto" (default),
+	// "pin" or "stage" (offload.FirstSleep).
+	FirstSleep string
 }
 
 // SleepDevice is one device's part of a Sleep run.
@@ -154,6 +157,13 @@ type SleepResult struct {
 	// usual backup's allocation and copy), with several the first device's alone after TrimPool.
 	FirstSleepSpeedup    float64 `json:"first_sleep_speedup"`
 	FirstSleepOneSeconds float64 `json:"first_sleep_one_device_seconds"`
+	// FirstSleep is SleepOptions.FirstSleep; the staged bytes are what the first sleep, and with
+	// several devices the first device's cold sleep, staged (offload.SleepSteps.StagedBytes): their
+	// backup was registered in the background after the sleep, and the wake that follows (the
+	// first wake) waited for that registration.
+	FirstSleep               string `json:"first_sleep"`
+	FirstSleepStagedBytes    uint64 `json:"first_sleep_staged_bytes"`
+	FirstSleepOneStagedBytes uint64 `json:"first_sleep_one_device_staged_bytes"`
 	// Several devices: the warm sleep of the first device alone, and the aggregate's ratio to it.
 	OneDeviceSleepGBps float64 `json:"one_device_sleep_gbps,omitempty"`
 	OneDeviceWakeGBps  float64 `json:"one_device_wake_gbps,omitempty"`
@@ -226,6 +236,9 @@ func (o *SleepOptions) check() (offload.Policy, error) {
 	}
 	if o.Prepare && policy != offload.Keep {
 		return 0, fmt.Errorf("--prepare is for --mode keep (Set.Prepare pins a Keep buffer's backup): %w", ErrInvalidOption)
+	}
+	if _, err := offload.ParseFirstSleep(cmp.Or(o.FirstSleep, "auto")); err != nil {
+		return 0, fmt.Errorf("--first-sleep %q: want auto, pin or stage: %w", o.FirstSleep, ErrInvalidOption)
 	}
 	if o.Size == 0 || o.Size%(2<<20) != 0 {
 		return 0, fmt.Errorf("--size %s: want a non-zero multiple of 2 MiB: %w", units.FormatSize(o.Size), ErrInvalidOption)
@@ -365,7 +378,7 @@ func Sleep(opts SleepOptions) (res *SleepResult, err error) {
 		return nil, err
 	}
 	r := &sleepRun{opts: &opts, policy: policy, res: &SleepResult{Backend: opts.Backend.Name, Mode: opts.Mode,
-		Devices: slices.Clone(opts.Devices), SizeBytes: opts.Size, ChunkBytes: opts.Chunk, Verified: true, PtrUnchanged: true}}
+		FirstSleep: cmp.Or(opts.FirstSleep, "auto"), Devices: slices.Clone(opts.Devices), SizeBytes: opts.Size, ChunkBytes: opts.Chunk, Verified: true, PtrUnchanged: true}}
 	r.res.TotalBytes = opts.Size * uint64(len(opts.Devices))
 	if opts.Backend.Sim() {
 		r.res.Note = "simulator: times are of the Go simulation, not of a GPU"

@@ -1,10 +1,15 @@
 package measure
 
-import "github.com/cuvmm/cuvmm/offload"
+import (
+	"cmp"
+
+	"github.com/cuvmm/cuvmm/offload"
+)
 
 // setOptions are the offload options of the run's set (without its progress callback).
 func (o *SleepOptions) setOptions() offload.Options {
-	return offload.Options{SlotSize: o.SlotSize, IOWorkers: o.IOWorkers, FilePart: o.FilePart, FileBuffers: o.FileBuffers}
+	first, _ := offload.ParseFirstSleep(cmp.Or(o.FirstSleep, "auto")) // check refused others
+	return offload.Options{SlotSize: o.SlotSize, IOWorkers: o.IOWorkers, FilePart: o.FilePart, FileBuffers: o.FileBuffers, FirstSleep: first}
 }
 
 // fileStaging is the set's staging on each device in file mode (offload.PlanFileStaging): the

@@ -27,6 +27,7 @@ func (r *sleepRun) measureOffload() error {
 	if r.res.FirstSleepSeconds, err = r.timed("first sleep", total, r.set.Sleep); err != nil {
 		return err
 	}
+	r.res.FirstSleepStagedBytes = r.set.Stats().LastSleepSteps.StagedBytes
 	after, err := r.freeAll()
 	if err != nil {
 		return err
@@ -143,6 +144,7 @@ func (r *sleepRun) measureOneDevice() error {
 	if r.res.FirstSleepOneSeconds, err = r.timed("first sleep, one device", size, r.set.Sleep, tag); err != nil {
 		return err
 	}
+	r.res.FirstSleepOneStagedBytes = r.set.Stats().LastSleepSteps.StagedBytes
 	if _, err := r.timed("first wake, one device", size, r.set.Wake, tag); err != nil {
 		return err
 	}

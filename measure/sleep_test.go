@@ -78,6 +78,7 @@ func TestSleepOnTheSimulator(t *testing.T) {
 		{Size: 8 << 20, Mode: "file", Rounds: 2, FileRounds: 3},
 		{Size: 8 << 20, Mode: "file", Prepare: true},
 		{Size: 8 << 20, Mode: "discard", Prepare: true},
+		{Size: 8 << 20, FirstSleep: "later"},
 	} {
 		o.Env = Env{Backend: b}
 		_, err := Sleep(o)
@@ -230,4 +231,27 @@ func TestSleepFileInTempDir(t *testing.T) {
 	require.Equal(t, dir, filepath.Dir(res.File))
 	left, _ := os.ReadDir(dir)
 	require.Empty(t, left, "the backup file is removed")
+}
+
+// TestSleepFirstSleep: with two devices the first sleeps stage by default and pin when asked, and
+// the result says which.
+func TestSleepFirstSleep(t *testing.T) {
+	b, err := OpenSim(2)
+	require.NoError(t, err)
+	defer func() { require.NoError(t, b.Close()) }()
+	opts := SleepOptions{Env: Env{Backend: b}, Size: 8 << 20, Devices: []int{0, 1}, Chunk: 4 << 20, SlotSize: 4 << 20, Rounds: 1}
+	res, err := Sleep(opts)
+	require.NoError(t, err)
+	require.NoError(t, res.Check())
+	require.Equal(t, "auto", res.FirstSleep)
+	require.Equal(t, uint64(16<<20), res.FirstSleepStagedBytes)
+	require.Equal(t, uint64(8<<20), res.FirstSleepOneStagedBytes)
+
+	opts.FirstSleep = "pin"
+	res, err = Sleep(opts)
+	require.NoError(t, err)
+	require.NoError(t, res.Check())
+	require.Equal(t, "pin", res.FirstSleep)
+	require.Zero(t, res.FirstSleepStagedBytes)
+	require.Zero(t, res.FirstSleepOneStagedBytes)
 }

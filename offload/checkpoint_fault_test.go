@@ -71,7 +71,9 @@ func newTwoDeviceFixture(t *testing.T, b *testutil.Backend) *twoDeviceFixture {
 	f := &twoDeviceFixture{d0: b.Device(t, 0), d1: b.Device(t, 1)}
 	f.k = newBuf(t, f.d0, 4*mib, 2*mib, 81, nil)
 	f.v = newBuf(t, f.d1, 4*mib, 2*mib, 82, nil)
-	f.set = newSet(t, b, offload.Options{SlotSize: 4 * mib})
+	// The fault counts of the tests using it follow the pinned first sleep, which FirstSleepAuto
+	// would not take with two devices open.
+	f.set = newSet(t, b, offload.Options{SlotSize: 4 * mib, FirstSleep: offload.FirstSleepPin})
 	require.NoError(t, f.set.Add("k", f.k, offload.Keep, offload.EntryOptions{}))
 	require.NoError(t, f.set.Add("v", f.v, offload.Keep, offload.EntryOptions{}))
 	return f

@@ -132,6 +132,9 @@ func (s *Set) copyWait(dst, src driver.DevicePtr, n uint64, st *vmm.Stream, stag
 // pool has too few), recording where each piece went, and releases each chunk as soon as its
 // copies are done (releaseDone); share devices do the same at once.
 func (s *Set) keepOut(ctx context.Context, st *vmm.Stream, u *unit, share int, prog *progress) (err error) {
+	if s.stages(u) {
+		return s.keepOutStaged(ctx, st, u, share, prog)
+	}
 	p, err := newPipe(st)
 	if err != nil {
 		return err
@@ -218,10 +221,15 @@ func keepIn(ctx context.Context, st *vmm.Stream, refs []chunkRef, recreate func(
 	d := st.Device()
 	j := 0
 	for _, r := range refs {
+		cs := r.state()
+		for _, hp := range cs.backup {
+			if err := hp.slot.pin(); err != nil { // a staged backup may still be registering
+				return err
+			}
+		}
 		if err := recreate(r); err != nil {
 			return err
 		}
-		cs := r.state()
 		for _, hp := range cs.backup {
 			if err := d.CopyAsync(cs.ptr+ptrOff(hp.off), hp.slot.ptr(hp.slotOff), hp.n, st); err != nil {
 				return err

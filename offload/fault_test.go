@@ -32,6 +32,11 @@ type matrixFixture struct {
 }
 
 func newMatrixFixture(t *testing.T, b *testutil.Backend) *matrixFixture {
+	return newMatrixFixtureFirst(t, b, offload.FirstSleepAuto)
+}
+
+// newMatrixFixtureFirst is newMatrixFixture whose set makes its first backup as first says.
+func newMatrixFixtureFirst(t *testing.T, b *testutil.Backend, first offload.FirstSleep) *matrixFixture {
 	d := b.Device(t, 0)
 	f, err := os.CreateTemp(t.TempDir(), "matrix")
 	require.NoError(t, err)
@@ -41,7 +46,7 @@ func newMatrixFixture(t *testing.T, b *testutil.Backend) *matrixFixture {
 		discard: newBuf(t, d, 2*mib, 2*mib, 32, nil),
 		file:    newBuf(t, d, 4*mib, 2*mib, 33, nil),
 	}
-	m.set = newSet(t, b, offload.Options{SlotSize: 2 * mib})
+	m.set = newSet(t, b, offload.Options{SlotSize: 2 * mib, FirstSleep: first})
 	require.NoError(t, m.set.Add("keep", m.keep, offload.Keep, offload.EntryOptions{}))
 	require.NoError(t, m.set.Add("discard", m.discard, offload.Discard, offload.EntryOptions{}))
 	require.NoError(t, m.set.Add("file", m.file, offload.File, offload.EntryOptions{File: f}))
@@ -84,13 +89,19 @@ func callsOf(s *sim.Sim, fn func()) map[string]int {
 	return out
 }
 
-// TestSleepFaultMatrix fails each driver call of a Sleep, one at a time: the Sleep either fails with
-// every buffer awake and intact, or succeeds; a Wake then restores everything, and the leak check
-// at the end of each run finds nothing.
+// TestSleepFaultMatrix fails each driver call of a Sleep, one at a time, with the backup pinned on
+// the way and staged: the Sleep either fails with every buffer awake and intact, or succeeds; a
+// Wake then restores everything, and the leak check at the end of each run finds nothing.
 func TestSleepFaultMatrix(t *testing.T) {
+	for _, first := range []offload.FirstSleep{offload.FirstSleepPin, offload.FirstSleepStage} {
+		t.Run(first.String(), func(t *testing.T) { sleepFaultMatrix(t, first) })
+	}
+}
+
+func sleepFaultMatrix(t *testing.T, first offload.FirstSleep) {
 	var counts map[string]int
 	testutil.Run(t, func(t *testing.T, b *testutil.Backend) {
-		m := newMatrixFixture(t, b)
+		m := newMatrixFixtureFirst(t, b, first)
 		counts = callsOf(b.Sim, func() { require.NoError(t, m.set.Sleep(bg)) })
 		require.NoError(t, m.set.Wake(bg))
 	}, testutil.SimOnly())
@@ -99,7 +110,7 @@ func TestSleepFaultMatrix(t *testing.T) {
 		for i := 1; i <= n; i++ {
 			t.Run(fmt.Sprintf("%s#%d", fn, i), func(t *testing.T) {
 				testutil.Run(t, func(t *testing.T, b *testutil.Backend) {
-					m := newMatrixFixture(t, b)
+					m := newMatrixFixtureFirst(t, b, first)
 					b.Sim.FailNth(fn, i, driver.ErrorUnknown)
 					err := m.set.Sleep(bg)
 					b.Sim.ClearFaults()
@@ -117,12 +128,19 @@ func TestSleepFaultMatrix(t *testing.T) {
 	}
 }
 
-// TestWakeFaultMatrix fails each driver call of a Wake, one at a time: the Wake either fails with
-// every buffer asleep and its backup intact (a retry restores it all), or succeeds.
+// TestWakeFaultMatrix fails each driver call of a Wake, one at a time, after a sleep that pinned
+// its backup and after one that staged it: the Wake either fails with every buffer asleep and its
+// backup intact (a retry restores it all), or succeeds.
 func TestWakeFaultMatrix(t *testing.T) {
+	for _, first := range []offload.FirstSleep{offload.FirstSleepPin, offload.FirstSleepStage} {
+		t.Run(first.String(), func(t *testing.T) { wakeFaultMatrix(t, first) })
+	}
+}
+
+func wakeFaultMatrix(t *testing.T, first offload.FirstSleep) {
 	var counts map[string]int
 	testutil.Run(t, func(t *testing.T, b *testutil.Backend) {
-		m := newMatrixFixture(t, b)
+		m := newMatrixFixtureFirst(t, b, first)
 		require.NoError(t, m.set.Sleep(bg))
 		counts = callsOf(b.Sim, func() { require.NoError(t, m.set.Wake(bg)) })
 	}, testutil.SimOnly())
@@ -131,7 +149,7 @@ func TestWakeFaultMatrix(t *testing.T) {
 		for i := 1; i <= n; i++ {
 			t.Run(fmt.Sprintf("%s#%d", fn, i), func(t *testing.T) {
 				testutil.Run(t, func(t *testing.T, b *testutil.Backend) {
-					m := newMatrixFixture(t, b)
+					m := newMatrixFixtureFirst(t, b, first)
 					require.NoError(t, m.set.Sleep(bg))
 					b.Sim.FailNth(fn, i, driver.ErrorUnknown)
 					err := m.set.Wake(bg)

@@ -40,11 +40,15 @@ const (
 )
 
 // slot is one pinned host buffer of a backup: transparent-huge-page memory registered with the
-// driver (pinned.Register), the fastest pinned memory to make on the measured host.
+// driver (pinned.Register), the fastest pinned memory to make on the measured host. A staged slot
+// (see stage.go) starts as plain memory holding a backup and is registered in the background; pin
+// waits for that.
 type slot struct {
 	mem    []byte
-	region *pinned.Region
+	region *pinned.Region // nil while a staged slot is not registered
 	size   uint64
+	dev    *vmm.Device   // staged: the device it is registered through
+	reg    chan struct{} // staged: closed once its background registration has ended
 
 	closeMu sync.Mutex // close may be retried by the System (hostPool.free, hostPool.handOver)
 	freed   bool
@@ -66,15 +70,22 @@ func registerSlot(dev *vmm.Device, mem []byte, size uint64) (*slot, error) {
 }
 
 // close unpins and unmaps the slot. It is idempotent: once it has succeeded, later calls do nothing,
-// and after a failure a later call retries what is left.
+// and after a failure a later call retries what is left. A staged slot's background registration
+// ends first.
 func (s *slot) close() error {
+	if s.reg != nil {
+		<-s.reg
+	}
 	s.closeMu.Lock()
 	defer s.closeMu.Unlock()
 	if s.freed {
 		return nil
 	}
-	if err := closeRetry(s.region); err != nil {
-		return err
+	if s.region != nil {
+		if err := closeRetry(s.region); err != nil {
+			return err
+		}
+		s.region = nil
 	}
 	if err := pinned.Unmap(s.mem); err != nil {
 		return err
@@ -199,14 +210,32 @@ func (p *hostPool) get(size uint64) *slot {
 	return s
 }
 
+// put pools slots. A staged slot is pinned first (see slot.pin), and freed instead when that fails:
+// the pool holds registered slots only.
 func (p *hostPool) put(slots ...*slot) {
-	p.mu.Lock()
-	defer p.mu.Unlock()
+	var ready, unpinned []*slot
 	for _, s := range slots {
-		if s != nil {
-			p.idle[s.size] = append(p.idle[s.size], s)
+		switch {
+		case s == nil:
+		case s.pin() != nil:
+			unpinned = append(unpinned, s)
+		default:
+			ready = append(ready, s)
 		}
 	}
+	p.free(unpinned)
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	for _, s := range ready {
+		p.idle[s.size] = append(p.idle[s.size], s)
+	}
+}
+
+// has reports whether the pool holds a slot of size.
+func (p *hostPool) has(size uint64) bool {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return len(p.idle[size]) > 0
 }
 
 // free unpins slots for good (a closed buffer's backup, a trimmed pool). A slot that fails to be

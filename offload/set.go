@@ -98,6 +98,10 @@ type Options struct {
 	// fewer keep the bytes just read in the CPU's cache until the device copies them.
 	FilePart    uint64
 	FileBuffers int
+	// FirstSleep says how a sleep backs up a Keep buffer when the pool has no slots for it
+	// (FirstSleepAuto, also for values it does not know: staged where the System has opened several
+	// devices; see FirstSleep).
+	FirstSleep FirstSleep
 }
 
 // DefaultIOWorkers is Options.IOWorkers' default, per device. On the measured host, 8 goroutines
@@ -139,6 +143,7 @@ type Set struct {
 	own     lifetime.Owner              // the set's closed state; its lock is taken only with mu held
 	stats   setStats                    // what Stats returns, as the last call left it
 	steps   SleepSteps                  // the last sleep's steps, for Stats once it is counted
+	staged  atomic.Uint64               // the bytes the running sleep staged (SleepSteps.StagedBytes)
 }
 
 // entry is one buffer of a set.
@@ -205,6 +210,9 @@ func (opts Options) withDefaults() Options {
 	opts.FilePart = (min(opts.FilePart, opts.SlotSize) + 4095) / 4096 * 4096
 	if opts.FileBuffers <= 0 {
 		opts.FileBuffers = DefaultFileBuffers
+	}
+	if opts.FirstSleep < FirstSleepAuto || opts.FirstSleep > FirstSleepStage {
+		opts.FirstSleep = FirstSleepAuto
 	}
 	return opts
 }

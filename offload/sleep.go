@@ -53,6 +53,7 @@ func (s *Set) sleep(ctx context.Context, tags []string) (n uint64, err error) {
 		return 0, err
 	}
 	copyStart := time.Now()
+	s.staged.Store(0)
 	err = s.copyOut(ctx, refs)
 	if err == nil {
 		err = ctx.Err()
@@ -64,7 +65,7 @@ func (s *Set) sleep(ctx context.Context, tags []string) (n uint64, err error) {
 	if err := s.release(refs); err != nil {
 		return 0, fmt.Errorf("offload: sleep: %w", err)
 	}
-	s.steps = SleepSteps{Wait: copyStart.Sub(start), Copy: releaseStart.Sub(copyStart), Release: time.Since(releaseStart)}
+	s.steps = SleepSteps{Wait: copyStart.Sub(start), Copy: releaseStart.Sub(copyStart), Release: time.Since(releaseStart), StagedBytes: s.staged.Load()}
 	for _, e := range todo {
 		e.asleep = true
 	}

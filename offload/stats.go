@@ -43,6 +43,10 @@ type SleepSteps struct {
 	// Release is unmapping and releasing the rest of their GPU memory (Discard and File chunks),
 	// one chunk after the other, once every copy is done.
 	Release time.Duration
+	// StagedBytes is the GPU memory of the Keep buffers whose backup this Sleep staged
+	// (FirstSleepStage): their backup was still being registered, in the background, when Sleep
+	// returned.
+	StagedBytes uint64
 }
 
 // BufferStats is one buffer of a set: its GPU memory (the bytes of its chunks) and whether it sleeps.

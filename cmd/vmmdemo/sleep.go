@@ -32,6 +32,7 @@ func runSleep(e *env, args []string) error {
 	rounds := fs.Int("rounds", 0, "rounds of warm sleeps and wakes, each against raw transfers in the same round, whose medians are reported (default 5, --mode file 3): keep and discard time a raw copy out, a sleep, a raw copy in and a wake; file a raw write, a sleep, a raw read, a wake and a raw read")
 	fileRounds := fs.Int("file-rounds", 0, "--mode file: the older name of --rounds")
 	prepare := fs.Bool("prepare", false, "--mode keep: pin the backup with Set.Prepare before the first sleep, as a service does at start, and report how long that took")
+	firstSleep := fs.String("first-sleep", "auto", "--mode keep, the backup's first making: pin (fault in and register each slot, then copy into it), stage (copy through a small pinned ring into plain memory, registered in the background after the sleep), or auto (stage where the process holds several GPUs)")
 	if err := parse(fs, args); err != nil {
 		return err
 	}
@@ -45,6 +46,6 @@ func runSleep(e *env, args []string) error {
 		}
 		return measure.Sleep(measure.SleepOptions{Env: me, Size: size.v, Devices: ordinals, Mode: *mode, File: *file,
 			Chunk: chunk.v, SlotSize: slot.v, IOWorkers: *ioWorkers, FilePart: part.v, FileBuffers: *fileBuffers,
-			Rounds: *rounds, FileRounds: *fileRounds, Prepare: *prepare})
+			Rounds: *rounds, FileRounds: *fileRounds, Prepare: *prepare, FirstSleep: *firstSleep})
 	})
 }
