@@ -383,10 +383,12 @@ func TestUndrainedCopyOutSynchronizesDevice(t *testing.T) {
 		policy offload.Policy
 		fail   func(*testutil.Backend)
 		call   func(*offload.Set) error
+		first  offload.FirstSleep
 	}{
-		"sleep":         {offload.Keep, failWaitAndDrain, func(s *offload.Set) error { return s.Sleep(bg, "m") }},
-		"sleep to file": {offload.File, failPartWaitAndDrain, func(s *offload.Set) error { return s.Sleep(bg, "m") }},
-		"save":          {offload.Keep, failWaitAndDrain, func(s *offload.Set) error { return s.Save(bg, &bytes.Buffer{}, "m") }},
+		"sleep":         {offload.Keep, failWaitAndDrain, func(s *offload.Set) error { return s.Sleep(bg, "m") }, offload.FirstSleepPin},
+		"staged sleep":  {offload.Keep, failPartWaitAndDrain, func(s *offload.Set) error { return s.Sleep(bg, "m") }, offload.FirstSleepStage},
+		"sleep to file": {offload.File, failPartWaitAndDrain, func(s *offload.Set) error { return s.Sleep(bg, "m") }, 0},
+		"save":          {offload.Keep, failWaitAndDrain, func(s *offload.Set) error { return s.Save(bg, &bytes.Buffer{}, "m") }, 0},
 	} {
 		t.Run(name, func(t *testing.T) {
 			testutil.Run(t, func(t *testing.T, b *testutil.Backend) {
@@ -396,7 +398,7 @@ func TestUndrainedCopyOutSynchronizesDevice(t *testing.T) {
 				m, err := res.MapNew(0, 4*mib, d, vmm.AllocOptions{}, vmm.ReadWrite(d))
 				require.NoError(t, err)
 				t.Cleanup(func() { require.NoError(t, errors.Join(m.Close(), res.Close())) })
-				set := newSet(t, b, offload.Options{SlotSize: 4 * mib})
+				set := newSet(t, b, offload.Options{SlotSize: 4 * mib, FirstSleep: tc.first})
 				file, err := os.CreateTemp(t.TempDir(), "m")
 				require.NoError(t, err)
 				t.Cleanup(func() { file.Close() })

@@ -176,7 +176,7 @@ func (s *Set) newStager(ctx context.Context, d *vmm.Device, piece uint64, bits, 
 	for r := range ring {
 		ev, err := d.NewBlockingEvent()
 		if err != nil {
-			s.pool.put(g.ring...)
+			s.pool.free(g.ring)
 			return nil, errors.Join(err, g.closeEvents())
 		}
 		g.ev = append(g.ev, ev)
@@ -304,14 +304,15 @@ func (s *Set) keepOutStaged(ctx context.Context, st *vmm.Stream, u *unit, share 
 		left[b.j]++
 	}
 	complete, reported := 0, 0 // slots [0, complete) are wholly copied out
-	done := func(b *stageBit) error {
-		prog.add(b.n)
+	done := func(b *stageBit) error { // releases first, so that a copy counted is a chunk given back
 		reported++
 		left[b.j]--
 		for complete < u.nSlots && left[complete] == 0 {
 			complete++
 		}
-		return s.releaseDone(u, complete-1)
+		err := s.releaseDone(u, complete-1)
+		prog.add(b.n)
+		return err
 	}
 	err = func() error {
 		for k, b := range bits {
@@ -325,7 +326,7 @@ func (s *Set) keepOutStaged(ctx context.Context, st *vmm.Stream, u *unit, share 
 }
 
 // endStaged ends keepOutStaged, which failed with err unless it is nil, once the first complete
-// slots are wholly copied out: it stops the stager, pools the ring once no copy into it is left
+// slots are wholly copied out: it stops the stager, frees the ring once no copy into it is left
 // queued (else holds it: drainOrHold), keeps those slots as the unit's and unmaps the rest.
 func (s *Set) endStaged(st *vmm.Stream, u *unit, g *stager, mems [][]byte, complete int, err error) error {
 	g.stop()
@@ -335,7 +336,7 @@ func (s *Set) endStaged(st *vmm.Stream, u *unit, g *stager, mems [][]byte, compl
 		herr = s.drainOrHold(st, g.ring...)
 	}
 	if !errors.Is(herr, errNotDrained) {
-		s.pool.put(g.ring...)
+		s.pool.free(g.ring) // scratch: a staged sleep leaves the set holding its backup alone
 	}
 	u.slots = make([]*slot, u.nSlots)
 	for j := range complete {
