@@ -303,7 +303,7 @@ func (s *Set) keepOutStaged(ctx context.Context, st *vmm.Stream, u *unit, share 
 	for _, b := range bits {
 		left[b.j]++
 	}
-	complete, reported := 0, 0 // slots [0, complete) are wholly copied out
+	complete, reported := 0, 0        // slots [0, complete) are wholly copied out
 	done := func(b *stageBit) error { // releases first, so that a copy counted is a chunk given back
 		reported++
 		left[b.j]--
