@@ -17,7 +17,7 @@ type SetCollector struct {
 	bufBytes, bufAsleep                   *prometheus.Desc
 	asleep, backup, pooled                *prometheus.Desc
 	calls, failures, bytes, seconds, last *prometheus.Desc
-	sleepStep                             *prometheus.Desc
+	sleepStep, staged                     *prometheus.Desc
 }
 
 // NewSet returns a collector that reports set under the name given (the const label set), so that
@@ -46,6 +46,7 @@ func NewSetFunc(stats func() offload.Stats, name string, opts Options) *SetColle
 		bytes:     desc("bytes_total", "GPU memory the successful sleeps gave back and the wakes got again.", "op"),
 		seconds:   desc("seconds_total", "Time spent in sleeps and wakes, failed ones included.", "op"),
 		last:      desc("last_seconds", "The last successful sleep's or wake's time.", "op"),
+		staged:    desc("last_sleep_staged_bytes", "GPU memory whose backup the last successful sleep staged (offload.FirstSleepStage): registered in the background after it, which the next wake waits for."),
 		sleepStep: desc("last_sleep_step_seconds", "The last successful sleep's time by step: wait (waiting for queued work), copy (the content out, each Keep chunk released as its copy ends) and release (the rest of the GPU memory).", "step"),
 	}
 }
@@ -53,7 +54,7 @@ func NewSetFunc(stats func() offload.Stats, name string, opts Options) *SetColle
 // Describe sends every series' description.
 func (c *SetCollector) Describe(ch chan<- *prometheus.Desc) {
 	for _, d := range []*prometheus.Desc{c.bufBytes, c.bufAsleep, c.asleep, c.backup, c.pooled,
-		c.calls, c.failures, c.bytes, c.seconds, c.last, c.sleepStep} {
+		c.calls, c.failures, c.bytes, c.seconds, c.last, c.sleepStep, c.staged} {
 		ch <- d
 	}
 }
@@ -92,6 +93,7 @@ func (c *SetCollector) Collect(ch chan<- prometheus.Metric) {
 	gauge(ch, c.sleepStep, steps.Wait.Seconds(), "wait")
 	gauge(ch, c.sleepStep, steps.Copy.Seconds(), "copy")
 	gauge(ch, c.sleepStep, steps.Release.Seconds(), "release")
+	gauge(ch, c.staged, num(steps.StagedBytes))
 }
 
 // uniqueLabel is tag's label (labelValue), quoted again while another buffer of the snapshot

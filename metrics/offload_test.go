@@ -23,7 +23,7 @@ func TestSetScrapeFollowsSleepAndWake(t *testing.T) {
 		require.NoError(t, err)
 		defer func() { require.NoError(t, buf.Close()) }()
 		require.NoError(t, buf.Grow(8*mib))
-		set := offload.NewSet(b.Sys, offload.Options{SlotSize: 4 * mib})
+		set := offload.NewSet(b.Sys, offload.Options{SlotSize: 4 * mib, FirstSleep: offload.FirstSleepStage})
 		defer func() { require.NoError(t, set.Close()) }()
 		require.NoError(t, set.Add("weights", buf, offload.Keep, offload.EntryOptions{}))
 		reg := prometheus.NewRegistry()
@@ -46,6 +46,7 @@ func TestSetScrapeFollowsSleepAndWake(t *testing.T) {
 		require.Positive(t, value(fams, "cuvmm_offload_last_seconds", sleep))
 		require.Positive(t, value(fams, "cuvmm_offload_last_sleep_step_seconds", map[string]string{"set": "model", "step": "copy"}))
 		require.Contains(t, fams, "cuvmm_offload_last_sleep_step_seconds")
+		require.Equal(t, float64(8*mib), value(fams, "cuvmm_offload_last_sleep_staged_bytes", nil), "the first sleep staged the backup")
 		require.Contains(t, fams["cuvmm_offload_last_sleep_step_seconds"].GetHelp(), "wait (", "the help names the labels the series has")
 		require.Contains(t, fmt.Sprint(fams["cuvmm_offload_last_sleep_step_seconds"].GetMetric()), `value:"wait"`, "a step label is wait")
 
