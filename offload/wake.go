@@ -15,7 +15,8 @@ import (
 // the backup, File: from the file, Discard: zeroed unless NoZero). Awake buffers are left as they
 // are. On failure (for example an error wrapping driver.ErrOutOfMemory when another process took
 // the memory, or ctx cancelled) the buffers stay asleep with their backups intact, and Wake can be
-// retried. Buffers closed while asleep are dropped from the set.
+// retried. Buffers closed while asleep are dropped from the set; a buffer that shrank while asleep
+// wakes with the chunks it kept.
 func (s *Set) Wake(ctx context.Context, tags ...string) error {
 	if s == nil {
 		return fmt.Errorf("offload: wake: nil set: %w", ErrInvalidValue)
@@ -36,12 +37,11 @@ func (s *Set) wake(ctx context.Context, tags []string) (n uint64, err error) {
 		if !e.asleep {
 			continue
 		}
-		if closed := e.closed.Load(); closed > 0 {
-			return 0, fmt.Errorf("offload: wake %s: %d of its %d chunks were closed while asleep: %w", e, closed, len(e.chunks), ErrClosed)
-		}
 		todo = append(todo, e)
 		for i := range e.chunks {
-			if !e.chunks[i].live { // never released: its content is in it
+			// A live chunk was never released: its content is in it. A closed one went while
+			// asleep (the buffer shrank): nothing to wake, and its backup goes with the others'.
+			if cs := &e.chunks[i]; !cs.live && !cs.alloc.Closed() {
 				refs = append(refs, chunkRef{e, i})
 			}
 		}
