@@ -37,12 +37,13 @@ type Region struct {
 	imported bool       // opened from another process's descriptor
 	impl     regionImpl // what the kind does its own way (kinds.go)
 
-	// closed follows own's closed state for the copies (checkRange), which read it under use's
-	// read lock instead of own's lock, so that they never wait for a slow Grant or Revoke. Close
-	// frees the memory and sets closed with use held for writing: a copy being queued then
-	// finishes first, and one that comes later finds the region closed.
+	// closed is set by the first Close, before it frees any memory, for the copies (checkRange)
+	// and Bytes, which read it under use's read lock instead of own's lock, so that they never wait
+	// for a slow Grant or Revoke. Close sets it and frees the memory with use held for writing (and
+	// own's lock): a copy being queued then finishes first, and one that comes later finds the
+	// region closed, even when that Close failed halfway and own is not closed yet.
 	use    sync.RWMutex
-	closed bool // guarded by use
+	closed bool // guarded by use, or written with both locks held
 
 	own     lifetime.Owner             // its lock guards the fields below; closed once Close freed all
 	granted map[int]driver.AccessFlags // HostNUMA: device ordinal → access
@@ -535,10 +536,14 @@ func (r *Region) Len() uint64 { return r.size }
 // the CPU address.
 func (r *Region) Ptr() driver.DevicePtr { return r.ptr }
 
-// Bytes is the CPU's view of the region. It must not be used after Close.
+// Bytes is the CPU's view of the region: nil once Close has been called, even a Close that
+// failed. It must not be used after Close.
 func (r *Region) Bytes() []byte {
 	r.use.RLock()
 	defer r.use.RUnlock()
+	if r.closed {
+		return nil
+	}
 	return r.mem
 }
 
@@ -560,7 +565,7 @@ func (r *Region) String() string {
 func (r *Region) Chunks() []vmm.Chunk {
 	r.own.Lock()
 	defer r.own.Unlock()
-	if r.own.Closed() {
+	if r.own.Closed() || r.closed {
 		return nil
 	}
 	return r.impl.chunks()
@@ -729,7 +734,8 @@ func (r *Region) CopyFromDevice(s *vmm.Stream, src driver.DevicePtr, off, n uint
 // memfd. Memory the caller registered stays mapped. Close fails with an error wrapping ErrInUse,
 // freeing nothing, while pools carved from the region are open. Copies queued on streams must be
 // complete. Close is idempotent and safe on nil; when a step fails the region keeps what it could
-// not free, stays open, and a later Close retries.
+// not free and a later Close retries, but the region can no longer be used: part of its memory may
+// be gone, so Bytes is nil, Chunks empty, and copies fail with ErrClosed.
 func (r *Region) Close() error {
 	if r == nil {
 		return nil
@@ -744,10 +750,10 @@ func (r *Region) Close() error {
 	}
 	r.use.Lock()
 	defer r.use.Unlock()
+	r.closed = true // from now on no copy, view or chunk: part of the memory may go below
 	if err := r.impl.release(r); err != nil {
 		return fmt.Errorf("pinned: close %s: %w", r, err)
 	}
 	r.own.MarkClosed()
-	r.closed = true
 	return nil
 }

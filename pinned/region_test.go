@@ -480,3 +480,27 @@ func TestRegistrationVisibleToOpenedDevices(t *testing.T) {
 		require.Equal(t, []uint64{cost, cost}, []uint64{st.Devices[0].PageTableBytes, st.Devices[1].PageTableBytes})
 	}, testutil.Devices(2), testutil.SimOnly())
 }
+
+// A Close that fails after freeing part of a HostNUMA region leaves a region nobody can use: Bytes
+// is nil (its memory is partly unmapped), copies and Chunks refuse, and a later Close frees the rest.
+func TestRegionCloseFailsHalfway(t *testing.T) {
+	testutil.Run(t, func(t *testing.T, b *testutil.Backend) {
+		d := b.Device(t, 0)
+		r, err := pinned.New(d, 6*mib, pinned.Options{Kind: pinned.HostNUMA, ChunkSize: 2 * mib})
+		require.NoError(t, err)
+		require.Len(t, r.Bytes(), 6*mib)
+		b.Sim.FailNth("cuMemUnmap", 2, driver.ErrorUnknown) // the last chunk goes, the one before it fails
+		require.ErrorIs(t, r.Close(), driver.ErrorUnknown)
+		require.Nil(t, r.Bytes(), "its last chunk is unmapped: no view of it")
+		require.Empty(t, r.Chunks())
+		st, err := d.NewStream(true)
+		require.NoError(t, err)
+		defer func() { require.NoError(t, st.Close()) }()
+		dev, err := d.AllocPlain(mib)
+		require.NoError(t, err)
+		defer func() { require.NoError(t, dev.Close()) }()
+		require.ErrorIs(t, r.CopyToDevice(st, dev.Ptr(), 0, mib), pinned.ErrClosed)
+		require.NoError(t, r.Close())
+		require.NoError(t, r.Close())
+	}, testutil.SimOnly())
+}
