@@ -253,12 +253,16 @@ func (s *Set) saveChunks(ctx context.Context, w io.Writer, refs []chunkRef) erro
 		return nil
 	}
 	prog := &progress{fn: s.opts.Progress}
+	var staged uint64 // the largest chunk copied through the staging slot
 	for _, r := range refs {
 		prog.total += r.state().size
+		if fromDevice(r) {
+			staged = max(staged, r.state().size)
+		}
 	}
-	return s.withStaging(ctx, refs[0].state().alloc.Device(), func(stage *slot) error {
+	return s.withStaging(ctx, refs[0].state().alloc.Device(), staged, func(stage *slot) error {
 		for _, r := range refs {
-			if !r.e.asleep || r.state().live { // a live chunk's content is in it, maybe in no backup
+			if fromDevice(r) {
 				if err := s.saveAwake(ctx, w, r, stage, prog); err != nil {
 					return err
 				}
@@ -324,11 +328,19 @@ func saveBackup(ctx context.Context, w io.Writer, cs *chunkState, prog *progress
 	return err
 }
 
-// withStaging runs fn with a slot of the set's slot size taken from the pool (pinning one if needed)
-// and pools it again after, unless fn's error wraps errNotDrained: a copy may then still use the
-// slot, which copyWait has held out of the pool.
-func (s *Set) withStaging(ctx context.Context, d *vmm.Device, fn func(stage *slot) error) error {
-	f := s.pool.feed(ctx, d, 1, s.opts.SlotSize)
+// fromDevice reports whether Save reads r's content from the device: an awake chunk, or a live one
+// (whose content is in it, maybe in no backup); the others come from their backup.
+func fromDevice(r chunkRef) bool { return !r.e.asleep || r.state().live }
+
+// withStaging runs fn with a staging slot for chunks of up to n bytes (the set's slot size, or n
+// rounded up to a huge page when smaller) taken from the pool (pinning one if needed) and pools it
+// again after, unless fn's error wraps errNotDrained: a copy may then still use the slot, which
+// copyWait has held out of the pool. With n 0 nothing is staged: fn gets nil.
+func (s *Set) withStaging(ctx context.Context, d *vmm.Device, n uint64, fn func(stage *slot) error) error {
+	if n == 0 {
+		return fn(nil)
+	}
+	f := s.pool.feed(ctx, d, 1, unitSlotSize(s.opts.SlotSize, n))
 	stage, err := f.take()
 	f.finish()
 	if err != nil {

@@ -2,6 +2,7 @@ package offload_test
 
 import (
 	"bytes"
+	"io"
 	"context"
 	"encoding/binary"
 	"encoding/json"
@@ -290,4 +291,28 @@ func TestLoadTruncatedClaimsMoreThanTheDevice(t *testing.T) {
 		require.Nil(t, bufs)
 		requireFreeAbout(t, b, before, free(t, d), "nothing left mapped")
 	}, testutil.SimOptions(sim.MemoryPerDevice(4<<30)))
+}
+
+// TestSaveStagesNoMoreThanItNeeds: Save of a small awake buffer pins a staging slot of its size, not
+// of the set's slot size, and Save of a sleeping one pins none.
+func TestSaveStagesNoMoreThanItNeeds(t *testing.T) {
+	testutil.Run(t, func(t *testing.T, b *testutil.Backend) {
+		d := b.Device(t, 0)
+		buf := newBuf(t, d, 4*mib, 4*mib, 43, nil)
+		set := offload.NewSet(b.Sys, offload.Options{}) // 256 MiB slots
+		t.Cleanup(func() { require.NoError(t, set.Close()) })
+		require.NoError(t, set.Add("w", buf, offload.Keep, offload.EntryOptions{}))
+		require.NoError(t, set.Save(bg, io.Discard))
+		require.Equal(t, uint64(4*mib), set.Stats().PooledBytes, "a 4 MiB staging slot")
+		require.NoError(t, set.TrimPool())
+		require.NoError(t, set.Sleep(bg))
+		backup := set.BackupBytes()
+		var ck bytes.Buffer
+		require.NoError(t, set.Save(bg, &ck))
+		require.Equal(t, backup, set.BackupBytes(), "the backup is written as it is: nothing staged")
+		require.NoError(t, set.Wake(bg))
+		require.NoError(t, d.Fill(buf.Ptr(), 4*mib, 0, 1))
+		require.NoError(t, set.Restore(bg, bytes.NewReader(ck.Bytes())))
+		requirePattern(t, d, buf.Ptr(), 4*mib, 43)
+	})
 }

@@ -146,7 +146,7 @@ func (s *Set) fill(ctx context.Context, r io.Reader, ce ckEntry, b *Restored, pr
 		if err != nil {
 			return err
 		}
-		err = s.withStaging(ctx, a.Device(), func(stage *slot) error {
+		err = s.withStaging(ctx, a.Device(), c.Size, func(stage *slot) error {
 			return s.fillChunk(r, ce.Tag, i, c, b.Ptr()+driver.DevicePtr(c.Offset), a.Device(), stage, prog)
 		})
 		if err != nil {
