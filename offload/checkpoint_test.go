@@ -2,11 +2,11 @@ package offload_test
 
 import (
 	"bytes"
-	"io"
 	"context"
 	"encoding/binary"
 	"encoding/json"
 	"hash/crc32"
+	"io"
 	"maps"
 	"strconv"
 	"testing"
