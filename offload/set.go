@@ -144,6 +144,9 @@ type Set struct {
 	stats   setStats                    // what Stats returns, as the last call left it
 	steps   SleepSteps                  // the last sleep's steps, for Stats once it is counted
 	staged  atomic.Uint64               // the bytes the running sleep staged (SleepSteps.StagedBytes)
+
+	stagedMu   sync.Mutex
+	toRegister []*slot // staged slots whose registration copyOut starts (queueRegistration)
 }
 
 // entry is one buffer of a set.

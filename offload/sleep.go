@@ -164,6 +164,7 @@ func (s *Set) copyOut(ctx context.Context, refs []chunkRef) error {
 		return err
 	}
 	share := devicesKeeping(units)
+	defer s.startRegistration() // of the backups staged, once every device's copies are done
 	err = perDevice(ctx, units, func(ctx context.Context, d *vmm.Device, us []*unit) error {
 		var files []*unit
 		for _, u := range us {

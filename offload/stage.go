@@ -111,6 +111,29 @@ func (s *slot) registerLocked() error {
 	return nil
 }
 
+// queueRegistration marks staged slots as waiting for their registration, which copyOut starts once
+// every device's copies are done (startRegistration), so that it does not compete with the staging
+// of the units after them.
+func (s *Set) queueRegistration(slots []*slot) {
+	s.stagedMu.Lock()
+	defer s.stagedMu.Unlock()
+	for _, sl := range slots {
+		sl.reg = make(chan struct{})
+		s.toRegister = append(s.toRegister, sl)
+	}
+}
+
+// startRegistration registers the slots queueRegistration queued, in the background.
+func (s *Set) startRegistration() {
+	s.stagedMu.Lock()
+	slots := s.toRegister
+	s.toRegister = nil
+	s.stagedMu.Unlock()
+	if len(slots) > 0 {
+		registerInBackground(slots)
+	}
+}
+
 // registerInBackground registers staged slots from registerWorkers goroutines, in order, closing each
 // slot's reg once its attempt has ended. A failed attempt leaves the slot unregistered for pin to
 // retry.
@@ -343,10 +366,7 @@ func (s *Set) endStaged(st *vmm.Stream, u *unit, g *stager, mems [][]byte, compl
 		u.slots[j] = &slot{mem: mems[j], size: u.slotSize, dev: u.dev}
 	}
 	if err == nil {
-		for _, sl := range u.slots {
-			sl.reg = make(chan struct{})
-		}
-		registerInBackground(u.slots)
+		s.queueRegistration(u.slots)
 		s.staged.Add(u.bytes)
 		return nil
 	}
