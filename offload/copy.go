@@ -243,20 +243,20 @@ func keepIn(ctx context.Context, st *vmm.Stream, refs []chunkRef, recreate func(
 	return p.finish(prog)
 }
 
-// ring takes n staging slots of size bytes for File units to move through.
-func (s *Set) ring(ctx context.Context, d *vmm.Device, size uint64, n int) ([]*slot, error) {
-	var r []*slot
+// ring takes n staging slots of size bytes to move through: first those the pool has (pooled says
+// how many, at the start), then new ones.
+func (s *Set) ring(ctx context.Context, d *vmm.Device, size uint64, n int) (r []*slot, pooled int, err error) {
 	f := s.pool.feed(ctx, d, n, size)
 	defer f.finish()
 	for range n {
 		sl, err := f.take()
 		if err != nil {
 			s.pool.put(r...)
-			return nil, err
+			return nil, 0, err
 		}
 		r = append(r, sl)
 	}
-	return r, nil
+	return r, f.pooled, nil
 }
 
 // ringSize is the staging slot size of File units: their largest slot.

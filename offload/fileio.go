@@ -145,7 +145,7 @@ func (s *Set) moveFiles(ctx context.Context, st *vmm.Stream, us []*unit, step fu
 	part := min(s.opts.FilePart, size)
 	jobs := fileParts(us, part)
 	nSlots, nBufs, workers := stagingPlan(size, part, s.opts.IOWorkers, s.opts.FileBuffers, len(jobs))
-	ring, err := s.ring(ctx, st.Device(), size, nSlots)
+	ring, _, err := s.ring(ctx, st.Device(), size, nSlots)
 	if err != nil {
 		return err
 	}

@@ -306,6 +306,7 @@ type feed struct {
 	cancel context.CancelFunc
 	wg     sync.WaitGroup
 	use    func(i int, s *slot) error
+	pooled int // the first pooled slots came from the pool, the others were made
 	// spent are slots use ran on (copies may be queued into them) that the caller did not take: the
 	// one whose use failed, and those finish finds. finish leaves them to the caller, who pools them
 	// once its stream is drained, or holds them when it cannot be (see keepOut).
@@ -348,6 +349,7 @@ func (p *hostPool) feedUsing(ctx context.Context, dev *vmm.Device, n int, size u
 			todo = append(todo, i)
 		}
 	}
+	f.pooled = n - len(todo)
 	if len(todo) == 0 {
 		return f
 	}

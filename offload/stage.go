@@ -171,15 +171,16 @@ type stageBit struct {
 // piece (queue), a dispatching goroutine waits for the copy's event and hands its parts to the
 // copying goroutines, and the last part of a bit frees its piece and reports the bit (out).
 type stager struct {
-	ring  []*slot
-	ev    []*vmm.Event
-	free  chan int       // ring pieces free for a copy
-	bits  chan *stageBit // queued copies, in order, for the dispatcher
-	parts chan stageWork
-	out   chan *stageBit // bits copied out
-	fail  chan struct{}  // closed when an event wait failed
-	err   error          // that failure; read after wg.Wait or once fail is closed
-	wg    sync.WaitGroup
+	ring   []*slot
+	pooled int // the first pooled ring pieces came from the pool (giveBackRing)
+	ev     []*vmm.Event
+	free   chan int       // ring pieces free for a copy
+	bits   chan *stageBit // queued copies, in order, for the dispatcher
+	parts  chan stageWork
+	out    chan *stageBit // bits copied out
+	fail   chan struct{}  // closed when an event wait failed
+	err    error          // that failure; read after wg.Wait or once fail is closed
+	wg     sync.WaitGroup
 }
 
 type stageWork struct {
@@ -190,16 +191,16 @@ type stageWork struct {
 // newStager takes the ring (up to stageRing pinned pieces of piece bytes from the pool, no more than
 // the bits to move) and its events, and starts workers goroutines that copy out.
 func (s *Set) newStager(ctx context.Context, d *vmm.Device, piece uint64, bits, workers int) (*stager, error) {
-	ring, err := s.ring(ctx, d, piece, min(stageRing, bits))
+	ring, pooled, err := s.ring(ctx, d, piece, min(stageRing, bits))
 	if err != nil {
 		return nil, err
 	}
-	g := &stager{ring: ring, free: make(chan int, stageRing), bits: make(chan *stageBit, stageRing),
+	g := &stager{ring: ring, pooled: pooled, free: make(chan int, stageRing), bits: make(chan *stageBit, stageRing),
 		parts: make(chan stageWork, 2*workers), out: make(chan *stageBit, bits), fail: make(chan struct{})}
 	for r := range ring {
 		ev, err := d.NewBlockingEvent()
 		if err != nil {
-			s.pool.free(g.ring)
+			s.giveBackRing(g)
 			return nil, errors.Join(err, g.closeEvents())
 		}
 		g.ev = append(g.ev, ev)
@@ -211,6 +212,14 @@ func (s *Set) newStager(ctx context.Context, d *vmm.Device, piece uint64, bits, 
 		go g.copyOut()
 	}
 	return g, nil
+}
+
+// giveBackRing pools again the ring pieces taken from the pool (the warm slots of a buffer whose
+// slot size is the piece size) and frees those made for the ring: a staged sleep leaves the set
+// holding its backups and what it held before.
+func (s *Set) giveBackRing(g *stager) {
+	s.pool.put(g.ring[:g.pooled]...)
+	s.pool.free(g.ring[g.pooled:])
 }
 
 // dispatch waits for each queued bit's copy into the ring, then hands out its parts; after a failed
@@ -349,7 +358,7 @@ func (s *Set) keepOutStaged(ctx context.Context, st *vmm.Stream, u *unit, share 
 }
 
 // endStaged ends keepOutStaged, which failed with err unless it is nil, once the first complete
-// slots are wholly copied out: it stops the stager, frees the ring once no copy into it is left
+// slots are wholly copied out: it stops the stager, gives the ring back once no copy into it is left
 // queued (else holds it: drainOrHold), keeps those slots as the unit's and unmaps the rest.
 func (s *Set) endStaged(st *vmm.Stream, u *unit, g *stager, mems [][]byte, complete int, err error) error {
 	g.stop()
@@ -359,7 +368,7 @@ func (s *Set) endStaged(st *vmm.Stream, u *unit, g *stager, mems [][]byte, compl
 		herr = s.drainOrHold(st, g.ring...)
 	}
 	if !errors.Is(herr, errNotDrained) {
-		s.pool.free(g.ring) // scratch: a staged sleep leaves the set holding its backup alone
+		s.giveBackRing(g)
 	}
 	u.slots = make([]*slot, u.nSlots)
 	for j := range complete {

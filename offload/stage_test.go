@@ -76,7 +76,7 @@ func TestStagedBackupFailsToRegister(t *testing.T) {
 		// One chunk, one slot, one ring piece: the ring is registered first, then the slot in the background,
 		// then again by the Wake.
 		b.Sim.FailNth("cuMemHostRegister", 2, driver.ErrorOutOfMemory)
-		b.Sim.FailNth("cuMemHostRegister", 2, driver.ErrorOutOfMemory)
+		b.Sim.FailNth("cuMemHostRegister", 3, driver.ErrorOutOfMemory)
 		require.NoError(t, set.Sleep(bg))
 		err := set.Wake(bg)
 		b.Sim.ClearFaults()
@@ -108,4 +108,28 @@ func TestFirstSleepAutoStagesWithSeveralDevices(t *testing.T) {
 		require.NoError(t, set.Wake(bg))
 		requirePattern(t, d, buf.Ptr(), 4*mib, 65)
 	}, testutil.Devices(2))
+}
+
+// TestStagedSleepKeepsWarmSlots: a staged sleep whose ring borrows pooled slots (of another buffer,
+// whose slot size is the ring's piece size) pools them again, so that buffer's next sleep is warm.
+func TestStagedSleepKeepsWarmSlots(t *testing.T) {
+	testutil.Run(t, func(t *testing.T, b *testutil.Backend) {
+		d := b.Device(t, 0)
+		small := newBuf(t, d, 32*mib, 32*mib, 66, nil)
+		big := newBuf(t, d, 64*mib, 32*mib, 67, nil)
+		set := newSet(t, b, offload.Options{SlotSize: 256 * mib, FirstSleep: offload.FirstSleepStage})
+		require.NoError(t, set.Add("small", small, offload.Keep, offload.EntryOptions{}))
+		require.NoError(t, set.Add("big", big, offload.Keep, offload.EntryOptions{}))
+		require.NoError(t, set.Sleep(bg, "small"))
+		require.NoError(t, set.Wake(bg, "small"))
+		require.Equal(t, uint64(32*mib), set.Stats().PooledBytes, "small's backup slot, pooled")
+		require.NoError(t, set.Sleep(bg, "big"))
+		require.Equal(t, uint64(64*mib), set.Stats().LastSleepSteps.StagedBytes)
+		require.Equal(t, uint64(32*mib), set.Stats().PooledBytes, "the ring gave small's slot back")
+		require.NoError(t, set.Sleep(bg, "small"))
+		require.Zero(t, set.Stats().LastSleepSteps.StagedBytes, "small's sleep is warm")
+		require.NoError(t, set.Wake(bg))
+		requirePattern(t, d, small.Ptr(), 32*mib, 66)
+		requirePattern(t, d, big.Ptr(), 64*mib, 67)
+	})
 }
