@@ -59,14 +59,20 @@ func (s *slot) ptr(off uint64) driver.DevicePtr { return s.region.Ptr() + driver
 
 // registerSlot pins memory from mapSlot; it unmaps the memory when that fails.
 func registerSlot(dev *vmm.Device, mem []byte, size uint64) (*slot, error) {
-	r, err := pinned.Register(dev, mem, pinned.RegisterOptions{HugePages: true})
-	if err != nil && errors.Is(err, driver.ErrOutOfMemory) {
-		err = fmt.Errorf("out of host memory to pin: %w", err)
-	}
+	r, err := registerMem(dev, mem)
 	if err != nil {
 		return nil, errors.Join(err, pinned.Unmap(mem))
 	}
 	return &slot{mem: mem, region: r, size: size}, nil
+}
+
+// registerMem registers a slot's memory, saying so when the host is out of memory to pin.
+func registerMem(dev *vmm.Device, mem []byte) (*pinned.Region, error) {
+	r, err := pinned.Register(dev, mem, pinned.RegisterOptions{HugePages: true})
+	if err != nil && errors.Is(err, driver.ErrOutOfMemory) {
+		err = fmt.Errorf("out of host memory to pin: %w", err)
+	}
+	return r, err
 }
 
 // close unpins and unmaps the slot. It is idempotent: once it has succeeded, later calls do nothing,
@@ -445,10 +451,7 @@ func mapSlots(dev *vmm.Device, n int, size uint64) ([][]byte, error) {
 	for k := range mems {
 		mem, err := pinned.MapAnonymous(size)
 		if err != nil {
-			for _, m := range mems[:k] {
-				err = errors.Join(err, pinned.Unmap(m))
-			}
-			return nil, err
+			return nil, errors.Join(err, unmapAll(mems[:k]))
 		}
 		preferNode(mem, dev.HostNUMAID())
 		mems[k] = mem

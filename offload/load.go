@@ -141,12 +141,16 @@ func mapChunk(sys *vmm.System, ce ckEntry, i int, b *Restored) (*vmm.Allocation,
 // fill maps an entry's chunks into b one at a time and streams each one's bytes from r through one
 // staging slot, checking each checksum.
 func (s *Set) fill(ctx context.Context, r io.Reader, ce ckEntry, b *Restored, prog *progress) error {
+	var largest uint64 // one staging size for the entry, so that its chunks reuse one slot
+	for _, c := range ce.Chunks {
+		largest = max(largest, c.Size)
+	}
 	for i, c := range ce.Chunks {
 		a, err := mapChunk(s.sys, ce, i, b)
 		if err != nil {
 			return err
 		}
-		err = s.withStaging(ctx, a.Device(), c.Size, func(stage *slot) error {
+		err = s.withStaging(ctx, a.Device(), largest, func(stage *slot) error {
 			return s.fillChunk(r, ce.Tag, i, c, b.Ptr()+driver.DevicePtr(c.Offset), a.Device(), stage, prog)
 		})
 		if err != nil {

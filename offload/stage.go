@@ -100,12 +100,9 @@ func (s *slot) pin() error {
 
 // registerLocked registers a staged slot's memory; closeMu is held.
 func (s *slot) registerLocked() error {
-	r, err := pinned.Register(s.dev, s.mem, pinned.RegisterOptions{HugePages: true})
+	r, err := registerMem(s.dev, s.mem)
 	if err != nil {
-		if errors.Is(err, driver.ErrOutOfMemory) {
-			err = fmt.Errorf("out of host memory to pin: %w", err)
-		}
-		return fmt.Errorf("offload: pin a %s backup slot: %w", units.FormatSize(s.size), err)
+		return fmt.Errorf("pin a %s backup slot: %w", units.FormatSize(s.size), err)
 	}
 	s.region = r
 	return nil
