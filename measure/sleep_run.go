@@ -11,7 +11,7 @@ import (
 	"github.com/cuvmm/cuvmm/offload"
 )
 
-// measureOffload sleeps and wakes the set: cold (pinning on the way), then warm; with several
+// measureOffload sleeps and wakes the set: cold (pinning on the way, or staged: SleepOptions.FirstSleep), then warm; with several
 // devices also the first device alone, cold and warm.
 func (r *sleepRun) measureOffload() error {
 	total := r.res.TotalBytes

@@ -255,3 +255,13 @@ func TestSleepFirstSleep(t *testing.T) {
 	require.Zero(t, res.FirstSleepStagedBytes)
 	require.Zero(t, res.FirstSleepOneStagedBytes)
 }
+
+// A staged first sleep says so in the text, where a pinned one says it pinned on the way.
+func TestSleepTextSaysHowTheFirstSleepWent(t *testing.T) {
+	var text bytes.Buffer
+	(&SleepResult{Mode: "keep", FirstSleepStagedBytes: 1}).Text(&text)
+	require.Contains(t, text.String(), "staged through a pinned ring")
+	text.Reset()
+	(&SleepResult{Mode: "keep"}).Text(&text)
+	require.Contains(t, text.String(), "pinning on the way")
+}

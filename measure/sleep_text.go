@@ -19,6 +19,8 @@ func (r *SleepResult) coldSleeps(w io.Writer) {
 		how = "dropping the content"
 	case r.PrepareSeconds > 0:
 		how = fmt.Sprintf("after Set.Prepare pinned the backup in %.3f s", r.PrepareSeconds)
+	case r.FirstSleepStagedBytes > 0:
+		how = "staged through a pinned ring, the backup registered after it; the first wake waited for that"
 	}
 	if r.Mode == "keep" {
 		floor = fmt.Sprintf("; pinned.Register runs at %.1f GB/s here: %.3f s to pin while copying", r.RawPinGBps, r.FirstSleepLimitSeconds)
