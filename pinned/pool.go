@@ -80,7 +80,7 @@ func NewPool(r *Region, bufSize uint64, count int) (*Pool, error) {
 	}
 	r.own.Lock()
 	defer r.own.Unlock()
-	if r.own.Closed() {
+	if r.closed { // also after a Close that failed halfway: part of the memory may be gone
 		return nil, fmt.Errorf("pinned: new pool on %s: %w", r, ErrClosed)
 	}
 	off, ok := r.carve(size, count)

@@ -41,9 +41,10 @@ type Region struct {
 	// and Bytes, which read it under use's read lock instead of own's lock, so that they never wait
 	// for a slow Grant or Revoke. Close sets it and frees the memory with use held for writing (and
 	// own's lock): a copy being queued then finishes first, and one that comes later finds the
-	// region closed, even when that Close failed halfway and own is not closed yet.
+	// region closed, even when that Close failed halfway and own is not closed yet. The calls that
+	// hold own's lock (Chunks, Devices, Grant, Revoke, PrepareShare, NewPool) test it too.
 	use    sync.RWMutex
-	closed bool // guarded by use, or written with both locks held
+	closed bool // written with both locks held; read under either
 
 	own     lifetime.Owner             // its lock guards the fields below; closed once Close freed all
 	granted map[int]driver.AccessFlags // HostNUMA: device ordinal → access
@@ -565,7 +566,7 @@ func (r *Region) String() string {
 func (r *Region) Chunks() []vmm.Chunk {
 	r.own.Lock()
 	defer r.own.Unlock()
-	if r.own.Closed() || r.closed {
+	if r.closed {
 		return nil
 	}
 	return r.impl.chunks()
@@ -586,7 +587,7 @@ var _ vmm.Chunked = (*Region)(nil)
 func (r *Region) Devices() []int {
 	r.own.Lock()
 	defer r.own.Unlock()
-	if r.own.Closed() {
+	if r.closed {
 		return nil
 	}
 	return r.impl.visible(r)
@@ -661,7 +662,7 @@ func (r *Region) Revoke(devs ...*vmm.Device) error {
 func (r *Region) setAccess(op string, devs []*vmm.Device, flags driver.AccessFlags) error {
 	r.own.Lock()
 	defer r.own.Unlock()
-	if r.own.Closed() {
+	if r.closed {
 		return fmt.Errorf("pinned: %s on %s: %w", op, r, ErrClosed)
 	}
 	if r.kind != HostNUMA { // before the devices are checked: a region received without a device has no System

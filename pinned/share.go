@@ -86,7 +86,7 @@ func (p *Prepared) Close() error {
 func (r *Region) prepareShare() (outgoing, error) {
 	r.own.Lock()
 	defer r.own.Unlock()
-	if r.own.Closed() {
+	if r.closed {
 		return nil, ErrClosed
 	}
 	return r.impl.prepareShare(r)
