@@ -81,6 +81,13 @@ func (a *Allocation) ReleaseAt(ptr driver.DevicePtr, access []Access, force bool
 	}
 	a.own.Lock()
 	defer a.own.Unlock()
+	// First: from here no mapping of a starts an unmap, and none is half done, so the mapping
+	// checked below is still there when the memory goes.
+	end, err := a.beginRemap("release to sleep")
+	if err != nil {
+		return err
+	}
+	defer end()
 	switch {
 	case a.sleep.asleep:
 		return fmt.Errorf("vmm: release %s at %#x: already released: %w", a, uint64(ptr), ErrAsleep)
@@ -94,11 +101,6 @@ func (a *Allocation) ReleaseAt(ptr driver.DevicePtr, access []Access, force bool
 	if err := a.checkHeld("release to sleep"); err != nil {
 		return err
 	}
-	end, err := a.beginRemap("release to sleep")
-	if err != nil {
-		return err
-	}
-	defer end()
 	mapped := true // where the memory is when the call fails
 	err = a.dev.do(func(api driver.API) error {
 		if err := api.MemUnmap(ptr, a.size); err != nil {
@@ -149,16 +151,17 @@ func (a *Allocation) RecreateAt(ptr driver.DevicePtr, access []Access) error {
 	if !a.sleep.asleep {
 		return fmt.Errorf("vmm: recreate %s at %#x: it is awake: %w", a, uint64(ptr), ErrInvalidValue)
 	}
-	if !a.mappings.onlyAt(ptr) {
-		// Its mapping was closed while asleep (or ptr is not where it was): memory mapped now would
-		// belong to no Mapping, and its reservation could never be freed.
-		return fmt.Errorf("vmm: recreate %s at %#x: no mapping of it is left at that address: %w", a, uint64(ptr), ErrInvalidValue)
-	}
+	// Before the check below: a mapping closed meanwhile is either wholly gone or not begun.
 	end, err := a.beginRemap("recreate")
 	if err != nil {
 		return err
 	}
 	defer end()
+	if !a.mappings.onlyAt(ptr) {
+		// Its mapping was closed while asleep (or ptr is not where it was): memory mapped now would
+		// belong to no Mapping, and its reservation could never be freed.
+		return fmt.Errorf("vmm: recreate %s at %#x: no mapping of it is left at that address: %w", a, uint64(ptr), ErrInvalidValue)
+	}
 	h, stillMapped := a.handle, false // memory that a failed ReleaseAt kept
 	err = a.dev.do(func(api driver.API) error {
 		var err error
