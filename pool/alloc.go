@@ -305,9 +305,6 @@ func (p *Pool) Free(b *Block, s *vmm.Stream) error {
 	return nil
 }
 
-// highWater applies the high-water mark after a free: when more than Options.HighWater bytes are
-// cached, it records events for the frees (no waiting) and releases the idle pages above the mark.
-// Below the mark a free makes no driver call.
 // checkStream refuses a stream of another device, and of another System (whose device may have the
 // pool's ordinal); its error reads after the operation.
 func (p *Pool) checkStream(s *vmm.Stream) error {
@@ -322,6 +319,9 @@ func (p *Pool) checkStream(s *vmm.Stream) error {
 	return nil
 }
 
+// highWater applies the high-water mark after a free: when more than Options.HighWater bytes are
+// cached, it records events for the frees (no waiting) and releases the idle pages above the mark.
+// Below the mark a free makes no driver call.
 func (p *Pool) highWater() error {
 	mapped := uint64(len(p.pages)) * p.pageSize
 	if mapped-p.stats.Allocated <= p.opts.HighWater {

@@ -160,7 +160,7 @@ func New(dev *vmm.Device, opts Options) (*Pool, error) {
 	if len(access) == 0 {
 		access = []vmm.Access{vmm.ReadWrite(dev)}
 	}
-	smallEnd := opts.Reserve / 3 / g * g
+	smallEnd := smallEnd(opts.Reserve, g)
 	p := &Pool{
 		dev: dev, opts: opts, res: res, access: access, pageSize: g, smallEnd: smallEnd,
 		pages: map[uint64]*page{}, smallFree: newRangeSet(g), smallUse: map[uint64]uint64{}, smallIdle: map[uint64]bool{},
@@ -175,6 +175,10 @@ func New(dev *vmm.Device, opts Options) (*Pool, error) {
 	lifetime.Track(p, &p.own)
 	return p, nil
 }
+
+// smallEnd is where the small blocks' part of a reservation of reserve bytes ends: a third of it,
+// in whole pages of g.
+func smallEnd(reserve, g uint64) uint64 { return reserve / 3 / g * g }
 
 // fill replaces zero options by their defaults and checks the rest.
 func (o *Options) fill(dev *vmm.Device, g uint64) error {
@@ -199,7 +203,7 @@ func (o *Options) fill(dev *vmm.Device, g uint64) error {
 		return fmt.Errorf("pool: new: reserve %s is too small (at least %s): %w", units.FormatSize(o.Reserve), units.FormatSize(3*g), vmm.ErrInvalidValue)
 	}
 	// An empty pool serves its whole limit in one block, from the large blocks' part of the range.
-	if large, pages := o.Reserve-o.Reserve/3/g*g, o.Limit/g+min(o.Limit%g, 1); large/g < pages {
+	if large := o.Reserve - smallEnd(o.Reserve, g); large < o.Limit { // Limit is whole pages
 		return fmt.Errorf("pool: new: reserve %s leaves %s for large blocks, less than the limit of %s (reserve about 1.5 times the limit or more): %w",
 			units.FormatSize(o.Reserve), units.FormatSize(large), units.FormatSize(o.Limit), vmm.ErrInvalidValue)
 	}
