@@ -166,9 +166,7 @@ func (c *Comm) waitLocked(ctx context.Context, op string) error {
 			c.abortLocked(err)
 			return fmt.Errorf("nccl: %s (%v), communicator aborted: %w", op, c, errors.Join(ErrAborted, err))
 		}
-		if ctxErr := ctx.Err(); ctxErr != nil && graceEnd.IsZero() {
-			graceEnd = time.Now().Add(syncGrace)
-		} else if ctxErr != nil && time.Now().After(graceEnd) {
+		if ctxErr := graceOver(ctx, &graceEnd); ctxErr != nil {
 			c.abortLocked(ctxErr)
 			return fmt.Errorf("nccl: %s (%v): still in progress when the context ended, communicator aborted: %w", op, c, errors.Join(ErrAborted, ctxErr))
 		}
@@ -182,11 +180,27 @@ func (c *Comm) waitLocked(ctx context.Context, op string) error {
 
 var errAbortCalled = errors.New("Abort was called")
 
+// graceOver returns ctx's error once syncGrace has passed since a poll first found ctx ended (kept
+// in *end), and nil before: the polls of Wait and waitLocked give the work that long to end.
+func graceOver(ctx context.Context, end *time.Time) error {
+	err := ctx.Err()
+	switch {
+	case err == nil:
+		return nil
+	case end.IsZero():
+		*end = time.Now().Add(syncGrace)
+		return nil
+	case time.Now().After(*end):
+		return err
+	}
+	return nil
+}
+
 // lockCtx takes c.mu for the call op, or fails, aborting nothing, when ctx ends while another call
-// on the communicator still holds it.
+// on the communicator still holds it: the error wraps ErrInUse and ctx's error.
 func (c *Comm) lockCtx(ctx context.Context, op string) error {
 	if err := c.mu.lockCtx(ctx); err != nil {
-		return fmt.Errorf("nccl: %s on %v: another call on the communicator was still running when the context ended: %w", op, c, err)
+		return fmt.Errorf("nccl: %s on %v: another call on the communicator was still running when the context ended: %w: %w", op, c, ErrInUse, err)
 	}
 	return nil
 }
@@ -403,7 +417,8 @@ func (c *Comm) destroy(ctx context.Context) error {
 // ctx ends first, or the communicator reports an asynchronous error (a peer that died over a network
 // transport), it aborts the communicator, which stops NCCL's kernels, and returns an error wrapping
 // ErrAborted (and ctx's error). Use it instead of s.Synchronize after NCCL operations, whose kernels
-// wait for their peers and would otherwise wait forever.
+// wait for their peers and would otherwise wait forever. When ctx ends while Wait still waits for
+// another call on the communicator to return, it aborts nothing: the error wraps ErrInUse and ctx's.
 //
 // Wait records an event on s and polls it (cuEventQuery: back to back for the first millisecond,
 // then after sleeps of a sixteenth of the time waited so far, from about 60 µs up to 1 ms, so
@@ -468,10 +483,8 @@ func (c *Comm) watch(ctx context.Context, done func() (bool, error)) error {
 			c.abortLocked(errAbortCalled)
 			return afterAbort(done, fmt.Errorf("nccl: wait on %v: Abort was called: %w", c, ErrAborted))
 		}
-		if ctx.Err() != nil && graceEnd.IsZero() {
-			graceEnd = time.Now().Add(syncGrace) // the work may be done: see syncGrace
-		} else if ctx.Err() != nil && time.Now().After(graceEnd) {
-			c.abortLocked(ctx.Err())
+		if ctxErr := graceOver(ctx, &graceEnd); ctxErr != nil { // the work may be done first: see syncGrace
+			c.abortLocked(ctxErr)
 			return afterAbort(done, fmt.Errorf("nccl: wait on %v: the stream's work was not done when the context ended, communicator aborted: %w",
 				c, errors.Join(ErrAborted, ctx.Err())))
 		}

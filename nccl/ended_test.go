@@ -102,6 +102,7 @@ func TestCallWaitingForTheCommunicatorKeepsItsDeadline(t *testing.T) {
 			start := time.Now()
 			err := call(deadline(t, 100*time.Millisecond))
 			require.ErrorIs(t, err, context.DeadlineExceeded, name)
+			require.ErrorIs(t, err, nccl.ErrInUse, name)
 			require.NotErrorIs(t, err, nccl.ErrAborted, name)
 			require.ErrorContains(t, err, "another call on the communicator was still running", name)
 			require.Less(t, time.Since(start), 2*time.Second, name)

@@ -106,7 +106,9 @@ func (g *Group) Broadcast(send, recv driver.DevicePtr, count uint64, t DataType,
 // with the communicator's device bound (NCCL's group state is per thread), then polls until NCCL has
 // queued them on their streams. It returns once they are queued, not done: wait with Comm.Wait. When
 // ctx ends first (a peer that never posts its side keeps the group in progress), the communicator is
-// aborted and the error wraps ErrAborted and ctx's error. When NCCL refuses a call or reports an
+// aborted and the error wraps ErrAborted and ctx's error. A ctx already ended when Run is called
+// queues nothing and aborts nothing (the error wraps ctx's), and one that ends while Run waits for
+// another call on the communicator aborts nothing either (the error wraps ErrInUse and ctx's). When NCCL refuses a call or reports an
 // error for the group, the communicator is aborted too, and the error wraps ErrAborted and NCCL's.
 func (g *Group) Run(ctx context.Context) error {
 	if g.err != nil {
