@@ -342,7 +342,8 @@ func (r *Region) register(readOnly bool, progress func(done, total uint64)) erro
 // mapped read-only), Linux 5.14+; older kernels (EINVAL, populateKnown) get a read of each page instead. The bytes
 // never change. progress, when set, is called as steps complete. Memory the advice cannot fault in
 // (not mapped, PROT_NONE, a file mapping past its file's end) is an error wrapping ErrInvalidValue,
-// never read: a read would kill the process (SIGSEGV, SIGBUS).
+// never read: a read would kill the process (SIGSEGV, SIGBUS). On a kernel without the advice such
+// memory is read all the same, and kills the process: there Register needs memory it can read.
 func populate(mem []byte, readOnly bool, progress func(done, total uint64)) error {
 	total := uint64(len(mem))
 	advice := unix.MADV_POPULATE_WRITE

@@ -1,0 +1,4 @@
+package pinned
+
+// PopulateKnown is populateKnown, for the tests of package pinned_test.
+var PopulateKnown = populateKnown
